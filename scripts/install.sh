@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Idempotent setup of everything Sandhold needs on Debian 12, as root: apt packages, then the venv.
+# Quick when everything is already there (dpkg and a stamp of pyproject.toml are checked first).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(bubblewrap libseccomp2 python3 python3-pip python3-venv socat nftables debootstrap
+              ca-certificates curl procps)
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+command -v node >/dev/null || missing+=(nodejs)
+if ((${#missing[@]})); then
+  echo "install: apt packages: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+PY=${PYTHON:-python3}
+stamp=.venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)
+if [[ ! -f $stamp ]]; then
+  echo "install: venv at .venv"
+  [[ -x .venv/bin/python ]] || "$PY" -m venv .venv
+  .venv/bin/pip install -q --upgrade pip
+  .venv/bin/pip install -q -e '.[dev]'
+  rm -f .venv/.installed-*
+  touch "$stamp"
+fi

@@ -1,0 +1,44 @@
+"""One settings object for the whole process, read from ``SANDHOLD_*`` variables (and an optional
+TOML file named by ``SANDHOLD_CONFIG``), validated at start-up."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SANDHOLD_", extra="forbid")
+
+    data_dir: Path = Field(
+        Path("/var/lib/sandhold"),
+        description="Templates, sandbox state, writable layers and workspaces live here.",
+    )
+    uid_base: int = Field(
+        100000,
+        ge=65536,
+        description="Host uid/gid that sandbox root maps to; sandbox uid N is host uid_base+N.",
+    )
+    default_memory_mb: int = Field(512, ge=16)
+    default_cpu: float = Field(1.0, gt=0)
+    default_pids: int = Field(512, ge=16)
+    ready_timeout_s: float = Field(10.0, gt=0, description="How long create waits for the agent.")
+
+
+def _load() -> Settings:
+    path = os.environ.get("SANDHOLD_CONFIG")
+    if path:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+        return Settings(**data.get("runtime", data))
+    return Settings()
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return _load()

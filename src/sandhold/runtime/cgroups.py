@@ -1,0 +1,170 @@
+"""Per-sandbox cgroups.
+
+Limits live in cgroup v1 (memory, cpu, cpuacct, pids, freezer) because on these hosts the v2
+hierarchy carries no resource controllers. A v2 group is added when the unified hierarchy is
+mounted, only for ``cgroup.kill``: it kills a whole tree atomically, even one that forks while
+being killed.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from sandhold.errors import HostUnsupported
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+V1_CONTROLLERS = ("memory", "cpu", "cpuacct", "pids", "freezer")
+V2_ROOT = CGROUP_ROOT / "unified"
+PARENT = "sandhold"
+CPU_PERIOD_US = 100_000
+
+
+def _write(path: Path, value: str) -> None:
+    with open(path, "w") as f:
+        f.write(value)
+
+
+def _read(path: Path) -> str:
+    with open(path) as f:
+        return f.read()
+
+
+def missing_controllers() -> list[str]:
+    return [c for c in V1_CONTROLLERS if not (CGROUP_ROOT / c / "cgroup.procs").exists()]
+
+
+def has_v2_kill() -> bool:
+    return (V2_ROOT / "cgroup.procs").exists()
+
+
+@dataclass(frozen=True)
+class CgroupSet:
+    """The cgroups of one sandbox, addressed by its id (the same name in every hierarchy)."""
+
+    name: str
+
+    def v1(self, controller: str) -> Path:
+        return CGROUP_ROOT / controller / PARENT / self.name
+
+    @property
+    def v2(self) -> Path:
+        return V2_ROOT / PARENT / self.name
+
+    def dirs(self) -> list[Path]:
+        dirs = [self.v1(c) for c in V1_CONTROLLERS]
+        if has_v2_kill():
+            dirs.append(self.v2)
+        return dirs
+
+    def create(self, memory_mb: int, cpu: float, pids: int) -> None:
+        missing = missing_controllers()
+        if missing:
+            raise HostUnsupported(
+                f"cgroup v1 controllers not mounted: {', '.join(missing)} (run `sandhold doctor`)"
+            )
+        for d in self.dirs():
+            d.mkdir(parents=True, exist_ok=True)
+        mem = self.v1("memory")
+        limit = str(memory_mb * 1024 * 1024)
+        _write(mem / "memory.limit_in_bytes", limit)
+        if (mem / "memory.memsw.limit_in_bytes").exists():
+            # RAM+swap capped at the RAM limit: a sandbox never swaps the host to death.
+            _write(mem / "memory.memsw.limit_in_bytes", limit)
+        _write(self.v1("cpu") / "cpu.cfs_period_us", str(CPU_PERIOD_US))
+        _write(self.v1("cpu") / "cpu.cfs_quota_us", str(int(cpu * CPU_PERIOD_US)))
+        _write(self.v1("pids") / "pids.max", str(pids))
+
+    def join_self(self) -> None:
+        """Move the calling process into every group (used in the child before exec)."""
+        for d in self.dirs():
+            with open(d / "cgroup.procs", "w") as f:
+                f.write("0")
+
+    def pids(self) -> list[int]:
+        try:
+            text = _read(self.v1("pids") / "cgroup.procs")
+        except FileNotFoundError:
+            return []
+        return [int(p) for p in text.split()]
+
+    def exists(self) -> bool:
+        return self.v1("pids").is_dir()
+
+    # -- freezer ----------------------------------------------------------------------------
+    def freezer_state(self) -> str:
+        return _read(self.v1("freezer") / "freezer.state").strip()
+
+    def _set_freezer(self, want: str, timeout: float = 5.0) -> None:
+        path = self.v1("freezer") / "freezer.state"
+        deadline = time.monotonic() + timeout
+        _write(path, want)
+        while _read(path).strip() != want:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"freezer did not reach {want}")
+            _write(path, want)
+            time.sleep(0.0005)
+
+    def freeze(self) -> None:
+        self._set_freezer("FROZEN")
+
+    def thaw(self) -> None:
+        self._set_freezer("THAWED")
+
+    # -- teardown ---------------------------------------------------------------------------
+    def kill_all(self, timeout: float = 10.0) -> None:
+        """Kill every process of the sandbox, frozen or not, and wait until none is left."""
+        if not self.exists():
+            return
+        deadline = time.monotonic() + timeout
+        if self.v2.is_dir() and (self.v2 / "cgroup.kill").exists():
+            _write(self.v2 / "cgroup.kill", "1")
+        else:
+            # v1 fallback: freeze so nothing forks while we signal, kill, then thaw to let them die.
+            self.freeze()
+            for pid in self.pids():
+                try:
+                    os.kill(pid, 9)
+                except ProcessLookupError:
+                    pass
+        if self.v1("freezer").is_dir() and self.freezer_state() != "THAWED":
+            self.thaw()  # SIGKILL is only delivered to thawed tasks
+        while self.pids():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"processes of sandbox {self.name} survived SIGKILL")
+            time.sleep(0.001)
+
+    def remove(self) -> None:
+        for d in self.dirs():
+            for _ in range(200):
+                try:
+                    d.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.005)  # a dying task can keep the group busy for a moment
+
+    # -- usage ------------------------------------------------------------------------------
+    def usage(self) -> dict[str, int]:
+        mem = self.v1("memory")
+        stat = dict(line.split() for line in _read(mem / "memory.stat").splitlines())
+        oom = dict(line.split() for line in _read(mem / "memory.oom_control").splitlines())
+        return {
+            "cpu_ns": int(_read(self.v1("cpuacct") / "cpuacct.usage")),
+            "memory_bytes": int(_read(mem / "memory.usage_in_bytes")),
+            "memory_cache_bytes": int(stat.get("total_cache", stat.get("cache", "0"))),
+            "memory_rss_bytes": int(stat.get("total_rss", stat.get("rss", "0"))),
+            "memory_limit_bytes": int(_read(mem / "memory.limit_in_bytes")),
+            "oom_kills": int(oom.get("oom_kill", "0")),
+            "pids": int(_read(self.v1("pids") / "pids.current")),
+        }
+
+
+def list_names() -> list[str]:
+    parent = CGROUP_ROOT / "pids" / PARENT
+    if not parent.is_dir():
+        return []
+    return sorted(p.name for p in parent.iterdir() if p.is_dir())

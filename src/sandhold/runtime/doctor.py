@@ -1,0 +1,128 @@
+"""`sandhold doctor`: what the runtime needs from this host, checked for real, with the fix."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from sandhold.runtime import cgroups
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+    required: bool = True
+
+
+def _userns() -> Check:
+    try:
+        limit = int(Path("/proc/sys/user/max_user_namespaces").read_text())
+    except OSError:
+        limit = 0
+    return Check("user namespaces", limit > 0, f"max_user_namespaces={limit}",
+                 "sysctl -w user.max_user_namespaces=65536")  # fmt: skip
+
+
+def _bwrap() -> Check:
+    path = shutil.which("bwrap")
+    if not path:
+        return Check("bubblewrap", False, "bwrap not found", "apt-get install bubblewrap")
+    out = subprocess.run([path, "--version"], capture_output=True, text=True).stdout.strip()
+    return Check("bubblewrap", True, out)
+
+
+def _cgroups_v1() -> Check:
+    missing = cgroups.missing_controllers()
+    return Check(
+        "cgroup v1 controllers",
+        not missing,
+        "memory cpu cpuacct pids freezer" if not missing else f"missing: {' '.join(missing)}",
+        "mount the v1 hierarchies (e.g. boot with systemd.unified_cgroup_hierarchy=0)",
+    )
+
+
+def _cgroup_kill() -> Check:
+    ok = cgroups.has_v2_kill()
+    return Check("cgroup v2 cgroup.kill", ok, "unified hierarchy mounted" if ok else "absent",
+                 "optional: freeze+SIGKILL on v1 is used instead", required=False)  # fmt: skip
+
+
+def _filesystem(name: str, fix: str) -> Check:
+    text = Path("/proc/filesystems").read_text()
+    ok = any(line.split()[-1] == name for line in text.splitlines() if line.strip())
+    return Check(name, ok, "supported" if ok else "not in /proc/filesystems", fix)
+
+
+def _seccomp() -> Check:
+    status = Path("/proc/self/status").read_text()
+    if "Seccomp:" not in status:
+        return Check("seccomp", False, "kernel without CONFIG_SECCOMP", "use a kernel with seccomp")
+    try:
+        from sandhold.runtime.seccomp import filter_bpf
+
+        size = len(filter_bpf())
+    except Exception as e:  # libseccomp missing or broken
+        return Check("seccomp", False, f"cannot build the filter: {e}", "apt-get install libseccomp2")
+    return Check("seccomp", True, f"filter compiled ({size} bytes of BPF)")
+
+
+def _root() -> Check:
+    ok = os.geteuid() == 0
+    return Check("running as root", ok, f"euid={os.geteuid()}",
+                 "run the runtime as root (sandboxes themselves never are)")  # fmt: skip
+
+
+def _python() -> Check:
+    ok = os.access("/usr/bin/python3", os.X_OK)
+    return Check("/usr/bin/python3", ok, "present" if ok else "missing",
+                 "apt-get install python3 (the agent and the base template use it)")  # fmt: skip
+
+
+def _uid_range(uid_base: int) -> Check:
+    clash = []
+    for line in Path("/etc/passwd").read_text().splitlines():
+        parts = line.split(":")
+        if len(parts) > 2 and parts[2].isdigit() and uid_base <= int(parts[2]) < uid_base + 65536:
+            clash.append(parts[0])
+    return Check("sandbox uid range", not clash,
+                 f"{uid_base}..{uid_base + 65535} " + ("free" if not clash else f"used by {clash}"),
+                 "set SANDHOLD_UID_BASE to a free range")  # fmt: skip
+
+
+def _kvm() -> Check:
+    ok = os.path.exists("/dev/kvm")
+    return Check("KVM", ok, "/dev/kvm present" if ok else "absent",
+                 "optional: a microVM tier is reached through the e2b provider", required=False)
+
+
+def _criu() -> Check:
+    path = shutil.which("criu")
+    if not path:
+        return Check("CRIU", False, "not installed", "optional: pause uses the cgroup freezer",
+                     required=False)  # fmt: skip
+    out = subprocess.run([path, "check"], capture_output=True, text=True)
+    ok = "Looks good" in out.stdout + out.stderr  # exit code is 0 even on failure
+    return Check("CRIU", ok, "works" if ok else "present but broken on this kernel",
+                 "optional: needs CRIU >= 4.1 on recent kernels", required=False)  # fmt: skip
+
+
+def run_checks(uid_base: int) -> list[Check]:
+    return [
+        _root(),
+        _userns(),
+        _bwrap(),
+        _cgroups_v1(),
+        _cgroup_kill(),
+        _filesystem("overlay", "enable CONFIG_OVERLAY_FS"),
+        _seccomp(),
+        _python(),
+        _uid_range(uid_base),
+        _kvm(),
+        _criu(),
+    ]

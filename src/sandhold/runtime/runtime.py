@@ -1,0 +1,477 @@
+"""The runtime: creates, lists, pauses, resumes and destroys sandboxes on this host.
+
+All state lives on disk under ``data_dir/sandboxes/<id>/state.json``; sandboxes are process trees
+of their own (not children that die with us), so a new ``Runtime`` over the same ``data_dir``
+re-attaches to every running and paused sandbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import secrets
+import shutil
+import string
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from pydantic import ValidationError
+
+from sandhold.config import Settings, get_settings
+from sandhold.errors import (
+    Conflict,
+    HostUnsupported,
+    InvalidSpec,
+    SandboxNotFound,
+    SandboxStartFailed,
+)
+from sandhold.runtime import cgroups, mounts
+from sandhold.runtime.cgroups import CgroupSet
+from sandhold.runtime.launcher import Launch, spawn
+from sandhold.runtime.spec import NAME_RE, SandboxSpec
+from sandhold.runtime.templates import SANDBOX_USER_UID, Template, TemplateStore
+
+log = logging.getLogger(__name__)
+
+State = Literal["running", "paused"]
+ID_ALPHABET = string.ascii_lowercase + string.digits
+ENVD_VERSION = "0.6.13"
+
+
+def new_sandbox_id() -> str:
+    """E2B-shaped ids: 20 characters of [a-z0-9] (hosts like ``49983-<id>.domain`` split on '-')."""
+    return "".join(secrets.choice(ID_ALPHABET) for _ in range(20))
+
+
+@dataclass
+class SandboxInfo:
+    id: str
+    template: str
+    state: State
+    spec: SandboxSpec
+    created_at: float
+    pid: int  # host pid of bwrap (the tree's root, in the sandbox's cgroups)
+    init_pid: int  # host pid of the sandbox's pid 1
+    dir: Path
+    workspace: Path | None
+    paused_at: float | None = None
+    extra: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def agent_socket(self) -> Path:
+        return self.dir / "run" / "agent.sock"
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        return self.spec.metadata
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "id": self.id,
+            "template": self.template,
+            "state": self.state,
+            "spec": self.spec.model_dump(mode="json"),
+            "created_at": self.created_at,
+            "pid": self.pid,
+            "init_pid": self.init_pid,
+            "workspace": str(self.workspace) if self.workspace else None,
+            "paused_at": self.paused_at,
+            "extra": self.extra,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, object], directory: Path) -> SandboxInfo:
+        ws = d.get("workspace")
+        return cls(
+            id=str(d["id"]),
+            template=str(d["template"]),
+            state=d["state"],  # type: ignore[arg-type]
+            spec=SandboxSpec.model_validate(d["spec"]),
+            created_at=float(d["created_at"]),  # type: ignore[arg-type]
+            pid=int(d["pid"]),  # type: ignore[call-overload]
+            init_pid=int(d["init_pid"]),  # type: ignore[call-overload]
+            dir=directory,
+            workspace=Path(str(ws)) if ws else None,
+            paused_at=d.get("paused_at"),  # type: ignore[arg-type]
+            extra=dict(d.get("extra") or {}),  # type: ignore[call-overload]
+        )
+
+
+@dataclass
+class Usage:
+    cpu_seconds: float
+    memory_bytes: int
+    memory_cache_bytes: int
+    memory_limit_bytes: int
+    oom_kills: int
+    pids: int
+    disk_bytes: int
+    cpu_count: float
+
+
+def _dir_size(path: Path) -> int:
+    total = 0
+    for dirpath, _dirnames, filenames in os.walk(path):
+        for name in filenames:
+            try:
+                total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
+            except FileNotFoundError:
+                pass
+    return total
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+class Runtime:
+    def __init__(self, settings: Settings | None = None) -> None:
+        self.settings = settings or get_settings()
+        root = self.settings.data_dir
+        self.sandboxes_dir = root / "sandboxes"
+        self.workspaces_dir = root / "workspaces"
+        for d in (self.sandboxes_dir, self.workspaces_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        self.templates = TemplateStore(root / "templates", self.settings.uid_base)
+        self._agent_lib_root = root / "agentlib"
+        self._children: dict[str, subprocess.Popen[bytes]] = {}
+        self.reconcile()
+
+    # -- helpers ------------------------------------------------------------------------------
+    @property
+    def uid_base(self) -> int:
+        return self.settings.uid_base
+
+    def _sdir(self, sandbox_id: str) -> Path:
+        if not NAME_RE.match(sandbox_id):
+            raise SandboxNotFound(f"sandbox {sandbox_id!r} does not exist")
+        return self.sandboxes_dir / sandbox_id
+
+    @contextmanager
+    def _locked(self, sandbox_id: str) -> Iterator[Path]:
+        """Serialize operations on one sandbox across coroutines and processes."""
+        d = self._sdir(sandbox_id)
+        try:
+            fd = os.open(d / "lock", os.O_RDWR | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise SandboxNotFound(f"sandbox {sandbox_id!r} does not exist") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if not (d / "state.json").exists():
+                raise SandboxNotFound(f"sandbox {sandbox_id!r} does not exist")
+            yield d
+        finally:
+            os.close(fd)
+
+    def _load(self, d: Path) -> SandboxInfo:
+        return SandboxInfo.from_json(json.loads((d / "state.json").read_text()), d)
+
+    def _save(self, info: SandboxInfo) -> None:
+        _atomic_write(info.dir / "state.json", json.dumps(info.to_json()))
+
+    def agent_lib(self) -> Path:
+        """A read-only copy of the agent's code (and its one dependency, h11) for sandboxes.
+
+        Keyed by content hash: running sandboxes keep the version they started with, and the
+        copy carries compiled bytecode so the agent starts without compiling."""
+        import h11
+
+        agent_src = Path(__file__).parent / "agent"
+        h11_src = Path(h11.__file__).parent
+        files = sorted(agent_src.glob("*.py")) + sorted(h11_src.glob("*.py"))
+        digest = hashlib.sha256()
+        for f in files:
+            digest.update(f.name.encode() + f.read_bytes())
+        target = self._agent_lib_root / digest.hexdigest()[:16]
+        if target.exists():
+            return target
+        staging = Path(str(target) + f".tmp{os.getpid()}")
+        shutil.rmtree(staging, ignore_errors=True)
+        pkg = staging / "sandhold"
+        (pkg / "runtime" / "agent").mkdir(parents=True)
+        (pkg / "__init__.py").write_text("")
+        (pkg / "runtime" / "__init__.py").write_text("")
+        for f in agent_src.glob("*.py"):
+            shutil.copy2(f, pkg / "runtime" / "agent" / f.name)
+        shutil.copytree(h11_src, staging / "h11", ignore=shutil.ignore_patterns("__pycache__"))
+        subprocess.run(["/usr/bin/python3", "-m", "compileall", "-q", str(staging)], check=False)
+        for dirpath, dirnames, filenames in os.walk(staging):
+            for n in (*dirnames, *filenames):
+                os.chmod(os.path.join(dirpath, n), 0o755 if n in dirnames else 0o644)
+        os.chmod(staging, 0o755)
+        try:
+            staging.rename(target)
+        except OSError:
+            shutil.rmtree(staging, ignore_errors=True)  # another process won the race
+        return target
+
+    def workspace_path(self, workspace_id: str) -> Path:
+        if not NAME_RE.match(workspace_id):
+            raise InvalidSpec(f"workspace id {workspace_id!r} is not valid")
+        return self.workspaces_dir / workspace_id
+
+    def _prepare_workspace(self, workspace_id: str) -> Path:
+        ws = self.workspace_path(workspace_id)
+        ws.mkdir(mode=0o755, exist_ok=True)
+        owner = self.uid_base + SANDBOX_USER_UID
+        st = ws.stat()
+        if st.st_uid != owner:
+            os.chown(ws, owner, owner)
+        return ws
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    async def create(self, spec: SandboxSpec | dict[str, object]) -> SandboxInfo:
+        if not isinstance(spec, SandboxSpec):
+            try:
+                spec = SandboxSpec.model_validate(spec)
+            except ValidationError as e:
+                raise InvalidSpec(_validation_message(e)) from None
+        if shutil.which("bwrap") is None:
+            raise HostUnsupported("bubblewrap is not installed (apt-get install bubblewrap)")
+        template = self.templates.get(spec.template)
+        sandbox_id = new_sandbox_id()
+        d = self.sandboxes_dir / sandbox_id
+        d.mkdir()
+        (d / "lock").touch()
+        cg = CgroupSet(sandbox_id)
+        proc: subprocess.Popen[bytes] | None = None
+        ready_r, ready_w = os.pipe()
+        try:
+            cg.create(spec.limits.memory_mb, spec.limits.cpu, spec.limits.pids)
+            root = d / "root"
+            mounts.mount_overlay(template.rootfs, d / "upper", d / "work", root)
+            run_dir = d / "run"
+            run_dir.mkdir(mode=0o700)
+            os.chown(run_dir, self.uid_base, self.uid_base)
+            workspace = self._prepare_workspace(spec.workspace_id) if spec.workspace_id else None
+            binds: list[tuple[str, str, bool]] = []
+            if workspace:
+                binds.append((str(workspace), "/workspace", False))
+            for m in spec.mounts:
+                binds.append((str(m.source), m.target, m.read_only))
+            env = {**template.env, **spec.env}
+            agent_cfg = {
+                "socket": "/run/sandhold/agent.sock",
+                "default_user": spec.user or template.user,
+                "default_workdir": spec.workdir or template.workdir,
+                "env": env,
+                "ready_fd": ready_w,
+                "envd_version": ENVD_VERSION,
+            }
+            (run_dir / "agent.json").write_text(json.dumps(agent_cfg))
+            launch = Launch(
+                root=root,
+                ro_binds=template.ro_binds,
+                binds=binds,
+                run_dir=run_dir,
+                agent_lib=self.agent_lib(),
+                env={"PATH": env.get("PATH", "/usr/bin:/bin"), "HOME": "/root", "LANG": "C.UTF-8"},
+            )
+            proc, init_pid = spawn(launch, cg, self.uid_base, ready_w, d / "sandbox.log")
+            os.close(ready_w)
+            ready_w = -1
+            await self._wait_ready(ready_r, proc, d)
+            info = SandboxInfo(
+                id=sandbox_id,
+                template=template.name,
+                state="running",
+                spec=spec,
+                created_at=time.time(),
+                pid=proc.pid,
+                init_pid=init_pid,
+                dir=d,
+                workspace=workspace,
+            )
+            self._save(info)
+            self._children[sandbox_id] = proc
+            return info
+        except BaseException:
+            self._destroy(sandbox_id, proc.pid if proc else None)
+            if proc is not None:
+                proc.wait()
+            raise
+        finally:
+            os.close(ready_r)
+            if ready_w >= 0:
+                os.close(ready_w)
+
+    async def _wait_ready(self, fd: int, proc: subprocess.Popen[bytes], d: Path) -> None:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[bytes] = loop.create_future()
+
+        def on_readable() -> None:
+            if not fut.done():
+                try:
+                    fut.set_result(os.read(fd, 64))
+                except OSError as e:
+                    fut.set_exception(e)
+
+        os.set_blocking(fd, False)
+        loop.add_reader(fd, on_readable)
+        try:
+            data = await asyncio.wait_for(fut, self.settings.ready_timeout_s)
+        except TimeoutError:
+            raise SandboxStartFailed(
+                f"the sandbox agent was not ready within {self.settings.ready_timeout_s} s"
+            ) from None
+        finally:
+            loop.remove_reader(fd)
+        if not data.startswith(b"ready"):
+            proc.poll()
+            logtail = (d / "sandbox.log").read_text(errors="replace")[-2000:]
+            raise SandboxStartFailed(f"the sandbox agent failed to start: {logtail.strip()}")
+
+    def _destroy(self, sandbox_id: str, pid: int | None) -> None:
+        """Remove every trace of a sandbox; safe to call on a half-created one."""
+        d = self.sandboxes_dir / sandbox_id
+        cg = CgroupSet(sandbox_id)
+        cg.kill_all()
+        proc = self._children.pop(sandbox_id, None)
+        if proc is not None:
+            proc.wait()
+        elif pid:
+            try:
+                os.waitpid(pid, 0)  # our child if this process created it
+            except ChildProcessError:
+                pass
+        cg.remove()
+        mounts.umount(d / "root")
+        shutil.rmtree(d, ignore_errors=True)
+
+    async def kill(self, sandbox_id: str) -> None:
+        with self._locked(sandbox_id) as d:
+            info = self._load(d)
+            (d / "state.json").unlink()  # from here on the sandbox no longer exists for others
+            self._destroy(sandbox_id, info.pid)
+
+    async def pause(self, sandbox_id: str) -> SandboxInfo:
+        with self._locked(sandbox_id) as d:
+            info = self._load(d)
+            if info.state == "paused":
+                raise Conflict(f"sandbox {sandbox_id} is already paused")
+            CgroupSet(sandbox_id).freeze()
+            info.state = "paused"
+            info.paused_at = time.time()
+            self._save(info)
+            return info
+
+    async def resume(self, sandbox_id: str) -> SandboxInfo:
+        with self._locked(sandbox_id) as d:
+            info = self._load(d)
+            if info.state == "running":
+                raise Conflict(f"sandbox {sandbox_id} is already running")
+            CgroupSet(sandbox_id).thaw()
+            info.state = "running"
+            info.paused_at = None
+            self._save(info)
+            return info
+
+    def update_extra(self, sandbox_id: str, **values: object) -> SandboxInfo:
+        """Attach small bookkeeping values (owned by upper layers) to a sandbox's record."""
+        with self._locked(sandbox_id) as d:
+            info = self._load(d)
+            info.extra.update(values)
+            self._save(info)
+            return info
+
+    # -- queries ------------------------------------------------------------------------------
+    def get(self, sandbox_id: str) -> SandboxInfo:
+        d = self._sdir(sandbox_id)
+        try:
+            info = self._load(d)
+        except FileNotFoundError:
+            raise SandboxNotFound(f"sandbox {sandbox_id!r} does not exist") from None
+        if not self._alive(info):
+            self._reap(info)
+            raise SandboxNotFound(f"sandbox {sandbox_id!r} has exited")
+        return info
+
+    def list(self) -> list[SandboxInfo]:
+        out = []
+        for d in sorted(self.sandboxes_dir.iterdir()):
+            try:
+                out.append(self.get(d.name))
+            except SandboxNotFound:
+                continue
+        return out
+
+    def usage(self, sandbox_id: str) -> Usage:
+        info = self.get(sandbox_id)
+        u = CgroupSet(sandbox_id).usage()
+        disk = _dir_size(info.dir / "upper")
+        return Usage(
+            cpu_seconds=u["cpu_ns"] / 1e9,
+            memory_bytes=u["memory_bytes"],
+            memory_cache_bytes=u["memory_cache_bytes"],
+            memory_limit_bytes=u["memory_limit_bytes"],
+            oom_kills=u["oom_kills"],
+            pids=u["pids"],
+            disk_bytes=disk,
+            cpu_count=info.spec.limits.cpu,
+        )
+
+    def template_of(self, info: SandboxInfo) -> Template:
+        return self.templates.get(info.template)
+
+    # -- re-attachment and garbage ------------------------------------------------------------------
+    def _alive(self, info: SandboxInfo) -> bool:
+        proc = self._children.get(info.id)
+        if proc is not None and proc.poll() is not None:
+            return False
+        return bool(CgroupSet(info.id).pids())
+
+    def _reap(self, info: SandboxInfo) -> None:
+        log.warning("sandbox %s exited on its own; cleaning up", info.id)
+        try:
+            with self._locked(info.id):
+                self._destroy(info.id, info.pid)
+        except SandboxNotFound:
+            pass
+
+    def reconcile(self) -> None:
+        """Re-attach to live sandboxes and clean up what a crash or a failed create left behind."""
+        for d in list(self.sandboxes_dir.iterdir()):
+            state = d / "state.json"
+            if not state.exists():
+                # Either being created right now by another process, or debris of a crash.
+                if time.time() - d.stat().st_mtime > 60:
+                    self._destroy(d.name, None)
+                continue
+            try:
+                info = self._load(d)
+            except (ValueError, KeyError) as e:
+                log.error("unreadable sandbox state %s (%s); removing it", d, e)
+                self._destroy(d.name, None)
+                continue
+            if not self._alive(info):
+                self._reap(info)
+            elif CgroupSet(info.id).freezer_state() == "FROZEN" and info.state != "paused":
+                info.state = "paused"
+                self._save(info)
+        known = {d.name for d in self.sandboxes_dir.iterdir()}
+        for name in cgroups.list_names():
+            if name not in known:
+                CgroupSet(name).kill_all()
+                CgroupSet(name).remove()
+
+
+def _validation_message(e: ValidationError) -> str:
+    parts = []
+    for err in e.errors():
+        loc = ".".join(str(x) for x in err["loc"]) or "spec"
+        parts.append(f"{loc}: {err['msg']}")
+    return "; ".join(parts)
+
+
+__all__ = ["Runtime", "SandboxInfo", "SandboxSpec", "Usage", "new_sandbox_id"]

@@ -1,0 +1,154 @@
+"""What a sandbox is made of: the validated request the runtime turns into namespaces and cgroups."""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+# Paths inside the sandbox that the runtime itself owns; a user mount may not cover them.
+RESERVED_TARGETS = (
+    "/",
+    "/proc",
+    "/dev",
+    "/sys",
+    "/tmp",
+    "/run/sandhold",
+    "/opt/sandhold",
+    "/usr",
+    "/etc",
+    "/workspace",
+)
+
+MAX_MEMORY_MB = (os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")) // (1024 * 1024)
+MAX_CPUS = os.cpu_count() or 1
+
+
+class Limits(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    memory_mb: int = Field(512, ge=16, le=MAX_MEMORY_MB, description="RAM, also the RAM+swap cap")
+    cpu: float = Field(1.0, gt=0.0, le=MAX_CPUS, description="CPU quota in cores")
+    pids: int = Field(512, ge=16, le=32768, description="max tasks (processes + threads)")
+
+
+class Mount(BaseModel):
+    """A host directory shown inside the sandbox (the operator's choice, never the sandboxed code's)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    source: Path
+    target: str
+    read_only: bool = True
+
+    @field_validator("target")
+    @classmethod
+    def _target(cls, v: str) -> str:
+        if not v.startswith("/"):
+            raise ValueError(f"mount target {v!r} must be an absolute path")
+        if "\0" in v or any(part == ".." for part in v.split("/")):
+            raise ValueError(f"mount target {v!r} must not contain '..'")
+        norm = posixpath.normpath(v)
+        for reserved in RESERVED_TARGETS:
+            if norm == reserved or (reserved != "/" and norm.startswith(reserved + "/")):
+                raise ValueError(f"mount target {norm!r} is reserved by the runtime")
+        return norm
+
+    @field_validator("source")
+    @classmethod
+    def _source(cls, v: Path) -> Path:
+        if not v.is_absolute():
+            raise ValueError(f"mount source {str(v)!r} must be an absolute host path")
+        real = v.resolve()
+        if not real.is_dir():
+            raise ValueError(f"mount source {str(v)!r} is not an existing directory")
+        return real
+
+
+class NetworkPolicy(BaseModel):
+    """Only ``none`` exists at this layer: the sandbox gets its own network namespace with just a
+    loopback device. Egress through a host proxy is layered on top (see docs/security.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Literal["none"] = "none"
+
+
+class SandboxSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    template: str = "base"
+    limits: Limits = Field(default_factory=Limits)
+    env: dict[str, str] = Field(default_factory=dict)
+    metadata: dict[str, str] = Field(default_factory=dict)
+    workspace_id: str | None = Field(
+        None, description="Host workspace bound at /workspace; it outlives the sandbox."
+    )
+    mounts: list[Mount] = Field(default_factory=list)
+    network: NetworkPolicy = Field(default_factory=NetworkPolicy)
+    user: str | None = Field(None, description="Default user of processes; the template's if unset")
+    workdir: str | None = None
+
+    @field_validator("template")
+    @classmethod
+    def _template(cls, v: str) -> str:
+        if not NAME_RE.match(v):
+            raise ValueError(f"template name {v!r} is not valid")
+        return v
+
+    @field_validator("workspace_id")
+    @classmethod
+    def _workspace(cls, v: str | None) -> str | None:
+        if v is not None and not NAME_RE.match(v):
+            raise ValueError(
+                f"workspace id {v!r} must be 1-64 characters of letters, digits, '.', '_' or '-'"
+            )
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        for key, value in v.items():
+            if not ENV_KEY_RE.match(key):
+                raise ValueError(f"environment variable name {key!r} is not valid")
+            if "\0" in value:
+                raise ValueError(f"environment variable {key!r} contains a NUL byte")
+        return v
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata(cls, v: dict[str, str]) -> dict[str, str]:
+        size = sum(len(k) + len(val) for k, val in v.items())
+        if size > 64 * 1024:
+            raise ValueError(f"metadata is {size} bytes; the limit is 65536")
+        return v
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, v: str | None) -> str | None:
+        if v is not None and v not in ("root", "user"):
+            raise ValueError(f"user {v!r} does not exist; sandboxes have 'root' and 'user'")
+        return v
+
+    @model_validator(mode="after")
+    def _distinct_targets(self) -> SandboxSpec:
+        seen: set[str] = set()
+        for m in self.mounts:
+            for other in seen:
+                if (
+                    m.target == other
+                    or m.target.startswith(other + "/")
+                    or other.startswith(m.target + "/")
+                ):
+                    raise ValueError(f"mount targets {other!r} and {m.target!r} overlap")
+            seen.add(m.target)
+        if self.workdir is not None and not self.workdir.startswith("/"):
+            raise ValueError(f"workdir {self.workdir!r} must be an absolute path")
+        return self

@@ -1,0 +1,273 @@
+"""Templates: read-only root filesystems plus defaults (user, workdir, env).
+
+Two kinds:
+
+* ``host`` (the shipped ``base``): a small skeleton root of our own (``/etc`` curated from the
+  host, ``/home/user``, ``/root``) with the host's ``/usr`` bound read-only. Built in well under a
+  second, so a fresh CI machine needs no image download.
+* ``rootfs``: a complete root filesystem (``debootstrap`` or any directory, e.g. an exported
+  container image), used as the lower layer of the sandbox's overlay.
+
+Everything in a template is owned by the *mapped* ids (host uid ``uid_base + n`` for sandbox uid
+``n``), so sandbox root owns its root filesystem while being nobody on the host.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from sandhold.errors import HostUnsupported, InvalidSpec, TemplateNotFound
+from sandhold.runtime.spec import NAME_RE
+
+SANDBOX_USER_UID = 1000
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+# Host /etc entries that are safe and useful inside a sandbox built on the host's /usr.
+HOST_ETC_ENTRIES = (
+    "alternatives", "bash.bashrc", "ca-certificates", "ca-certificates.conf", "debian_version",
+    "environment", "gai.conf", "host.conf", "inputrc", "issue", "ld.so.cache", "ld.so.conf",
+    "ld.so.conf.d", "locale.alias", "localtime", "login.defs", "magic", "magic.mime", "mime.types",
+    "nsswitch.conf", "os-release", "profile", "profile.d", "protocols", "python3", "python3.11",
+    "services", "shells", "skel", "ssl", "timezone", "fonts",
+)  # fmt: skip
+# Never copied even when nested in an entry above.
+HOST_ETC_EXCLUDE = ("ssl/private",)
+
+
+@dataclass
+class Template:
+    name: str
+    kind: str  # "host" | "rootfs"
+    rootfs: Path
+    user: str = "user"
+    workdir: str = "/home/user"
+    env: dict[str, str] = field(default_factory=dict)
+    ro_binds: list[tuple[str, str]] = field(default_factory=list)  # host path -> sandbox path
+    created_at: float = 0.0
+
+    def to_json(self) -> dict[str, object]:
+        d = asdict(self)
+        d["rootfs"] = str(self.rootfs)
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, object]) -> Template:
+        d = dict(d)
+        d["rootfs"] = Path(str(d["rootfs"]))
+        d["ro_binds"] = [tuple(b) for b in d.get("ro_binds", [])]  # type: ignore[union-attr]
+        return cls(**d)  # type: ignore[arg-type]
+
+
+def _passwd(uid_home: dict[str, tuple[int, str]]) -> str:
+    lines = []
+    for name, (uid, home) in uid_home.items():
+        lines.append(f"{name}:x:{uid}:{uid}:{name}:{home}:/bin/bash")
+    lines.append("nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin")
+    return "\n".join(lines) + "\n"
+
+
+def _group() -> str:
+    return "root:x:0:\nuser:x:1000:\nnogroup:x:65534:\n"
+
+
+def _shift_ownership(root: Path, uid_base: int) -> None:
+    """Make sandbox uid n own what host uid n owned (lchown: never follow symlinks out)."""
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in (*dirnames, *filenames):
+            p = os.path.join(dirpath, name)
+            st = os.lstat(p)
+            if st.st_uid < 65536 and st.st_gid < 65536:
+                os.lchown(p, st.st_uid + uid_base, st.st_gid + uid_base)
+                if not os.path.islink(p) and st.st_mode & 0o6000:
+                    os.chmod(p, st.st_mode & 0o1777)  # chown cleared setuid; keep it cleared
+    st = os.lstat(root)
+    os.lchown(root, st.st_uid % 65536 + uid_base, st.st_gid % 65536 + uid_base)
+
+
+def _add_users(rootfs: Path) -> None:
+    """Make sure the rootfs has `root` and `user` (uid 1000, home /home/user)."""
+    etc = rootfs / "etc"
+    etc.mkdir(exist_ok=True)
+    passwd = etc / "passwd"
+    existing = passwd.read_text() if passwd.exists() else ""
+    names = {line.split(":")[0] for line in existing.splitlines() if line}
+    if "user" not in names:
+        with open(passwd, "a") as f:
+            if "root" not in names:
+                f.write("root:x:0:0:root:/root:/bin/bash\n")
+            f.write("user:x:1000:1000:user:/home/user:/bin/bash\n")
+    group = etc / "group"
+    gexisting = group.read_text() if group.exists() else ""
+    if not any(line.startswith("user:") for line in gexisting.splitlines()):
+        with open(group, "a") as f:
+            f.write("user:x:1000:\n")
+    home = rootfs / "home" / "user"
+    home.mkdir(parents=True, exist_ok=True)
+    os.chown(home, SANDBOX_USER_UID, SANDBOX_USER_UID)
+    (rootfs / "root").mkdir(mode=0o700, exist_ok=True)
+    for mp in ("proc", "dev", "tmp", "run", "workspace", "opt"):
+        (rootfs / mp).mkdir(exist_ok=True)
+
+
+class TemplateStore:
+    def __init__(self, root: Path, uid_base: int) -> None:
+        self.root = root
+        self.uid_base = uid_base
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def _dir(self, name: str) -> Path:
+        return self.root / name
+
+    def list(self) -> list[Template]:
+        out = []
+        for d in sorted(self.root.iterdir()):
+            meta = d / "template.json"
+            if meta.exists():
+                out.append(Template.from_json(json.loads(meta.read_text())))
+        return out
+
+    def get(self, name: str) -> Template:
+        if not NAME_RE.match(name):
+            raise InvalidSpec(f"template name {name!r} is not valid")
+        meta = self._dir(name) / "template.json"
+        if not meta.exists():
+            if name == "base":
+                return self.build_base()
+            known = ", ".join(t.name for t in self.list()) or "none"
+            raise TemplateNotFound(f"template {name!r} does not exist (known: {known})")
+        return Template.from_json(json.loads(meta.read_text()))
+
+    def _commit(self, tpl: Template, staging: Path) -> Template:
+        """Move a fully built template into place; a half-built one never becomes visible."""
+        final = self._dir(tpl.name)
+        tpl.rootfs = final / "rootfs"
+        tpl.created_at = time.time()
+        (staging / "template.json").write_text(json.dumps(tpl.to_json(), indent=2))
+        if final.exists():
+            trash = Path(tempfile.mkdtemp(dir=self.root, prefix=".old-"))
+            final.rename(trash / "t")
+            staging.rename(final)
+            shutil.rmtree(trash, ignore_errors=True)
+        else:
+            staging.rename(final)
+        return tpl
+
+    def _staging(self, name: str) -> Path:
+        if not NAME_RE.match(name):
+            raise InvalidSpec(f"template name {name!r} is not valid")
+        return Path(tempfile.mkdtemp(dir=self.root, prefix=f".build-{name}-"))
+
+    def build_base(self, name: str = "base") -> Template:
+        """The host-backed template: our skeleton root plus the host's /usr, read-only."""
+        staging = self._staging(name)
+        try:
+            rootfs = staging / "rootfs"
+            for d in ("etc", "usr", "proc", "dev", "tmp", "run", "workspace", "opt", "var/tmp",
+                      "var/lib", "var/cache", "var/log", "mnt", "srv", "media"):  # fmt: skip
+                (rootfs / d).mkdir(parents=True, exist_ok=True)
+            os.chmod(rootfs / "var/tmp", 0o1777)
+            for link in ("bin", "sbin", "lib", "lib64", "lib32", "libx32"):
+                host = Path("/") / link
+                if host.is_symlink():
+                    (rootfs / link).symlink_to(os.readlink(host))
+            self._copy_host_etc(rootfs / "etc")
+            (rootfs / "etc/passwd").write_text(
+                _passwd({"root": (0, "/root"), "user": (SANDBOX_USER_UID, "/home/user")})
+            )
+            (rootfs / "etc/group").write_text(_group())
+            (rootfs / "etc/hostname").write_text("sandbox\n")
+            (rootfs / "etc/hosts").write_text("127.0.0.1\tlocalhost sandbox\n::1\tlocalhost\n")
+            (rootfs / "etc/resolv.conf").write_text("# no network by default\n")
+            _add_users(rootfs)
+            _shift_ownership(rootfs, self.uid_base)
+            tpl = Template(
+                name=name,
+                kind="host",
+                rootfs=rootfs,
+                env={"PATH": DEFAULT_PATH, "LANG": "C.UTF-8"},
+                ro_binds=[("/usr", "/usr")],
+            )
+            return self._commit(tpl, staging)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+
+    @staticmethod
+    def _copy_host_etc(dest: Path) -> None:
+        for entry in HOST_ETC_ENTRIES:
+            src = Path("/etc") / entry
+            if not (src.exists() or src.is_symlink()):
+                continue
+            target = dest / entry
+            if src.is_symlink():
+                target.symlink_to(os.readlink(src))
+            elif src.is_dir():
+                shutil.copytree(
+                    src, target, symlinks=True,
+                    ignore=lambda d, names: [
+                        n for n in names
+                        if os.path.relpath(os.path.join(d, n), "/etc") in HOST_ETC_EXCLUDE
+                    ],
+                )  # fmt: skip
+            else:
+                shutil.copy2(src, target)
+
+    def build_from_rootfs(self, name: str, source: Path, *, copy: bool = True) -> Template:
+        """Import a complete root filesystem directory (copied; the source is left untouched)."""
+        if not (source / "usr/bin").is_dir():
+            raise InvalidSpec(f"{source} does not look like a root filesystem (no usr/bin)")
+        if not (source / "usr/bin/python3").exists():
+            raise InvalidSpec(f"{source} has no /usr/bin/python3, which the in-sandbox agent needs")
+        staging = self._staging(name)
+        try:
+            rootfs = staging / "rootfs"
+            if copy:
+                subprocess.run(["cp", "-a", "--", str(source), str(rootfs)], check=True)
+            else:
+                source.rename(rootfs)
+            _add_users(rootfs)
+            _shift_ownership(rootfs, self.uid_base)
+            tpl = Template(name=name, kind="rootfs", rootfs=rootfs,
+                           env={"PATH": DEFAULT_PATH, "LANG": "C.UTF-8"})  # fmt: skip
+            return self._commit(tpl, staging)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+
+    def build_debootstrap(
+        self,
+        name: str,
+        suite: str = "bookworm",
+        mirror: str = "http://deb.debian.org/debian",
+        include: tuple[str, ...] = ("python3", "ca-certificates", "procps", "less", "curl"),
+    ) -> Template:
+        if shutil.which("debootstrap") is None:
+            raise HostUnsupported("debootstrap is not installed (apt-get install debootstrap)")
+        work = Path(tempfile.mkdtemp(dir=self.root, prefix=f".debootstrap-{name}-"))
+        try:
+            target = work / "rootfs"
+            cmd = ["debootstrap", "--variant=minbase", f"--include={','.join(include)}",
+                   suite, str(target), mirror]  # fmt: skip
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode != 0:
+                tail = (proc.stdout + proc.stderr).strip().splitlines()[-5:]
+                raise InvalidSpec(f"debootstrap failed ({proc.returncode}): {' | '.join(tail)}")
+            for d in ("var/cache/apt/archives",):
+                shutil.rmtree(target / d, ignore_errors=True)
+                (target / d).mkdir(parents=True, exist_ok=True)
+            return self.build_from_rootfs(name, target, copy=False)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+    def remove(self, name: str) -> None:
+        d = self._dir(name)
+        if not (d / "template.json").exists():
+            raise TemplateNotFound(f"template {name!r} does not exist")
+        shutil.rmtree(d)
