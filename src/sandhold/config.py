@@ -3,6 +3,7 @@ TOML file named by ``SANDHOLD_CONFIG``), validated at start-up."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tomllib
 from functools import lru_cache
@@ -27,7 +28,21 @@ class Settings(BaseSettings):
     default_memory_mb: int = Field(512, ge=16)
     default_cpu: float = Field(1.0, gt=0)
     default_pids: int = Field(512, ge=16)
+    cgroup_parent: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9_.-]+$",
+        description="Parent cgroup of all sandboxes; derived from data_dir when unset.",
+    )
     ready_timeout_s: float = Field(10.0, gt=0, description="How long create waits for the agent.")
+
+
+    @property
+    def cgroup_group(self) -> str:
+        if self.cgroup_parent:
+            return self.cgroup_parent
+        if self.data_dir == Path("/var/lib/sandhold"):
+            return "sandhold"
+        return "sandhold-" + hashlib.sha256(str(self.data_dir).encode()).hexdigest()[:10]
 
 
 def _load() -> Settings:

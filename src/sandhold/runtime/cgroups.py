@@ -18,7 +18,6 @@ from sandhold.errors import HostUnsupported
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 V1_CONTROLLERS = ("memory", "cpu", "cpuacct", "pids", "freezer")
 V2_ROOT = CGROUP_ROOT / "unified"
-PARENT = "sandhold"
 CPU_PERIOD_US = 100_000
 
 
@@ -45,13 +44,14 @@ class CgroupSet:
     """The cgroups of one sandbox, addressed by its id (the same name in every hierarchy)."""
 
     name: str
+    parent: str  # one parent group per runtime data dir, so runtimes never touch each other
 
     def v1(self, controller: str) -> Path:
-        return CGROUP_ROOT / controller / PARENT / self.name
+        return CGROUP_ROOT / controller / self.parent / self.name
 
     @property
     def v2(self) -> Path:
-        return V2_ROOT / PARENT / self.name
+        return V2_ROOT / self.parent / self.name
 
     def dirs(self) -> list[Path]:
         dirs = [self.v1(c) for c in V1_CONTROLLERS]
@@ -163,8 +163,17 @@ class CgroupSet:
         }
 
 
-def list_names() -> list[str]:
-    parent = CGROUP_ROOT / "pids" / PARENT
-    if not parent.is_dir():
+def list_names(parent: str) -> list[str]:
+    d = CGROUP_ROOT / "pids" / parent
+    if not d.is_dir():
         return []
-    return sorted(p.name for p in parent.iterdir() if p.is_dir())
+    return sorted(p.name for p in d.iterdir() if p.is_dir())
+
+
+def remove_parent(parent: str) -> None:
+    """Remove a runtime's (empty) parent groups, e.g. when a test data dir is thrown away."""
+    for root in [CGROUP_ROOT / c for c in V1_CONTROLLERS] + [V2_ROOT]:
+        try:
+            (root / parent).rmdir()
+        except (FileNotFoundError, OSError):
+            pass

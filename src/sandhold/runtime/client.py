@@ -102,8 +102,22 @@ class AgentClient:
         cwd: str | None = None,
         timeout: float | None = None,
     ) -> CommandResult:
-        """Run ``bash -c cmd`` to completion, like the SDK's ``commands.run``."""
-        process: dict[str, Any] = {"cmd": "/bin/bash", "args": ["-l", "-c", cmd], "envs": envs or {}}
+        """Run ``bash -l -c cmd`` to completion, like the SDK's ``commands.run``."""
+        return await self.run_argv(
+            ["/bin/bash", "-l", "-c", cmd], user=user, envs=envs, cwd=cwd, timeout=timeout
+        )
+
+    async def run_argv(
+        self,
+        argv: list[str],
+        *,
+        user: str | None = None,
+        envs: dict[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+    ) -> CommandResult:
+        """Run a program to completion and collect its output."""
+        process: dict[str, Any] = {"cmd": argv[0], "args": argv[1:], "envs": envs or {}}
         if cwd:
             process["cwd"] = cwd
         body = envelope({"process": process, "stdin": False})

@@ -149,6 +149,9 @@ class Runtime:
         self.reconcile()
 
     # -- helpers ------------------------------------------------------------------------------
+    def _cg(self, sandbox_id: str) -> CgroupSet:
+        return CgroupSet(sandbox_id, self.settings.cgroup_group)
+
     @property
     def uid_base(self) -> int:
         return self.settings.uid_base
@@ -231,7 +234,11 @@ class Runtime:
         return ws
 
     # -- lifecycle ------------------------------------------------------------------------------
-    async def create(self, spec: SandboxSpec | dict[str, object]) -> SandboxInfo:
+    async def create(
+        self, spec: SandboxSpec | dict[str, object], extra: dict[str, object] | None = None
+    ) -> SandboxInfo:
+        """Create and start a sandbox; returns once its agent answers. ``extra`` is stored with
+        the record for upper layers (e.g. the E2B server's timeout and tokens)."""
         if not isinstance(spec, SandboxSpec):
             try:
                 spec = SandboxSpec.model_validate(spec)
@@ -244,7 +251,7 @@ class Runtime:
         d = self.sandboxes_dir / sandbox_id
         d.mkdir()
         (d / "lock").touch()
-        cg = CgroupSet(sandbox_id)
+        cg = self._cg(sandbox_id)
         proc: subprocess.Popen[bytes] | None = None
         ready_r, ready_w = os.pipe()
         try:
@@ -292,6 +299,7 @@ class Runtime:
                 init_pid=init_pid,
                 dir=d,
                 workspace=workspace,
+                extra=dict(extra or {}),
             )
             self._save(info)
             self._children[sandbox_id] = proc
@@ -335,7 +343,7 @@ class Runtime:
     def _destroy(self, sandbox_id: str, pid: int | None) -> None:
         """Remove every trace of a sandbox; safe to call on a half-created one."""
         d = self.sandboxes_dir / sandbox_id
-        cg = CgroupSet(sandbox_id)
+        cg = self._cg(sandbox_id)
         cg.kill_all()
         proc = self._children.pop(sandbox_id, None)
         if proc is not None:
@@ -360,7 +368,7 @@ class Runtime:
             info = self._load(d)
             if info.state == "paused":
                 raise Conflict(f"sandbox {sandbox_id} is already paused")
-            CgroupSet(sandbox_id).freeze()
+            self._cg(sandbox_id).freeze()
             info.state = "paused"
             info.paused_at = time.time()
             self._save(info)
@@ -371,7 +379,7 @@ class Runtime:
             info = self._load(d)
             if info.state == "running":
                 raise Conflict(f"sandbox {sandbox_id} is already running")
-            CgroupSet(sandbox_id).thaw()
+            self._cg(sandbox_id).thaw()
             info.state = "running"
             info.paused_at = None
             self._save(info)
@@ -408,7 +416,7 @@ class Runtime:
 
     def usage(self, sandbox_id: str) -> Usage:
         info = self.get(sandbox_id)
-        u = CgroupSet(sandbox_id).usage()
+        u = self._cg(sandbox_id).usage()
         disk = _dir_size(info.dir / "upper")
         return Usage(
             cpu_seconds=u["cpu_ns"] / 1e9,
@@ -429,7 +437,7 @@ class Runtime:
         proc = self._children.get(info.id)
         if proc is not None and proc.poll() is not None:
             return False
-        return bool(CgroupSet(info.id).pids())
+        return bool(self._cg(info.id).pids())
 
     def _reap(self, info: SandboxInfo) -> None:
         log.warning("sandbox %s exited on its own; cleaning up", info.id)
@@ -456,14 +464,14 @@ class Runtime:
                 continue
             if not self._alive(info):
                 self._reap(info)
-            elif CgroupSet(info.id).freezer_state() == "FROZEN" and info.state != "paused":
+            elif self._cg(info.id).freezer_state() == "FROZEN" and info.state != "paused":
                 info.state = "paused"
                 self._save(info)
         known = {d.name for d in self.sandboxes_dir.iterdir()}
-        for name in cgroups.list_names():
+        for name in cgroups.list_names(self.settings.cgroup_group):
             if name not in known:
-                CgroupSet(name).kill_all()
-                CgroupSet(name).remove()
+                self._cg(name).kill_all()
+                self._cg(name).remove()
 
 
 def _validation_message(e: ValidationError) -> str:

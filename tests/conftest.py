@@ -1,0 +1,70 @@
+"""Fixtures shared by every layer's tests: a real runtime on a throw-away data dir."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from sandhold.config import Settings
+from sandhold.runtime import cgroups
+from sandhold.runtime.runtime import Runtime, SandboxInfo
+from sandhold.runtime.spec import SandboxSpec
+
+if os.geteuid() != 0:
+    pytest.exit("the test suite creates namespaces, cgroups and mounts: run it as root", 2)
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Iterator[Path]:
+    d = Path(tempfile.mkdtemp(prefix="sandhold-test-", dir="/var/tmp"))
+    yield d
+    settings = Settings(data_dir=d)
+    rt = Runtime(settings)
+    for info in rt.list():
+        rt._destroy(info.id, info.pid)
+    cgroups.remove_parent(settings.cgroup_group)
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def settings(data_dir: Path) -> Settings:
+    return Settings(data_dir=data_dir)
+
+
+@pytest.fixture(scope="session")
+def runtime(settings: Settings) -> Runtime:
+    rt = Runtime(settings)
+    rt.templates.get("base")  # build once, up front
+    return rt
+
+
+class SandboxFactory:
+    """Creates sandboxes for one test and kills whatever is left of them afterwards."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self.created: list[str] = []
+
+    async def __call__(self, **spec: object) -> SandboxInfo:
+        info = await self.runtime.create(SandboxSpec.model_validate(spec))
+        self.created.append(info.id)
+        return info
+
+    async def cleanup(self) -> None:
+        for sid in self.created:
+            try:
+                await self.runtime.kill(sid)
+            except Exception:
+                pass
+
+
+@pytest.fixture
+async def make_sandbox(runtime: Runtime) -> AsyncIterator[SandboxFactory]:
+    factory = SandboxFactory(runtime)
+    yield factory
+    await factory.cleanup()

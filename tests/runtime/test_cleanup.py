@@ -1,0 +1,53 @@
+"""Deterministic cleanup: many create/kill cycles leave no process, mount, cgroup, netns or file."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from sandhold.runtime import cgroups, mounts
+from tests.runtime.helpers import sh
+
+CYCLES = 200
+
+
+def _sandbox_processes(uid_base: int, group: str) -> dict[int, str]:
+    """Processes running as a sandbox uid, except those of *other* runtimes (parallel test
+    workers use their own cgroup parent), mapped to their network namespace."""
+    out = {}
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            if not uid_base <= p.stat().st_uid < uid_base + 65536:
+                continue
+            cgroup = (p / "cgroup").read_text()
+            if "/sandhold" in cgroup and f"/{group}/" not in cgroup:
+                continue
+            out[int(p.name)] = os.readlink(p / "ns/net")
+        except OSError:
+            pass
+    return out
+
+
+async def test_create_kill_cycles_leave_nothing_behind(runtime):
+    group = runtime.settings.cgroup_group
+    before = {
+        "sandboxes": sorted(os.listdir(runtime.sandboxes_dir)),
+        "cgroups": cgroups.list_names(group),
+        "mounts": mounts.mounts_under(runtime.settings.data_dir),
+        "processes": _sandbox_processes(runtime.uid_base, group),
+        "fds": len(os.listdir("/proc/self/fd")),
+    }
+    for i in range(CYCLES):
+        info = await runtime.create({"workspace_id": "cycles"})
+        if i % 50 == 0:
+            assert (await sh(info, "echo $((6*7))")).text.strip() == "42"
+        await runtime.kill(info.id)
+    assert sorted(os.listdir(runtime.sandboxes_dir)) == before["sandboxes"]
+    assert cgroups.list_names(group) == before["cgroups"]
+    assert mounts.mounts_under(runtime.settings.data_dir) == before["mounts"]
+    after = _sandbox_processes(runtime.uid_base, group)
+    assert set(after) <= set(before["processes"]), "processes outlived their sandbox"
+    assert set(after.values()) <= set(before["processes"].values()), "a netns outlived its sandbox"
+    assert len(os.listdir("/proc/self/fd")) <= before["fds"] + 2

@@ -1,0 +1,161 @@
+"""Create, pause, resume, kill, re-attach: the lifecycle of real sandboxes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+
+import pytest
+
+from sandhold.errors import Conflict, InvalidSpec, SandboxNotFound, TemplateNotFound
+from sandhold.runtime.cgroups import CgroupSet
+from sandhold.runtime.runtime import Runtime
+from tests.runtime.helpers import sh
+
+
+def _cpu_ns(runtime: Runtime, sid: str) -> int:
+    return CgroupSet(sid, runtime.settings.cgroup_group).usage()["cpu_ns"]
+
+
+async def test_pause_stops_cpu_and_resume_continues_the_same_process(make_sandbox, runtime):
+    sbx = await make_sandbox()
+    await sh(sbx, "(i=0; while true; do i=$((i+1)); echo $i > /tmp/count; done) >/dev/null 2>&1 &"
+                  " echo $! > /tmp/pid")  # fmt: skip
+    await asyncio.sleep(0.3)
+    pid_before = (await sh(sbx, "cat /tmp/pid")).text.strip()
+    await runtime.pause(sbx.id)
+    assert runtime.get(sbx.id).state == "paused"
+    cpu0 = _cpu_ns(runtime, sbx.id)
+    await asyncio.sleep(0.5)
+    assert _cpu_ns(runtime, sbx.id) == cpu0, "a paused sandbox used CPU"
+    with pytest.raises(Conflict):
+        await runtime.pause(sbx.id)
+    await runtime.resume(sbx.id)
+    count1 = int((await sh(sbx, "cat /tmp/count")).text)
+    await asyncio.sleep(0.3)
+    count2 = int((await sh(sbx, "cat /tmp/count")).text)
+    assert count2 > count1 > 0
+    r = await sh(sbx, f"kill -0 {pid_before} && echo alive")
+    assert r.text.strip() == "alive"
+    with pytest.raises(Conflict):
+        await runtime.resume(sbx.id)
+
+
+async def test_memory_survives_pause(make_sandbox, runtime):
+    sbx = await make_sandbox()
+    await sh(sbx, "python3 -c 'import time; x = bytearray(b\"s\" * (50 << 20)); time.sleep(600)' &"
+                  " sleep 0.5")  # fmt: skip
+    before = runtime.usage(sbx.id).memory_bytes
+    await runtime.pause(sbx.id)
+    await asyncio.sleep(0.2)
+    assert runtime.usage(sbx.id).memory_bytes >= before * 0.9
+    await runtime.resume(sbx.id)
+    r = await sh(sbx, "pgrep -fc bytearray")
+    assert r.text.strip() == "1"
+
+
+async def test_workspace_outlives_the_sandbox(make_sandbox, runtime):
+    first = await make_sandbox(workspace_id="persist")
+    await sh(first, "echo kept > /workspace/notes.txt; mkdir -p /workspace/sub; "
+                    "echo x > /workspace/sub/f; echo lost > /home/user/scratch")  # fmt: skip
+    await runtime.kill(first.id)
+    second = await make_sandbox(workspace_id="persist")
+    r = await sh(second, "cat /workspace/notes.txt /workspace/sub/f; cat /home/user/scratch")
+    assert r.text.split("\n")[:2] == ["kept", "x"]
+    assert "lost" not in r.text  # the writable layer went with the first sandbox
+    r = await sh(second, "echo more >> /workspace/notes.txt && echo ok")
+    assert r.text.strip() == "ok"
+
+
+async def test_kill_removes_everything(make_sandbox, runtime):
+    sbx = await make_sandbox(workspace_id="killme")
+    await sh(sbx, "sleep 1000 & sleep 1000 & echo started")
+    cg = CgroupSet(sbx.id, runtime.settings.cgroup_group)
+    pids = cg.pids()
+    assert len(pids) >= 4
+    await runtime.kill(sbx.id)
+    for pid in pids:
+        assert not os.path.exists(f"/proc/{pid}"), f"process {pid} survived kill"
+    assert not any(d.exists() for d in cg.dirs())
+    assert not sbx.dir.exists()
+    with open("/proc/self/mountinfo") as f:
+        assert sbx.id not in f.read()
+    assert runtime.workspace_path("killme").is_dir()
+    with pytest.raises(SandboxNotFound):
+        runtime.get(sbx.id)
+    with pytest.raises(SandboxNotFound):
+        await runtime.kill(sbx.id)
+
+
+@pytest.mark.parametrize(
+    ("spec", "error"),
+    [
+        ({"template": "no-such-template"}, TemplateNotFound),
+        ({"template": "../etc"}, InvalidSpec),
+        ({"limits": {"memory_mb": 1}}, InvalidSpec),
+        ({"limits": {"memory_mb": 10**9}}, InvalidSpec),
+        ({"limits": {"cpu": 0}}, InvalidSpec),
+        ({"limits": {"cpu": 512}}, InvalidSpec),
+        ({"limits": {"pids": 2}}, InvalidSpec),
+        ({"workspace_id": "../../etc"}, InvalidSpec),
+        ({"mounts": [{"source": "/etc", "target": "/proc/x"}]}, InvalidSpec),
+        ({"mounts": [{"source": "/etc", "target": "data/../.."}]}, InvalidSpec),
+        ({"mounts": [{"source": "/nonexistent", "target": "/data"}]}, InvalidSpec),
+        ({"env": {"BAD NAME": "x"}}, InvalidSpec),
+        ({"user": "admin"}, InvalidSpec),
+        ({"network": {"mode": "open"}}, InvalidSpec),
+        ({"unknown_field": 1}, InvalidSpec),
+    ],
+)
+async def test_bad_input_is_rejected_and_leaves_nothing(runtime, spec, error):
+    before = sorted(p.name for p in runtime.sandboxes_dir.iterdir())
+    with pytest.raises(error) as exc:
+        await runtime.create(spec)
+    assert exc.value.message  # a human-readable reason
+    assert sorted(p.name for p in runtime.sandboxes_dir.iterdir()) == before
+
+
+async def test_failed_start_leaves_nothing(runtime, monkeypatch):
+    """An agent that never becomes ready: create fails and undoes every step it had done."""
+    monkeypatch.setattr(runtime.settings, "ready_timeout_s", 0.5)
+    from sandhold.runtime import launcher
+
+    monkeypatch.setattr(launcher, "AGENT_MAIN", "/bin/sleep")  # not the agent: never ready
+    before = sorted(p.name for p in runtime.sandboxes_dir.iterdir())
+    with pytest.raises(Exception, match="not ready|failed"):
+        await runtime.create({})
+    assert sorted(p.name for p in runtime.sandboxes_dir.iterdir()) == before
+    from sandhold.runtime import cgroups
+
+    known = {p.name for p in runtime.sandboxes_dir.iterdir()}
+    assert set(cgroups.list_names(runtime.settings.cgroup_group)) <= known
+
+
+async def test_sandboxes_survive_the_process_that_created_them(runtime, settings):
+    """Create from a separate process that then exits; a fresh Runtime re-attaches."""
+    env = {**os.environ, "SANDHOLD_DATA_DIR": str(settings.data_dir)}
+    out = subprocess.run(
+        [sys.executable, "-m", "sandhold.cli", "sandbox", "create", "--workspace", "reattach"],
+        capture_output=True, text=True, env=env, check=True,
+    ).stdout  # fmt: skip
+    sid = out.strip().split()[-1]
+    subprocess.run([sys.executable, "-m", "sandhold.cli", "sandbox", "pause", sid],
+                   env=env, check=True, capture_output=True)  # fmt: skip
+    fresh = Runtime(settings)
+    try:
+        info = fresh.get(sid)
+        assert info.state == "paused"
+        await fresh.resume(sid)
+        r = await sh(info, "echo alive; ls /workspace >/dev/null && echo ws")
+        assert r.text.split() == ["alive", "ws"]
+    finally:
+        await fresh.kill(sid)
+
+
+async def test_parallel_creates(make_sandbox):
+    boxes = await asyncio.gather(*(make_sandbox() for _ in range(8)))
+    assert len({b.id for b in boxes}) == 8
+    results = await asyncio.gather(*(sh(b, "hostname; id -un") for b in boxes))
+    assert all(r.text.split() == ["sandbox", "user"] for r in results)
