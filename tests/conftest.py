@@ -26,7 +26,7 @@ def data_dir() -> Iterator[Path]:
     settings = Settings(data_dir=d)
     rt = Runtime(settings)
     for info in rt.list():
-        rt._destroy(info.id, info.pid)
+        rt._destroy(info.id, info.pid, info.init_pid)
     cgroups.remove_parent(settings.cgroup_group)
     shutil.rmtree(d, ignore_errors=True)
 

@@ -7,6 +7,7 @@ import socket
 import threading
 from pathlib import Path
 
+from sandhold.runtime.cgroups import CgroupSet
 from tests.runtime.helpers import py, sh
 
 
@@ -111,14 +112,15 @@ async def test_mount_userns_and_privilege_attempts_fail(make_sandbox):
 async def test_root_inside_is_nobody_on_the_host(make_sandbox, runtime):
     sbx = await make_sandbox(workspace_id="rootcheck")
     r = await sh(sbx, "id -u; grep -E '^Cap(Eff|Prm|Bnd|Amb)' /proc/self/status; "
-                      "cat /proc/self/uid_map; touch /workspace/by-root", user="root")  # fmt: skip
-    lines = r.text.split("\n")
-    assert lines[0] == "0"
+                      "cat /proc/self/uid_map; (sleep 60 &); echo ok", user="root")  # fmt: skip
+    assert r.text.split("\n")[0] == "0"
     for cap in ("CapEff", "CapPrm", "CapBnd", "CapAmb"):
         assert f"{cap}:\t0000000000000000" in r.text, r.text
     assert f"{runtime.uid_base}" in r.text  # the map sends sandbox uid 0 to uid_base
-    st = (runtime.workspace_path("rootcheck") / "by-root").stat()
-    assert st.st_uid == runtime.uid_base != 0
+    # Seen from the host, no process of the sandbox, root's sleep included, is host root.
+    host_uids = {os.stat(f"/proc/{pid}").st_uid
+                 for pid in CgroupSet(sbx.id, runtime.settings.cgroup_group).pids()}  # fmt: skip
+    assert host_uids <= {runtime.uid_base, runtime.uid_base + 1000}, host_uids
     r = await sh(sbx, "id -u; id -un; echo $HOME; touch /workspace/by-user; touch /root/x; echo rc=$?")
     assert r.text.split("\n")[:3] == ["1000", "user", "/home/user"]
     assert "rc=1" in r.text

@@ -21,8 +21,8 @@ def _cpu_ns(runtime: Runtime, sid: str) -> int:
 
 async def test_pause_stops_cpu_and_resume_continues_the_same_process(make_sandbox, runtime):
     sbx = await make_sandbox()
-    await sh(sbx, "(i=0; while true; do i=$((i+1)); echo $i > /tmp/count; done) >/dev/null 2>&1 &"
-                  " echo $! > /tmp/pid")  # fmt: skip
+    await sh(sbx, "(i=0; while true; do i=$((i+1)); echo $i > /tmp/c; mv /tmp/c /tmp/count; done)"
+                  " >/dev/null 2>&1 & echo $! > /tmp/pid")  # fmt: skip
     await asyncio.sleep(0.3)
     pid_before = (await sh(sbx, "cat /tmp/pid")).text.strip()
     await runtime.pause(sbx.id)
@@ -124,7 +124,7 @@ async def test_failed_start_leaves_nothing(runtime, monkeypatch):
 
     monkeypatch.setattr(launcher, "AGENT_MAIN", "/bin/sleep")  # not the agent: never ready
     before = sorted(p.name for p in runtime.sandboxes_dir.iterdir())
-    with pytest.raises(Exception, match="not ready|failed"):
+    with pytest.raises(Exception, match=r"not ready|failed"):
         await runtime.create({})
     assert sorted(p.name for p in runtime.sandboxes_dir.iterdir()) == before
     from sandhold.runtime import cgroups

@@ -143,9 +143,14 @@ class Runtime:
         self.workspaces_dir = root / "workspaces"
         for d in (self.sandboxes_dir, self.workspaces_dir):
             d.mkdir(parents=True, exist_ok=True)
+        for d in (root, self.sandboxes_dir, self.workspaces_dir):
+            # bwrap runs as the unprivileged uid_base and must traverse to the binds (not list).
+            if d.stat().st_mode & 0o001 == 0:
+                d.chmod(d.stat().st_mode | 0o711)
         self.templates = TemplateStore(root / "templates", self.settings.uid_base)
         self._agent_lib_root = root / "agentlib"
         self._children: dict[str, subprocess.Popen[bytes]] = {}
+        _become_subreaper()
         self.reconcile()
 
     # -- helpers ------------------------------------------------------------------------------
@@ -253,6 +258,7 @@ class Runtime:
         (d / "lock").touch()
         cg = self._cg(sandbox_id)
         proc: subprocess.Popen[bytes] | None = None
+        init_pid: int | None = None
         ready_r, ready_w = os.pipe()
         try:
             cg.create(spec.limits.memory_mb, spec.limits.cpu, spec.limits.pids)
@@ -305,7 +311,7 @@ class Runtime:
             self._children[sandbox_id] = proc
             return info
         except BaseException:
-            self._destroy(sandbox_id, proc.pid if proc else None)
+            self._destroy(sandbox_id, proc.pid if proc else None, init_pid)
             if proc is not None:
                 proc.wait()
             raise
@@ -340,7 +346,22 @@ class Runtime:
             logtail = (d / "sandbox.log").read_text(errors="replace")[-2000:]
             raise SandboxStartFailed(f"the sandbox agent failed to start: {logtail.strip()}")
 
-    def _destroy(self, sandbox_id: str, pid: int | None) -> None:
+    @staticmethod
+    def _reap_init(init_pid: int | None, timeout: float = 5.0) -> None:
+        """Wait until the sandbox's pid 1 is gone. Its parent (bwrap outside) dies with it, so it
+        is re-parented to us (we are a child subreaper) and must be reaped here."""
+        if not init_pid:
+            return
+        deadline = time.monotonic() + timeout
+        while os.path.exists(f"/proc/{init_pid}") and time.monotonic() < deadline:
+            try:
+                if os.waitpid(init_pid, os.WNOHANG)[0] == init_pid:
+                    return
+            except ChildProcessError:
+                pass  # not (yet) ours: someone else reaps it
+            time.sleep(0.001)
+
+    def _destroy(self, sandbox_id: str, pid: int | None, init_pid: int | None = None) -> None:
         """Remove every trace of a sandbox; safe to call on a half-created one."""
         d = self.sandboxes_dir / sandbox_id
         cg = self._cg(sandbox_id)
@@ -353,6 +374,7 @@ class Runtime:
                 os.waitpid(pid, 0)  # our child if this process created it
             except ChildProcessError:
                 pass
+        self._reap_init(init_pid)
         cg.remove()
         mounts.umount(d / "root")
         shutil.rmtree(d, ignore_errors=True)
@@ -361,7 +383,7 @@ class Runtime:
         with self._locked(sandbox_id) as d:
             info = self._load(d)
             (d / "state.json").unlink()  # from here on the sandbox no longer exists for others
-            self._destroy(sandbox_id, info.pid)
+            self._destroy(sandbox_id, info.pid, info.init_pid)
 
     async def pause(self, sandbox_id: str) -> SandboxInfo:
         with self._locked(sandbox_id) as d:
@@ -443,7 +465,7 @@ class Runtime:
         log.warning("sandbox %s exited on its own; cleaning up", info.id)
         try:
             with self._locked(info.id):
-                self._destroy(info.id, info.pid)
+                self._destroy(info.id, info.pid, info.init_pid)
         except SandboxNotFound:
             pass
 
@@ -472,6 +494,13 @@ class Runtime:
             if name not in known:
                 self._cg(name).kill_all()
                 self._cg(name).remove()
+
+
+def _become_subreaper() -> None:
+    import ctypes
+
+    pr_set_child_subreaper = 36
+    ctypes.CDLL(None).prctl(pr_set_child_subreaper, 1, 0, 0, 0)
 
 
 def _validation_message(e: ValidationError) -> str:
