@@ -1,0 +1,173 @@
+"""Code-interpreter benchmarks: template build, fresh sandbox to first ``run_code`` result, warm
+``1+1`` round trip, and memory (PSS) of an idle interpreter sandbox.
+
+    .venv/bin/python bench/interpreter_bench.py [--n 10] [--iterations 200] \\
+        [--cache /var/tmp/sandhold-cache/interpreter] [--out bench/results/interpreter.json]
+
+Prints one JSON document (and writes it to --out). Times are milliseconds.
+
+It drives the runtime directly, the way the agent will once its ``services`` start the
+interpreter at boot: create the sandbox, start the service with the template's own argv/env
+(one agent exec, as the agent would), and time, from inside the sandbox, the first answer of
+``POST /execute {"code": "1+1"}``. So "first result" = sandbox create + service start + kernel
+start + one execution, without the host HTTP proxy (measured by bench/e2b_bench.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import shlex
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from sandhold.config import Settings
+from sandhold.interpreter.template import (
+    SERVICE,
+    SERVICE_PORT,
+    TEMPLATE_NAME,
+    build_code_interpreter_template,
+)
+from sandhold.runtime import cgroups
+from sandhold.runtime.cgroups import CgroupSet
+from sandhold.runtime.client import AgentClient
+from sandhold.runtime.runtime import Runtime
+
+# Runs inside the sandbox: wait for the service, then time executions over one keep-alive
+# connection. Prints JSON: the wall-clock time of the first result and the round trips.
+CLIENT = r"""
+import http.client, json, sys, time
+port, iterations = int(sys.argv[1]), int(sys.argv[2])
+body = json.dumps({"code": "1+1", "context_id": None, "language": None, "env_vars": None})
+
+def execute(conn):
+    conn.request("POST", "/execute", body, {"Content-Type": "application/json"})
+    r = conn.getresponse()
+    text = r.read().decode()
+    assert r.status == 200 and '"text": "2"' in text, text
+    return text
+
+while True:
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        execute(conn)
+        break
+    except (ConnectionRefusedError, OSError):
+        time.sleep(0.01)
+first = time.time()
+rtts = []
+for _ in range(iterations):
+    t = time.perf_counter()
+    execute(conn)
+    rtts.append((time.perf_counter() - t) * 1000)
+print(json.dumps({"first_result_at": first, "rtt_ms": rtts}))
+"""
+
+
+def pct(values: list[float], p: float) -> float:
+    s = sorted(values)
+    return round(s[min(len(s) - 1, round(p / 100 * (len(s) - 1)))], 2)
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {"p50": pct(values, 50), "p95": pct(values, 95), "min": round(min(values), 2),
+            "mean": round(statistics.mean(values), 2), "n": len(values)}  # fmt: skip
+
+
+def pss_kib(pids: list[int]) -> int:
+    total = 0
+    for pid in pids:
+        try:
+            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    total += int(line.split()[1])
+        except OSError:
+            pass
+    return total
+
+
+def service_command() -> str:
+    env = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in dict(SERVICE["env"]).items())  # type: ignore[call-overload]
+    argv = " ".join(shlex.quote(str(a)) for a in SERVICE["argv"])  # type: ignore[attr-defined]
+    return f"cd {SERVICE['cwd']} && env {env} setsid nohup {argv} >/tmp/interp.log 2>&1 &"
+
+
+async def one_sandbox(rt: Runtime, iterations: int) -> dict[str, object]:
+    t0 = time.time()
+    info = await rt.create({"template": TEMPLATE_NAME, "limits": {"memory_mb": 1024}})
+    created = time.time()
+    try:
+        async with AgentClient(info.agent_socket, timeout=300) as agent:
+            await agent.run(service_command(), user=str(SERVICE["user"]))
+            r = await agent.run_argv(
+                ["/usr/bin/python3", "-c", CLIENT, str(SERVICE_PORT), str(iterations)],
+                user="user",
+            )
+            if r.exit_code != 0:
+                log = await agent.read_file("/tmp/interp.log")
+                raise RuntimeError(f"client failed: {r.stderr.decode()[-2000:]} {log[-2000:]!r}")
+            out = json.loads(r.stdout)
+            await asyncio.sleep(2.0)  # let the interpreter go idle before measuring memory
+            pids = CgroupSet(info.id, rt.settings.cgroup_group).pids()
+            return {
+                "create_ms": (created - t0) * 1000,
+                "first_result_ms": (out["first_result_at"] - t0) * 1000,
+                "rtt_ms": out["rtt_ms"],
+                "pss_kib": pss_kib(pids),
+                "processes": len(pids),
+                "cgroup_memory_bytes": rt.usage(info.id).memory_bytes,
+            }
+    finally:
+        await rt.kill(info.id)
+
+
+async def main(args: argparse.Namespace) -> dict[str, object]:
+    data_dir = Path(tempfile.mkdtemp(prefix="sandhold-ibench-", dir="/var/tmp"))
+    data_dir.chmod(0o755)
+    settings = Settings(data_dir=data_dir)
+    try:
+        rt = Runtime(settings)
+        t = time.perf_counter()
+        build_code_interpreter_template(rt.templates, cache_dir=Path(args.cache))
+        build_ms = (time.perf_counter() - t) * 1000
+        runs = [await one_sandbox(rt, args.iterations if i == 0 else 0) for i in range(args.n)]
+        return {
+            "host": {"cpus": __import__("os").cpu_count(), "kernel": platform.release()},
+            "template_build_ms": round(build_ms, 1),
+            "template_build_note": "with the wheel/site cache in --cache already filled",
+            "sandbox_create_ms": summary([r["create_ms"] for r in runs]),  # type: ignore[misc]
+            "fresh_sandbox_to_first_result_ms": summary(
+                [r["first_result_ms"] for r in runs]  # type: ignore[misc]
+            ),
+            "warm_run_code_1plus1_rtt_ms": summary(runs[0]["rtt_ms"]),  # type: ignore[arg-type]
+            "idle_sandbox_pss_mib": summary([r["pss_kib"] / 1024 for r in runs]),  # type: ignore[operator]
+            "idle_sandbox_processes": runs[0]["processes"],
+            "idle_sandbox_cgroup_memory_mib": summary(
+                [r["cgroup_memory_bytes"] / 2**20 for r in runs]  # type: ignore[operator]
+            ),
+        }
+    finally:
+        rt = Runtime(settings)
+        for info in rt.list():
+            await rt.kill(info.id)
+        cgroups.remove_parent(settings.cgroup_group)
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--n", type=int, default=10, help="fresh sandboxes to time")
+    parser.add_argument("--iterations", type=int, default=200, help="warm 1+1 round trips")
+    parser.add_argument("--cache", default="/var/tmp/sandhold-cache/interpreter")
+    parser.add_argument("--out", default="bench/results/interpreter.json")
+    args = parser.parse_args()
+    result = asyncio.run(main(args))
+    text = json.dumps(result, indent=2)
+    print(text)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(text + "\n")

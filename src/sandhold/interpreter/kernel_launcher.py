@@ -1,0 +1,52 @@
+"""Starts an IPython kernel, like ``python -m ipykernel_launcher``, adapted to the sandbox.
+
+Run by file path (``python3 .../kernel_launcher.py -f conn.json``). One adaptation: ipykernel
+binds a TCP socket on 127.0.0.1 to collect the output of forked child processes, and libzmq
+resolves a TCP bind address by first listing network interfaces over netlink, which the
+sandbox's seccomp filter refuses; libzmq then aborts the whole kernel. The pipe moves to a unix
+socket (``ipc://``), which needs no address resolution and behaves the same.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+
+# Running a file puts its directory first on sys.path; user code must find its own working
+# directory there instead (as with `-m ipykernel_launcher`), never our modules.
+sys.path[0] = os.getcwd()
+
+
+def _patch_iopub_pipe() -> None:
+    import zmq
+    from ipykernel import iostream, kernelapp
+    from zmq.eventloop.zmqstream import ZMQStream
+
+    class IPCIOPubThread(iostream.IOPubThread):
+        def _setup_pipe_in(self) -> None:
+            ctx = self.socket.context
+            self._pipe_uuid = os.urandom(16)
+            pipe_in = ctx.socket(zmq.PULL)
+            pipe_in.linger = 0
+            self._pipe_dir = tempfile.mkdtemp(prefix="ipykernel-pipe-")
+            self._pipe_address = f"ipc://{self._pipe_dir}/iopub"
+            pipe_in.bind(self._pipe_address)
+            self._pipe_in = ZMQStream(pipe_in, self.io_loop)
+            self._pipe_in.on_recv(self._handle_pipe_msg)
+
+        def _setup_pipe_out(self):  # type: ignore[no-untyped-def]
+            ctx = zmq.Context()  # a forked child needs a context of its own
+            pipe_out = ctx.socket(zmq.PUSH)
+            pipe_out.linger = 3000
+            pipe_out.connect(self._pipe_address)
+            return ctx, pipe_out
+
+    kernelapp.IOPubThread = IPCIOPubThread  # type: ignore[misc]
+
+
+if __name__ == "__main__":
+    _patch_iopub_pipe()
+    from ipykernel.kernelapp import launch_new_instance
+
+    launch_new_instance()

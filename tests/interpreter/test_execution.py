@@ -1,0 +1,139 @@
+"""run_code basics through the SDK: state, streaming callbacks, errors, env vars, languages."""
+
+from __future__ import annotations
+
+import time
+
+from e2b_code_interpreter import OutputMessage, Sandbox
+
+
+def test_state_is_kept_across_calls(sbx: Sandbox) -> None:
+    first = sbx.run_code("counter = 40\ncounter += 1")
+    assert first.error is None
+    second = sbx.run_code("counter + 1")
+    assert second.text == "42"
+    assert second.execution_count is not None
+    assert second.execution_count > (first.execution_count or 0)
+
+
+def test_stdout_and_stderr_stream_to_callbacks(sbx: Sandbox) -> None:
+    seen: list[tuple[str, str, float]] = []
+    code = (
+        "import sys, time\n"
+        "print('first', flush=True)\n"
+        "time.sleep(1.2)\n"
+        "print('oops', file=sys.stderr, flush=True)\n"
+        "print('last')\n"
+    )
+
+    def out(m: OutputMessage) -> None:
+        seen.append(("out", m.line, time.monotonic()))
+
+    def err(m: OutputMessage) -> None:
+        seen.append(("err", m.line, time.monotonic()))
+
+    start = time.monotonic()
+    execution = sbx.run_code(code, on_stdout=out, on_stderr=err)
+    end = time.monotonic()
+    assert "".join(execution.logs.stdout) == "first\nlast\n"
+    assert "".join(execution.logs.stderr) == "oops\n"
+    assert [(k, t) for k, t, _ in seen] == [
+        ("out", "first\n"),
+        ("err", "oops\n"),
+        ("out", "last\n"),
+    ]
+    # Streamed: the first line arrived long before the cell finished.
+    assert seen[0][2] - start < end - start - 1.0
+    assert all(m for m in execution.logs.stdout)
+
+
+def test_main_result_and_display_calls(sbx: Sandbox) -> None:
+    execution = sbx.run_code("from IPython.display import display\ndisplay('shown')\n'returned'")
+    main = [r for r in execution.results if r.is_main_result]
+    shown = [r for r in execution.results if not r.is_main_result]
+    assert [r.text for r in main] == ["returned"]
+    assert [r.text for r in shown] == ["shown"]
+    assert execution.text == "returned"
+
+
+def test_error_name_value_and_traceback(sbx: Sandbox) -> None:
+    errors = []
+    execution = sbx.run_code(
+        "def inner():\n    raise ValueError('bad value 7')\n\ninner()", on_error=errors.append
+    )
+    assert execution.error is not None
+    assert execution.error.name == "ValueError"
+    assert execution.error.value == "bad value 7"
+    assert "inner()" in execution.error.traceback
+    assert "raise ValueError" in execution.error.traceback
+    assert "\x1b[" not in execution.error.traceback  # plain text, no terminal colours
+    assert errors and errors[0].name == "ValueError"
+    # The context survives an error.
+    assert sbx.run_code("1 + 1").text == "2"
+
+
+def test_syntax_error(sbx: Sandbox) -> None:
+    execution = sbx.run_code("def broken(:\n    pass")
+    assert execution.error is not None
+    assert execution.error.name == "SyntaxError"
+
+
+def test_env_vars_apply_to_one_execution(sbx: Sandbox) -> None:
+    with_env = sbx.run_code(
+        "import os; os.environ.get('GREETING')", envs={"GREETING": "hello there"}
+    )
+    assert with_env.text == "hello there"
+    after = sbx.run_code("import os; os.environ.get('GREETING', 'unset')")
+    assert after.text == "unset"
+
+
+def test_sandbox_env_reaches_the_kernel(make_sandbox) -> None:  # type: ignore[no-untyped-def]
+    sbx = make_sandbox(envs={"FROM_CREATE": "yes"})
+    # The kernel inherits the service's environment; the bridge-started service gets the
+    # sandbox env from the agent the same way the agent-started one does.
+    assert sbx.run_code("import os; os.environ.get('FROM_CREATE')").text == "yes"
+
+
+def test_javascript_keeps_state_and_returns_last_value(sbx: Sandbox) -> None:
+    first = sbx.run_code("let total = 20; const add = (a) => total += a;", language="javascript")
+    assert first.error is None
+    out: list[str] = []
+    second = sbx.run_code(
+        "console.log('adding'); add(22)", language="js", on_stdout=lambda m: out.append(m.line)
+    )
+    assert second.text == "42"
+    assert out == ["adding\n"]
+    awaited = sbx.run_code(
+        "const v = await new Promise((r) => setTimeout(() => r(total + 1), 50));\nv",
+        language="javascript",
+    )
+    assert awaited.text == "43"
+    assert sbx.run_code("v * 2", language="javascript").text == "86"
+
+
+def test_javascript_errors_and_env(sbx: Sandbox) -> None:
+    execution = sbx.run_code("null.prop", language="javascript")
+    assert execution.error is not None
+    assert execution.error.name == "TypeError"
+    assert "null" in execution.error.value
+    env = sbx.run_code("process.env.JS_VAR", language="javascript", envs={"JS_VAR": "on"})
+    assert env.text == "on"
+    assert sbx.run_code("process.env.JS_VAR", language="javascript").text is None
+
+
+def test_bash_is_a_persistent_shell(sbx: Sandbox) -> None:
+    sbx.run_code("cd /tmp && export MARK=kept && mkdir -p bashdir", language="bash")
+    execution = sbx.run_code("echo $PWD $MARK $ONE_OFF; ls -d bashdir", language="bash",
+                             envs={"ONE_OFF": "x"})  # fmt: skip
+    assert execution.logs.stdout == ["/tmp kept x\nbashdir\n"]
+    again = sbx.run_code('echo "[$ONE_OFF]"', language="bash")
+    assert again.logs.stdout == ["[]\n"]
+    failed = sbx.run_code("ls /does-not-exist", language="bash")
+    assert failed.error is not None
+    assert failed.error.value == "exit status 2"
+    assert "No such file" in "".join(failed.logs.stderr)
+
+
+def test_python_runs_as_user_in_home(sbx: Sandbox) -> None:
+    execution = sbx.run_code("import os, getpass; (getpass.getuser(), os.getcwd())")
+    assert execution.text == "('user', '/home/user')"

@@ -1,0 +1,84 @@
+"""The code-interpreter template as built on disk."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from sandhold.config import Settings
+from sandhold.interpreter.packages import PACKAGES
+from sandhold.interpreter.template import (
+    SANDBOX_CODE,
+    SANDBOX_SITE,
+    SERVICE,
+    TEMPLATE_NAME,
+    build_code_interpreter_template,
+    is_up_to_date,
+)
+from sandhold.runtime.templates import TemplateStore
+from tests.interpreter.conftest import CACHE_DIR, InterpreterServer
+
+
+def store_of(interp: InterpreterServer) -> TemplateStore:
+    return TemplateStore(interp.data_dir / "templates", Settings(data_dir=interp.data_dir).uid_base)
+
+
+def test_every_package_is_pinned() -> None:
+    names = [p.partition("==")[0].lower() for p in PACKAGES]
+    assert all("==" in p for p in PACKAGES)
+    assert len(names) == len(set(names))
+
+
+def test_template_layout_and_env(interp: InterpreterServer) -> None:
+    store = store_of(interp)
+    tpl = store.get(TEMPLATE_NAME)
+    assert tpl.env["PYTHONPATH"] == SANDBOX_SITE
+    assert tpl.env["MPLBACKEND"] == "Agg"
+    assert ("/usr", "/usr") in tpl.ro_binds
+    root = tpl.rootfs
+    site = root / SANDBOX_SITE.lstrip("/")
+    assert (site / "ipykernel").is_dir() and (site / "e2b_charts").is_dir()
+    code = root / SANDBOX_CODE.lstrip("/") / "sandhold" / "interpreter"
+    assert (code / "server.py").is_file() and (code / "js_runner.js").is_file()
+    uid_base = store.uid_base
+    # Sandbox root owns the packages; `user` owns its home and /workspace.
+    assert os.lstat(site / "numpy").st_uid == uid_base
+    assert os.lstat(root / "home/user/.config/matplotlib").st_uid == uid_base + 1000
+    assert list((root / "home/user/.config/matplotlib").glob("fontlist-*.json"))
+    assert os.lstat(root / "workspace").st_uid == uid_base + 1000
+    services = json.loads((store.root / TEMPLATE_NAME / "services.json").read_text())
+    assert services == [json.loads(json.dumps(SERVICE))]
+
+
+def test_fontlist_points_inside_the_sandbox(interp: InterpreterServer) -> None:
+    root = store_of(interp).get(TEMPLATE_NAME).rootfs
+    (fontlist,) = (root / "home/user/.config/matplotlib").glob("fontlist-*.json")
+    text = fontlist.read_text()
+    # matplotlib's own fonts are stored relative to its data dir; nothing may point at a host
+    # path that does not exist inside the sandbox.
+    assert str(CACHE_DIR) not in text and str(interp.data_dir) not in text
+    assert '"fname"' in text
+
+
+def test_rebuild_is_skipped_when_up_to_date(interp: InterpreterServer) -> None:
+    store = store_of(interp)
+    assert is_up_to_date(store)
+    before = store.get(TEMPLATE_NAME).created_at
+    started = time.monotonic()
+    build_code_interpreter_template(store, cache_dir=CACHE_DIR)
+    assert time.monotonic() - started < 2
+    assert store.get(TEMPLATE_NAME).created_at == before
+
+
+def test_rebuild_from_cache_is_fast_and_atomic(interp: InterpreterServer, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    store = TemplateStore(tmp_path / "templates", store_of(interp).uid_base)
+    started = time.monotonic()
+    tpl = build_code_interpreter_template(store, name="ci-copy", cache_dir=CACHE_DIR)
+    assert time.monotonic() - started < 30
+    assert [t.name for t in store.list()] == ["ci-copy"]
+    assert tpl.rootfs == store.root / "ci-copy" / "rootfs"
+    # Forced rebuild swaps the directory in one rename; no staging debris is left visible.
+    build_code_interpreter_template(store, name="ci-copy", cache_dir=CACHE_DIR, force=True)
+    assert [t.name for t in store.list()] == ["ci-copy"]
+    assert not [p for p in store.root.iterdir() if p.name.startswith((".build-", ".old-"))]
