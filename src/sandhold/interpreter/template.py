@@ -305,11 +305,11 @@ def build_code_interpreter_template(
                 workdir="/home/user",
                 env=template_env(),
                 ro_binds=list(base.ro_binds),
+                services=[SERVICE],
                 created_at=time.time(),
             )
             staged = staging_root / name
             (staged / "template.json").write_text(json.dumps(tpl.to_json(), indent=2))
-            (staged / "services.json").write_text(json.dumps([SERVICE], indent=2))
             info = {
                 "key": build_key(store.uid_base),
                 "packages": list(PACKAGES),
@@ -322,11 +322,3 @@ def build_code_interpreter_template(
             shutil.rmtree(staging_root, ignore_errors=True)
         log.info("built template %s in %.1f s", name, time.monotonic() - t0)
         return store.get(name)
-
-
-def load_services(store: TemplateStore, name: str) -> list[dict[str, object]]:
-    """The services a template asks the agent to run (empty for templates without any)."""
-    try:
-        return list(json.loads((store.root / name / "services.json").read_text()))
-    except FileNotFoundError:
-        return []

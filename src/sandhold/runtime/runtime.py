@@ -281,6 +281,7 @@ class Runtime:
                 "env": env,
                 "ready_fd": ready_w,
                 "envd_version": ENVD_VERSION,
+                "services": template.services,
             }
             (run_dir / "agent.json").write_text(json.dumps(agent_cfg))
             launch = Launch(

@@ -14,12 +14,15 @@ Everything in a template is owned by the *mapped* ids (host uid ``uid_base + n``
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -40,6 +43,11 @@ HOST_ETC_ENTRIES = (
 # Never copied even when nested in an entry above.
 HOST_ETC_EXCLUDE = ("ssl/private",)
 
+# Templates that are built on first use: name -> "module:function(store, name) -> Template".
+BUILTIN_TEMPLATES = {
+    "code-interpreter-v1": "sandhold.interpreter.template:build_code_interpreter_template",
+}
+
 
 @dataclass
 class Template:
@@ -50,6 +58,9 @@ class Template:
     workdir: str = "/home/user"
     env: dict[str, str] = field(default_factory=dict)
     ro_binds: list[tuple[str, str]] = field(default_factory=list)  # host path -> sandbox path
+    # Long-running processes the agent starts at boot and restarts when they exit, e.g. the
+    # code interpreter: {"name", "argv", "env", "user", "cwd", "port"}.
+    services: list[dict[str, object]] = field(default_factory=list)
     created_at: float = 0.0
 
     def to_json(self) -> dict[str, object]:
@@ -139,10 +150,29 @@ class TemplateStore:
         meta = self._dir(name) / "template.json"
         if not meta.exists():
             if name == "base":
-                return self.build_base()
-            known = ", ".join(t.name for t in self.list()) or "none"
-            raise TemplateNotFound(f"template {name!r} does not exist (known: {known})")
+                with self._build_lock():
+                    if not meta.exists():
+                        return self.build_base()
+            elif name in BUILTIN_TEMPLATES:
+                return self.build_builtin(name)
+            else:
+                known = ", ".join(sorted({t.name for t in self.list()} | set(BUILTIN_TEMPLATES)))
+                raise TemplateNotFound(f"template {name!r} does not exist (known: {known})")
         return Template.from_json(json.loads(meta.read_text()))
+
+    def build_builtin(self, name: str) -> Template:
+        """Build one of the templates Sandhold ships (the builder skips an up-to-date one)."""
+        import importlib
+
+        module, func = BUILTIN_TEMPLATES[name].split(":")
+        builder = getattr(importlib.import_module(module), func)
+        return builder(self, name)  # type: ignore[no-any-return]
+
+    @contextmanager
+    def _build_lock(self) -> Iterator[None]:
+        with open(self.root / ".build.lock", "w") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            yield
 
     def _commit(self, tpl: Template, staging: Path) -> Template:
         """Move a fully built template into place; a half-built one never becomes visible."""

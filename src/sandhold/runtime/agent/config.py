@@ -1,0 +1,49 @@
+"""The agent's start-up configuration (``--config FILE``, written by the host)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class AgentConfig:
+    socket: str
+    default_user: str = "user"
+    default_workdir: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    ready_fd: int | None = None
+    envd_version: str = "0.6.13"
+    # Started at boot and kept as tagged background processes, like a template's start command:
+    # [{"name", "argv": [...], "env"?: {...}, "user"?: str, "cwd"?: str}]
+    services: list[dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def load(cls, path: str) -> AgentConfig:
+        with open(path, encoding="utf-8") as f:
+            raw = json.load(f)
+        if not isinstance(raw, dict) or not isinstance(raw.get("socket"), str):
+            raise ValueError(f"{path}: a JSON object with a 'socket' path is required")
+        env = raw.get("env") or {}
+        if not isinstance(env, dict):
+            raise ValueError(f"{path}: 'env' must be an object")
+        ready_fd = raw.get("ready_fd")
+        services = raw.get("services") or []
+        if not isinstance(services, list) or not all(
+            isinstance(svc, dict)
+            and isinstance(svc.get("argv"), list)
+            and svc["argv"]
+            and all(isinstance(a, str) for a in svc["argv"])
+            for svc in services
+        ):
+            raise ValueError(f"{path}: 'services' must be a list of objects with an 'argv' list")
+        return cls(
+            socket=raw["socket"],
+            default_user=str(raw.get("default_user") or "user"),
+            default_workdir=raw.get("default_workdir") or None,
+            env={str(k): str(v) for k, v in env.items()},
+            ready_fd=int(ready_fd) if ready_fd is not None else None,
+            envd_version=str(raw.get("envd_version") or "0.6.13"),
+            services=services,
+        )

@@ -1,0 +1,224 @@
+"""Filesystem helpers shared by the RPC service and ``/files``: EntryInfo, metadata xattrs,
+creating parents as a user, recursive removal and errno → Connect code mapping.
+
+Everything here is synchronous and meant to run inside ``users.fs_identity``.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import posixpath
+import stat
+import time
+
+from .connect import Message, RpcError
+from .users import group_name, user_name
+
+FILE_TYPE_UNSPECIFIED = "FILE_TYPE_UNSPECIFIED"
+FILE_TYPE_FILE = "FILE_TYPE_FILE"
+FILE_TYPE_DIRECTORY = "FILE_TYPE_DIRECTORY"
+FILE_TYPE_SYMLINK = "FILE_TYPE_SYMLINK"
+
+METADATA_PREFIX = "user.sandhold."
+
+_RWX = "rwxrwxrwx"
+
+
+def go_mode_string(mode: int) -> str:
+    """Go's ``os.FileMode.String()`` (what envd puts in ``permissions``), e.g. ``-rw-r--r--``,
+    ``drwxr-xr-x``, ``Lrwxrwxrwx``, ``Dcrw-rw-rw-``."""
+    kind = ""
+    if stat.S_ISDIR(mode):
+        kind += "d"
+    if stat.S_ISLNK(mode):
+        kind += "L"
+    if stat.S_ISBLK(mode) or stat.S_ISCHR(mode):
+        kind += "D"
+    if stat.S_ISFIFO(mode):
+        kind += "p"
+    if stat.S_ISSOCK(mode):
+        kind += "S"
+    if mode & stat.S_ISUID:
+        kind += "u"
+    if mode & stat.S_ISGID:
+        kind += "g"
+    if stat.S_ISCHR(mode):
+        kind += "c"
+    if mode & stat.S_ISVTX:
+        kind += "t"
+    perms = "".join(c if mode & (1 << (8 - i)) else "-" for i, c in enumerate(_RWX))
+    return (kind or "-") + perms
+
+
+def rfc3339(ns: int) -> str:
+    """A protobuf JSON Timestamp: UTC, 0/3/6/9 fractional digits like Go's protojson."""
+    sec, frac = divmod(ns, 1_000_000_000)
+    base = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(sec))
+    if frac == 0:
+        return base + "Z"
+    if frac % 1_000_000 == 0:
+        return f"{base}.{frac // 1_000_000:03d}Z"
+    if frac % 1000 == 0:
+        return f"{base}.{frac // 1000:06d}Z"
+    return f"{base}.{frac:09d}Z"
+
+
+def _file_type(mode: int) -> str:
+    if stat.S_ISREG(mode):
+        return FILE_TYPE_FILE
+    if stat.S_ISDIR(mode):
+        return FILE_TYPE_DIRECTORY
+    if stat.S_ISLNK(mode):
+        return FILE_TYPE_SYMLINK
+    return FILE_TYPE_UNSPECIFIED
+
+
+def read_metadata(path: str, follow: bool = True) -> dict[str, str]:
+    try:
+        names = os.listxattr(path, follow_symlinks=follow)
+    except OSError:
+        return {}
+    out: dict[str, str] = {}
+    for name in names:
+        if name.startswith(METADATA_PREFIX):
+            try:
+                value = os.getxattr(path, name, follow_symlinks=follow)
+            except OSError:
+                continue
+            out[name[len(METADATA_PREFIX) :]] = value.decode("utf-8", "replace")
+    return out
+
+
+def write_metadata(target: str | int, metadata: dict[str, str]) -> bool:
+    """Store metadata as user xattrs; False when the filesystem or file refuses them."""
+    try:
+        for key, value in metadata.items():
+            os.setxattr(target, METADATA_PREFIX + key, value.encode())
+    except OSError:
+        return False
+    return True
+
+
+def entry_info(path: str, display: str | None = None, st: os.stat_result | None = None) -> Message:
+    """EntryInfo for ``path`` (not following a final symlink), reported under ``display``.
+
+    A symlink reports its target's type and permission bits, ``symlinkTarget`` (fully
+    resolved) and ``isSymlink``; a dangling one keeps type SYMLINK so listings still show it.
+    """
+    if st is None:
+        st = os.lstat(path)
+    shown = display or path
+    ftype = _file_type(st.st_mode)
+    mode = stat.S_IMODE(st.st_mode) & 0o777
+    entry: Message = {"name": posixpath.basename(shown) or shown}
+    is_link = stat.S_ISLNK(st.st_mode)
+    if is_link:
+        try:
+            target = os.path.realpath(path, strict=True)
+            tst = os.stat(target)
+        except OSError:
+            target, mode = path, 0  # dangling or looping: Go's EvalSymlinks gives up too
+        else:
+            ftype = _file_type(tst.st_mode)
+            mode = stat.S_IMODE(tst.st_mode) & 0o777
+    entry.update(
+        type=ftype,
+        path=shown,
+        size=str(st.st_size),
+        mode=mode,
+        permissions=go_mode_string(st.st_mode),
+        owner=user_name(st.st_uid),
+        group=group_name(st.st_gid),
+        modifiedTime=rfc3339(st.st_mtime_ns),
+    )
+    if is_link:
+        entry["symlinkTarget"] = target
+        entry["isSymlink"] = True
+    else:
+        metadata = read_metadata(path)  # user xattrs cannot be set on symlinks
+        if metadata:
+            entry["metadata"] = metadata
+    return entry
+
+
+def ensure_dirs(path: str) -> None:
+    """Create ``path`` and missing parents (0755, owned by the current fs identity)."""
+    missing: list[str] = []
+    cur = path
+    while True:
+        try:
+            st = os.stat(cur)
+        except FileNotFoundError:
+            missing.append(cur)
+            parent = posixpath.dirname(cur)
+            if parent == cur:
+                break
+            cur = parent
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            raise NotADirectoryError(errno.ENOTDIR, f"path is a file: {cur}")
+        break
+    for d in reversed(missing):
+        try:
+            os.mkdir(d, 0o755)
+        except FileExistsError:
+            if not os.path.isdir(d):
+                raise
+
+
+def remove_all(path: str) -> None:
+    """``os.RemoveAll``: recursive, without following symlinks, fine if already gone."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        os.unlink(path)
+        return
+    # Iterative post-order so deep trees don't hit the recursion limit.
+    stack: list[tuple[str, bool]] = [(path, False)]
+    while stack:
+        d, visited = stack.pop()
+        if visited:
+            try:
+                os.rmdir(d)
+            except FileNotFoundError:
+                pass
+            continue
+        stack.append((d, True))
+        try:
+            with os.scandir(d) as it:
+                for e in it:
+                    if e.is_dir(follow_symlinks=False):
+                        stack.append((e.path, False))
+                    else:
+                        try:
+                            os.unlink(e.path)
+                        except FileNotFoundError:
+                            pass
+        except FileNotFoundError:
+            continue
+
+
+def os_error(e: OSError, action: str) -> RpcError:
+    """Map an errno to the Connect code a client can act on."""
+    code = {
+        errno.ENOENT: "not_found",
+        errno.EACCES: "permission_denied",
+        errno.EPERM: "permission_denied",
+        errno.EROFS: "permission_denied",
+        errno.EEXIST: "already_exists",
+        errno.ENOTEMPTY: "already_exists",
+        errno.ENOTDIR: "invalid_argument",
+        errno.EISDIR: "invalid_argument",
+        errno.EINVAL: "invalid_argument",
+        errno.ENAMETOOLONG: "invalid_argument",
+        errno.ELOOP: "failed_precondition",
+        errno.EXDEV: "failed_precondition",
+        errno.ENOSPC: "resource_exhausted",
+        errno.EDQUOT: "resource_exhausted",
+    }.get(e.errno or 0, "internal")
+    detail = e.strerror or str(e)
+    where = f" {e.filename}" if e.filename else ""
+    return RpcError(code, f"{action}:{where}: {detail[:1].lower()}{detail[1:]}")

@@ -1,0 +1,99 @@
+"""The few libc calls the standard library lacks: fsuid switching, capabilities, inotify.
+
+Loaded lazily (ctypes costs memory) the first time something needs it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+PR_CAPBSET_DROP = 24
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+
+_libc.prctl.argtypes = [
+    ctypes.c_int,
+    ctypes.c_ulong,
+    ctypes.c_ulong,
+    ctypes.c_ulong,
+    ctypes.c_ulong,
+]
+_libc.setfsuid.argtypes = [ctypes.c_uint]
+_libc.setfsgid.argtypes = [ctypes.c_uint]
+_libc.inotify_init1.argtypes = [ctypes.c_int]
+_libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
+_libc.inotify_rm_watch.argtypes = [ctypes.c_int, ctypes.c_int]
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [
+        ("effective", ctypes.c_uint32),
+        ("permitted", ctypes.c_uint32),
+        ("inheritable", ctypes.c_uint32),
+    ]
+
+
+def _check(ret: int) -> int:
+    if ret < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return ret
+
+
+def setfsuid(uid: int) -> int:
+    """Sets the filesystem uid; returns the previous one (the call itself never fails)."""
+    return int(_libc.setfsuid(uid))
+
+
+def setfsgid(gid: int) -> int:
+    return int(_libc.setfsgid(gid))
+
+
+def current_fsuid() -> int:
+    return int(_libc.setfsuid(0xFFFFFFFF))  # an invalid id only reports the current value
+
+
+def current_fsgid() -> int:
+    return int(_libc.setfsgid(0xFFFFFFFF))
+
+
+def drop_all_capabilities() -> None:
+    """In a child about to exec: nothing ambient, an empty bounding set, no capabilities.
+
+    Runs before the uid switch: dropping the bounding set needs CAP_SETPCAP, which setuid to a
+    non-root uid takes away. The final capset also empties the inheritable set, without which
+    a root child would get its capabilities back at exec (root's file capabilities are "all").
+    """
+    _libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)  # EINVAL on old kernels
+    for cap in range(64):
+        if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0 and ctypes.get_errno() == 22:
+            break  # EINVAL: past the last capability this kernel knows
+
+
+def clear_capability_sets() -> None:
+    header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
+    data = (_CapData * 2)()
+    _check(_libc.capset(ctypes.byref(header), data))
+
+
+# -- inotify ----------------------------------------------------------------------------------
+
+
+def inotify_init(flags: int) -> int:
+    return _check(_libc.inotify_init1(flags))
+
+
+def inotify_add_watch(fd: int, path: str, mask: int) -> int:
+    return _check(_libc.inotify_add_watch(fd, os.fsencode(path), mask))
+
+
+def inotify_rm_watch(fd: int, wd: int) -> None:
+    _libc.inotify_rm_watch(fd, wd)

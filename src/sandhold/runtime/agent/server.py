@@ -1,0 +1,111 @@
+"""Wires the services to routes, listens on the unix socket and runs until SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+
+from . import connect
+from .config import AgentConfig
+from .files import FilesHandler
+from .filesystem import FilesystemService
+from .http import HttpServer, Router
+from .process import ProcessManager, ProcessService
+from .system import SystemHandler
+
+log = logging.getLogger("sandhold.agent")
+
+
+class Agent:
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self.manager = ProcessManager(config)
+        self.processes = ProcessService(config, self.manager)
+        self.filesystem = FilesystemService(config)
+        self.files = FilesHandler(config)
+        self.system = SystemHandler(config)
+        self.router = self._routes()
+        self.http = HttpServer(self.router)
+        self._stop = asyncio.Event()
+
+    def _routes(self) -> Router:
+        r = Router()
+        cfg = self.config
+        p, fs = self.processes, self.filesystem
+        unary = {
+            "/process.Process/List": p.list,
+            "/process.Process/SendInput": p.send_input,
+            "/process.Process/SendSignal": p.send_signal,
+            "/process.Process/CloseStdin": p.close_stdin,
+            "/process.Process/Update": p.update,
+            "/filesystem.Filesystem/Stat": fs.stat,
+            "/filesystem.Filesystem/MakeDir": fs.make_dir,
+            "/filesystem.Filesystem/Move": fs.move,
+            "/filesystem.Filesystem/ListDir": fs.list_dir,
+            "/filesystem.Filesystem/Remove": fs.remove,
+            "/filesystem.Filesystem/CreateWatcher": fs.create_watcher,
+            "/filesystem.Filesystem/GetWatcherEvents": fs.get_watcher_events,
+            "/filesystem.Filesystem/RemoveWatcher": fs.remove_watcher,
+        }
+        for path, method in unary.items():
+            r.add("POST", path, connect.unary(method, cfg))
+        r.add("POST", "/process.Process/Start", connect.server_stream(p.start, cfg))
+        r.add("POST", "/process.Process/Connect", connect.server_stream(p.connect, cfg))
+        r.add("POST", "/filesystem.Filesystem/WatchDir", connect.server_stream(fs.watch_dir, cfg))
+        r.add("POST", "/process.Process/StreamInput", connect.client_stream(p.stream_input, cfg))
+        r.add("GET", "/health", self.system.health)
+        r.add("GET", "/envs", self.system.envs)
+        r.add("GET", "/metrics", self.system.metrics)
+        r.add("GET", "/files", self.files.download)
+        r.add("POST", "/files", self.files.upload)
+        return r
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.manager.install(loop)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stop.set)
+        # Bind with a tight umask so the socket is 0600 from the first moment.
+        old_umask = os.umask(0o177)
+        try:
+            await self.http.listen_unix(self.config.socket)
+        finally:
+            os.umask(old_umask)
+        os.chmod(self.config.socket, 0o600)
+        await self.processes.start_services(self.config.services)
+        if self.config.ready_fd is not None:
+            try:
+                os.write(self.config.ready_fd, b"ready\n")
+            finally:
+                os.close(self.config.ready_fd)
+        log.info("listening on %s", self.config.socket)
+        _trim_heap()
+        await self._stop.wait()
+        log.info("shutting down")
+        await self.http.close()
+        self.filesystem.close()
+        self.manager.kill_all()
+        try:
+            os.unlink(self.config.socket)
+        except OSError:
+            pass
+
+
+def _trim_heap() -> None:
+    """Hand the memory freed while importing back to the OS: idle agents are many."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass  # not glibc
+
+
+def main(config_path: str) -> int:
+    logging.basicConfig(level=logging.INFO, format="sandhold-agent: %(levelname)s %(message)s")
+    config = AgentConfig.load(config_path)
+    os.umask(0o022)  # what commands and created files inherit, like envd
+    asyncio.run(Agent(config).run())
+    return 0

@@ -1,0 +1,65 @@
+"""``CONNECT 127.0.0.1:<port>``: a raw byte tunnel to a TCP port inside the sandbox.
+
+The E2B server reaches user services (any sandbox port but envd's) through this. Only loopback
+is allowed, so the agent is no general-purpose proxy, and only address literals, so asyncio never
+resolves a name (which it would do on a thread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+from .http import HttpError
+
+_LOOPBACK = {"127.0.0.1": socket.AF_INET, "localhost": socket.AF_INET, "::1": socket.AF_INET6}
+COPY_CHUNK = 65536
+
+
+def parse_authority(authority: str) -> tuple[str, int, int]:
+    """``host:port`` (``[::1]:port`` for IPv6) → (address, port, family)."""
+    host, sep, port_text = authority.rpartition(":")
+    host = host.strip("[]").lower()
+    if not sep or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise HttpError(400, f"invalid CONNECT authority {authority!r}")
+    family = _LOOPBACK.get(host)
+    if family is None:
+        raise HttpError(403, f"only loopback ports can be tunnelled, not {host!r}")
+    address = "127.0.0.1" if host == "localhost" else host
+    return address, int(port_text), family
+
+
+async def open_upstream(authority: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    address, port, family = parse_authority(authority)
+    loop = asyncio.get_running_loop()
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setblocking(False)
+    try:
+        await asyncio.wait_for(loop.sock_connect(sock, (address, port)), 10)
+    except (OSError, TimeoutError) as e:
+        sock.close()
+        raise HttpError(502, f"port {port} is not open in the sandbox: {e}") from None
+    return await asyncio.open_connection(sock=sock, limit=COPY_CHUNK)
+
+
+async def _copy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while data := await reader.read(COPY_CHUNK):
+            writer.write(data)
+            await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()  # pass the half-close on; the other direction may continue
+    except (ConnectionError, OSError):
+        writer.close()
+
+
+async def splice(
+    a: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+    b: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+) -> None:
+    """Copy both ways until both directions are done."""
+    try:
+        await asyncio.gather(_copy(a[0], b[1]), _copy(b[0], a[1]))
+    finally:
+        a[1].close()
+        b[1].close()
