@@ -1,12 +1,7 @@
 """The code interpreter end to end: the official, unmodified e2b-code-interpreter SDK talks to a
 real ``sandhold serve`` (both planes on one port), which creates real sandboxes from the
 ``code-interpreter-v1`` template and forwards port 49999 through the agent's CONNECT tunnel.
-
-One integration point of the agent may still be missing: its ``services``, which start the
-interpreter at boot. If a fresh sandbox does not answer on 49999 within 2 s, the fixtures start
-the service through the SDK's ``commands.run`` with the template's own service definition
-(``services.json``: the argv, env, user and cwd the agent will use) and say so with a warning.
-``SANDHOLD_TEST_STRICT=1`` turns that bridge off.
+The agent starts the interpreter at boot (the template's ``services``).
 """
 
 from __future__ import annotations
@@ -20,7 +15,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -36,7 +30,6 @@ API_KEY = "sandhold-interpreter-test-key"
 # Wheels and the installed package tree survive test sessions (each session has a fresh data
 # dir): only the very first run on a machine downloads and installs.
 CACHE_DIR = Path(os.environ.get("SANDHOLD_TEST_CACHE", "/var/tmp/sandhold-cache")) / "interpreter"
-STRICT = os.environ.get("SANDHOLD_TEST_STRICT") == "1"
 
 
 def free_port() -> int:
@@ -53,7 +46,6 @@ class InterpreterServer:
         self.port = free_port()
         self.log = log
         self.proc: subprocess.Popen[bytes] | None = None
-        self.service_shim = False
         self.build_seconds = 0.0
 
     @property
@@ -71,9 +63,6 @@ class InterpreterServer:
         )
         build_code_interpreter_template(store, cache_dir=CACHE_DIR)
         self.build_seconds = time.monotonic() - t0
-        self.service = json.loads(
-            (self.data_dir / "templates" / "code-interpreter-v1" / "services.json").read_text()
-        )[0]
 
     def start(self) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SANDHOLD_")}
@@ -130,57 +119,16 @@ class InterpreterServer:
         if sbx.traffic_access_token:
             headers["E2B-Traffic-Access-Token"] = sbx.traffic_access_token
         try:
-            r = httpx.get(f"{base}/health", headers=headers, timeout=5)
+            r = httpx.get(f"{base}/health", headers=headers, timeout=30)
         except httpx.TransportError:
             return False
         return r.status_code == 200
 
-    def _start_service(self, sbx: Sandbox) -> None:
-        svc = self.service
-        argv = " ".join(svc["argv"])
-        sbx.commands.run(
-            f"setsid nohup {argv} >/tmp/code-interpreter.log 2>&1 &",
-            envs=svc["env"],
-            user=svc["user"],
-            cwd=svc["cwd"],
-        )
-
-    def _wait_health(self, sbx: Sandbox, base: str, seconds: float) -> bool:
-        deadline = time.monotonic() + seconds
-        while True:
-            if self._health(sbx, base):
-                return True
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.05)
-
     def ready(self, sbx: Sandbox) -> None:
-        """Make sure the sandbox's interpreter answers on the SDK's route."""
-        if not self.service_shim:
-            if self._wait_health(sbx, self.sandbox_url, 2.0):
-                return
-            if STRICT:
-                raise AssertionError("the interpreter is not reachable through the server")
-            self.service_shim = True
-            warnings.warn("agent `services` missing: the tests start the interpreter", stacklevel=1)
-        self._start_service(sbx)
-        if self._wait_health(sbx, self.sandbox_url, 15.0):
-            return
-        raise AssertionError("the interpreter service did not come up in the sandbox")
-
-    def probe(self) -> None:
-        """Find out, with one sandbox, whether the agent starts the interpreter by itself."""
-        sbx = Sandbox.create(api_key=API_KEY, api_url=self.url, sandbox_url=self.url, timeout=120)
-        try:
-            if self._wait_health(sbx, self.url, 2.0) or STRICT:
-                return
-            self._start_service(sbx)
-            if not self._wait_health(sbx, self.url, 15.0):
-                raise AssertionError("the interpreter is not reachable through the server")
-            self.service_shim = True
-            warnings.warn("agent `services` missing: the tests start the interpreter", stacklevel=1)
-        finally:
-            sbx.kill()
+        """The agent starts the interpreter at boot and its tunnel waits for it: nothing to do
+        but check the route answers."""
+        if not self._health(sbx, self.sandbox_url):
+            raise AssertionError("the interpreter is not reachable through the server")
 
 
 @pytest.fixture(scope="session")
@@ -191,7 +139,6 @@ def interp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InterpreterServ
     try:
         srv.build_template()
         srv.start()
-        srv.probe()
         yield srv
     finally:
         srv.destroy()

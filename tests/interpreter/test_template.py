@@ -47,8 +47,7 @@ def test_template_layout_and_env(interp: InterpreterServer) -> None:
     assert os.lstat(root / "home/user/.config/matplotlib").st_uid == uid_base + 1000
     assert list((root / "home/user/.config/matplotlib").glob("fontlist-*.json"))
     assert os.lstat(root / "workspace").st_uid == uid_base + 1000
-    services = json.loads((store.root / TEMPLATE_NAME / "services.json").read_text())
-    assert services == [json.loads(json.dumps(SERVICE))]
+    assert store.get(TEMPLATE_NAME).services == [json.loads(json.dumps(SERVICE))]
 
 
 def test_fontlist_points_inside_the_sandbox(interp: InterpreterServer) -> None:

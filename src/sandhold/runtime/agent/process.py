@@ -16,6 +16,7 @@ import errno
 import logging
 import os
 import signal
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
@@ -678,44 +679,52 @@ class ProcessService:
 
     # -- services -------------------------------------------------------------------------------
     async def start_services(self, services: list[dict[str, Any]]) -> None:
-        """Start the configured services; one failing to start does not stop the others."""
+        """Start the configured services and keep them running; one failing does not stop the
+        others, and one that ends is started again after a growing delay (0.5 s up to 30 s)."""
         for svc in services:
-            name = str(svc.get("name") or svc["argv"][0])
+            self._service_tasks.add(asyncio.ensure_future(self._supervise(svc)))
+
+    async def _spawn_service(self, svc: dict[str, Any], name: str) -> Process:
+        user = lookup_user(str(svc.get("user") or self.config.default_user))
+        if user is None:
+            raise RpcError("unauthenticated", f"invalid username: '{svc.get('user')}'")
+        process: Message = {
+            "cmd": svc["argv"][0],
+            "args": svc["argv"][1:],
+            "envs": svc.get("env") or {},
+        }
+        if svc.get("cwd"):
+            process["cwd"] = svc["cwd"]
+        spec, config = self._spec({"process": process, "stdin": False}, user)
+        return await self.manager.spawn(spec, config, name)
+
+    async def _supervise(self, svc: dict[str, Any]) -> None:
+        name = str(svc.get("name") or svc["argv"][0])
+        delay = 0.5
+        while True:
             try:
-                user = lookup_user(str(svc.get("user") or self.config.default_user))
-                if user is None:
-                    raise RpcError("unauthenticated", f"invalid username: '{svc.get('user')}'")
-                process: Message = {
-                    "cmd": svc["argv"][0],
-                    "args": svc["argv"][1:],
-                    "envs": svc.get("env") or {},
-                }
-                if svc.get("cwd"):
-                    process["cwd"] = svc["cwd"]
-                spec, config = self._spec({"process": process, "stdin": False}, user)
-                proc = await self.manager.spawn(spec, config, name)
+                proc = await self._spawn_service(svc, name)
             except RpcError as e:
                 log.error("service %s did not start: %s", name, e.message)
-                continue
+                return  # a configuration error: retrying would not help
             sub = proc.subscribe()
             proc.begin(None)
-            self._service_tasks.add(asyncio.ensure_future(self._watch_service(name, proc, sub)))
             log.info("service %s started, pid %d", name, proc.pid)
-
-    async def _watch_service(self, name: str, proc: Process, sub: _Subscriber) -> None:
-        """Keeps the last output of a service, to log it should the service end."""
-        tail = b""
-        try:
-            while True:
-                item = await sub.queue.get()
-                if "end" in item:
-                    text = tail.decode(errors="replace").strip()
-                    log.warning("service %s ended (%s): %s", name, item["end"]["status"], text)
-                    return
-                for data in item["data"].values():
-                    tail = (tail + base64.b64decode(data))[-2000:]
-        finally:
-            proc.unsubscribe(sub)
+            started = time.monotonic()
+            tail = b""
+            try:
+                while True:
+                    item = await sub.queue.get()
+                    if "end" in item:
+                        text = tail.decode(errors="replace").strip()
+                        log.warning("service %s ended (%s): %s", name, item["end"]["status"], text)
+                        break
+                    for data in item["data"].values():
+                        tail = (tail + base64.b64decode(data))[-2000:]
+            finally:
+                proc.unsubscribe(sub)
+            delay = 0.5 if time.monotonic() - started > 60 else min(delay * 2, 30.0)
+            await asyncio.sleep(delay)
 
     # -- streams --------------------------------------------------------------------------------
     async def start(self, msg: Message, call: Call) -> AsyncGenerator[Message, None]:

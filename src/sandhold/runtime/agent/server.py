@@ -7,7 +7,7 @@ import logging
 import os
 import signal
 
-from . import connect
+from . import connect, tunnel
 from .config import AgentConfig
 from .files import FilesHandler
 from .filesystem import FilesystemService
@@ -27,6 +27,7 @@ class Agent:
         self.files = FilesHandler(config)
         self.system = SystemHandler(config)
         self.router = self._routes()
+        tunnel.SERVICE_PORTS.update(int(svc["port"]) for svc in config.services if "port" in svc)
         self.http = HttpServer(self.router)
         self._stop = asyncio.Event()
 

@@ -14,6 +14,11 @@ from .http import HttpError
 
 _LOOPBACK = {"127.0.0.1": socket.AF_INET, "localhost": socket.AF_INET, "::1": socket.AF_INET6}
 COPY_CHUNK = 65536
+# Ports of the services the agent starts at boot (set from the config). A tunnel to one of them
+# waits while the service is still starting instead of failing, so a client may call it right
+# after the sandbox is created.
+SERVICE_PORTS: set[int] = set()
+SERVICE_WAIT_S = 20.0
 
 
 def parse_authority(authority: str) -> tuple[str, int, int]:
@@ -32,14 +37,21 @@ def parse_authority(authority: str) -> tuple[str, int, int]:
 async def open_upstream(authority: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     address, port, family = parse_authority(authority)
     loop = asyncio.get_running_loop()
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setblocking(False)
-    try:
-        await asyncio.wait_for(loop.sock_connect(sock, (address, port)), 10)
-    except (OSError, TimeoutError) as e:
-        sock.close()
-        raise HttpError(502, f"port {port} is not open in the sandbox: {e}") from None
-    return await asyncio.open_connection(sock=sock, limit=COPY_CHUNK)
+    deadline = loop.time() + (SERVICE_WAIT_S if port in SERVICE_PORTS else 0)
+    while True:
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        try:
+            await asyncio.wait_for(loop.sock_connect(sock, (address, port)), 10)
+            return await asyncio.open_connection(sock=sock, limit=COPY_CHUNK)
+        except ConnectionRefusedError as e:
+            sock.close()
+            if loop.time() >= deadline:
+                raise HttpError(502, f"port {port} is not open in the sandbox: {e}") from None
+            await asyncio.sleep(0.05)
+        except (OSError, TimeoutError) as e:
+            sock.close()
+            raise HttpError(502, f"port {port} is not open in the sandbox: {e}") from None
 
 
 async def _copy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
