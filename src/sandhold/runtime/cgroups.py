@@ -77,11 +77,11 @@ class CgroupSet:
         _write(self.v1("cpu") / "cpu.cfs_quota_us", str(int(cpu * CPU_PERIOD_US)))
         _write(self.v1("pids") / "pids.max", str(pids))
 
-    def join_self(self) -> None:
-        """Move the calling process into every group (used in the child before exec)."""
+    def add(self, pid: int) -> None:
+        """Move a process into every group of the sandbox."""
         for d in self.dirs():
             with open(d / "cgroup.procs", "w") as f:
-                f.write("0")
+                f.write(str(pid))
 
     def pids(self) -> list[int]:
         try:

@@ -6,6 +6,7 @@ levels up (which holds the ``sandhold`` and ``h11`` packages) goes on sys.path f
 """
 
 import os
+import socket
 import sys
 
 
@@ -26,6 +27,26 @@ def _bootstrap() -> None:
             os.open(os.devnull, os.O_RDWR)
 
 
+def listen(path: str) -> socket.socket:
+    """Bind and listen on the agent socket (0600 from the first moment)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old_umask = os.umask(0o177)
+    try:
+        sock.bind(path)
+    finally:
+        os.umask(old_umask)
+    sock.listen(1024)
+    return sock
+
+
+def signal_ready(fd: int | None) -> None:
+    if fd is not None:
+        try:
+            os.write(fd, b"ready\n")
+        finally:
+            os.close(fd)
+
+
 def _parse(argv: list[str]) -> str:
     if len(argv) == 2 and argv[0] == "--config":
         return argv[1]
@@ -37,7 +58,14 @@ def _parse(argv: list[str]) -> str:
 
 if __name__ == "__main__":
     _bootstrap()
-    config_path = _parse(sys.argv[1:])
+    from sandhold.runtime.agent.config import AgentConfig
+
+    config = AgentConfig.load(_parse(sys.argv[1:]))
+    sock = listen(config.socket)
+    # Ready as soon as connections are accepted: they wait in the backlog while the rest of the
+    # agent (asyncio is most of its start-up time) is imported.
+    signal_ready(config.ready_fd)
+    config.ready_fd = None
     from sandhold.runtime.agent.server import main
 
-    raise SystemExit(main(config_path))
+    raise SystemExit(main(config, sock))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
@@ -400,10 +401,9 @@ class HttpServer:
         finally:
             self._tasks.discard(task)
 
-    async def listen_unix(self, path: str, backlog: int = 1024) -> None:
-        self._server = await asyncio.start_unix_server(
-            self._on_connect, path=path, backlog=backlog, limit=READ_SIZE
-        )
+    async def listen_unix(self, sock: socket.socket) -> None:
+        """Serve on an already bound and listening unix socket."""
+        self._server = await asyncio.start_unix_server(self._on_connect, sock=sock, limit=READ_SIZE)
 
     async def close(self) -> None:
         if self._server is not None:

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 
 from . import connect, tunnel
 from .config import AgentConfig
@@ -19,8 +20,9 @@ log = logging.getLogger("sandhold.agent")
 
 
 class Agent:
-    def __init__(self, config: AgentConfig) -> None:
+    def __init__(self, config: AgentConfig, sock: socket.socket) -> None:
         self.config = config
+        self.sock = sock
         self.manager = ProcessManager(config)
         self.processes = ProcessService(config, self.manager)
         self.filesystem = FilesystemService(config)
@@ -68,19 +70,8 @@ class Agent:
         self.manager.install(loop)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
-        # Bind with a tight umask so the socket is 0600 from the first moment.
-        old_umask = os.umask(0o177)
-        try:
-            await self.http.listen_unix(self.config.socket)
-        finally:
-            os.umask(old_umask)
-        os.chmod(self.config.socket, 0o600)
+        await self.http.listen_unix(self.sock)
         await self.processes.start_services(self.config.services)
-        if self.config.ready_fd is not None:
-            try:
-                os.write(self.config.ready_fd, b"ready\n")
-            finally:
-                os.close(self.config.ready_fd)
         log.info("listening on %s", self.config.socket)
         _trim_heap()
         await self._stop.wait()
@@ -104,9 +95,8 @@ def _trim_heap() -> None:
         pass  # not glibc
 
 
-def main(config_path: str) -> int:
+def main(config: AgentConfig, sock: socket.socket) -> int:
     logging.basicConfig(level=logging.INFO, format="sandhold-agent: %(levelname)s %(message)s")
-    config = AgentConfig.load(config_path)
     os.umask(0o022)  # what commands and created files inherit, like envd
-    asyncio.run(Agent(config).run())
+    asyncio.run(Agent(config, sock).run())
     return 0
