@@ -204,7 +204,12 @@ async def test_services_start_at_boot(tmp_path):
          "env": {"A": "from-service", "OUT": str(out)}, "user": "root", "cwd": "/tmp"},
     ]  # fmt: skip
     async with start_agent(services=services) as a:
-        listing = (await ok(a.client, "process.Process/List", {}))["processes"]
+        # The agent is ready before its services are up: they start right after.
+        for _ in range(100):
+            listing = (await ok(a.client, "process.Process/List", {}))["processes"]
+            if listing:
+                break
+            await asyncio.sleep(0.05)
         assert [(p["tag"], p["config"]["cwd"]) for p in listing] == [("web", "/tmp")]
         for _ in range(50):
             if out.exists() and out.read_text():
