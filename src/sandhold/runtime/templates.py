@@ -251,6 +251,8 @@ class TemplateStore:
 
     def build_from_rootfs(self, name: str, source: Path, *, copy: bool = True) -> Template:
         """Import a complete root filesystem directory (copied; the source is left untouched)."""
+        if not NAME_RE.match(name):
+            raise InvalidSpec(f"template name {name!r} is not valid")
         if not (source / "usr/bin").is_dir():
             raise InvalidSpec(f"{source} does not look like a root filesystem (no usr/bin)")
         if not (source / "usr/bin/python3").exists():

@@ -1,0 +1,71 @@
+"""Templates: the shipped `base`, imports of a root filesystem, and a real debootstrap build."""
+
+from __future__ import annotations
+
+import os
+import stat
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from sandhold.errors import InvalidSpec
+from tests.runtime.helpers import sh
+
+MIRROR = "http://deb.debian.org/debian"
+
+
+def test_base_template_is_curated_and_owned_by_mapped_ids(runtime):
+    t = runtime.templates.get("base")
+    root = t.rootfs
+    assert t.kind == "host" and ("/usr", "/usr") in t.ro_binds
+    assert not (root / "etc/shadow").exists() and not (root / "etc/ssl/private").exists()
+    assert (root / "etc/passwd").read_text().count("\n") == 3
+    for p in (root, root / "etc", root / "etc/passwd", root / "root"):
+        assert os.lstat(p).st_uid == runtime.uid_base, p
+    assert os.lstat(root / "home/user").st_uid == runtime.uid_base + 1000
+    for dirpath, _dirs, files in os.walk(root):
+        for f in files:
+            mode = os.lstat(os.path.join(dirpath, f)).st_mode
+            assert not mode & (stat.S_ISUID | stat.S_ISGID), f
+
+
+def test_import_of_something_that_is_not_a_rootfs_changes_nothing(runtime, tmp_path):
+    before = sorted(os.listdir(runtime.templates.root))
+    (tmp_path / "etc").mkdir()
+    with pytest.raises(InvalidSpec, match="does not look like a root filesystem"):
+        runtime.templates.build_from_rootfs("notroot", tmp_path)
+    with pytest.raises(InvalidSpec, match="not valid"):
+        runtime.templates.build_from_rootfs("../evil", tmp_path)
+    assert sorted(os.listdir(runtime.templates.root)) == before
+
+
+def _mirror_reachable() -> bool:
+    try:
+        urllib.request.urlopen(f"{MIRROR}/dists/bookworm/Release", timeout=10).close()
+        return True
+    except OSError:
+        return False
+
+
+async def test_debootstrap_template_runs_sandboxes(runtime, make_sandbox):
+    if not _mirror_reachable():
+        pytest.skip(f"{MIRROR} is not reachable from this machine")
+    t = runtime.templates.build_debootstrap("bookworm-min", mirror=MIRROR)
+    assert t.kind == "rootfs" and t.ro_binds == []
+    assert os.lstat(t.rootfs / "usr/bin/python3").st_uid == runtime.uid_base
+    assert "bookworm-min" in [x.name for x in runtime.templates.list()]
+    sbx = await make_sandbox(template="bookworm-min", workspace_id="deb")
+    r = await sh(sbx, "cat /etc/debian_version; id -un; python3 -c 'print(1+1)'")
+    assert r.text.split()[1:] == ["user", "2"]
+    # Root owns this root filesystem (in its own layer): it can install into /usr...
+    r = await sh(sbx, "echo 'echo tool' > /usr/local/bin/tool && chmod +x /usr/local/bin/tool"
+                      " && tool", user="root")  # fmt: skip
+    assert r.text.strip() == "tool"
+    # ...which `user` cannot, and the template itself never changes.
+    r = await sh(sbx, "touch /usr/bin/x 2>&1; echo rc=$?")
+    assert "rc=1" in r.text
+    assert not (t.rootfs / "usr/local/bin/tool").exists()
+    await make_sandbox.runtime.kill(sbx.id)
+    runtime.templates.remove("bookworm-min")
+    assert not Path(t.rootfs).exists()
