@@ -245,5 +245,32 @@ def demo() -> None:
         _fail(e)
 
 
+@app.command()
+def serve(
+    host: Annotated[str | None, typer.Option(help="listen address (default: server_host)")] = None,
+    port: Annotated[int | None, typer.Option(help="listen port (default: server_port)")] = None,
+) -> None:
+    """Run the E2B-compatible server: the official SDKs' API and sandbox traffic on one port."""
+    from pydantic import ValidationError
+    from rich.markup import escape
+
+    from sandhold.config import Settings, get_settings
+    from sandhold.e2b.server import run
+
+    try:
+        given = {"server_host": host, "server_port": port}
+        overrides = {k: v for k, v in given.items() if v is not None}
+        settings = Settings(**{**get_settings().model_dump(), **overrides})
+        run(settings)
+    except ValidationError as e:
+        err.print(f"[red]error[/red]: invalid settings: {escape(str(e))}")
+        raise typer.Exit(2) from None
+    except ValueError as e:  # a dangerous configuration, refused before listening
+        err.print(f"[red]error[/red]: {escape(str(e))}")
+        raise typer.Exit(2) from None
+    except SandholdError as e:
+        _fail(e)
+
+
 if __name__ == "__main__":
     app()

@@ -35,6 +35,31 @@ class Settings(BaseSettings):
     )
     ready_timeout_s: float = Field(10.0, gt=0, description="How long create waits for the agent.")
 
+    # -- the E2B-compatible server (`sandhold serve`) --
+    server_host: str = Field("127.0.0.1", description="Address `sandhold serve` listens on.")
+    server_port: int = Field(49982, ge=1, le=65535, description="Port of both API planes.")
+    api_keys: dict[str, str] = Field(
+        default_factory=dict,
+        description="X-API-KEY value -> team. Empty: any key is accepted, on loopback only.",
+    )
+    max_timeout_hours: int = Field(24, ge=1, description="Longest sandbox timeout a call may set.")
+    public_domain: str | None = Field(
+        None,
+        description="Domain of `{port}-{id}.{domain}` sandbox hosts, returned to the SDK as "
+        "`domain`; unset means clients must set E2B_SANDBOX_URL.",
+    )
+    public_traffic_default: bool = Field(
+        False,
+        description="Whether sandbox ports other than envd's are reachable without the "
+        "sandbox's traffic token when a create does not say (E2B's default is true).",
+    )
+    auto_resume_min_timeout_s: int = Field(
+        60, ge=1, description="Floor of the timeout a sandbox gets when traffic auto-resumes it."
+    )
+    lifecycle_interval_s: float = Field(
+        0.5, gt=0, description="How often the server enforces sandbox end times."
+    )
+
 
     @property
     def cgroup_group(self) -> str:

@@ -1,0 +1,56 @@
+"""One ASGI application for both planes: sandbox traffic (see ``proxy.route``) goes to the data
+plane, everything else to the control plane (which also owns the lifespan: template warm-up and
+the lifecycle timer)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.applications import Starlette
+
+from sandhold.config import Settings
+from sandhold.e2b.auth import Teams
+from sandhold.e2b.control import ControlPlane
+from sandhold.e2b.lifecycle import Lifecycle
+from sandhold.e2b.proxy import DataPlane, route
+from sandhold.e2b.sandboxes import Sandboxes
+from sandhold.e2b.volumes import VolumeStore
+from sandhold.runtime.runtime import Runtime
+
+
+class E2bApp:
+    def __init__(self, settings: Settings, runtime: Runtime | None = None) -> None:
+        self.settings = settings
+        self.runtime = runtime or Runtime(settings)
+        self.volumes = VolumeStore(settings)
+        self.sandboxes = Sandboxes(self.runtime, settings, self.volumes)
+        self.lifecycle = Lifecycle(self.sandboxes, settings.lifecycle_interval_s)
+        self.data_plane = DataPlane(self.sandboxes)
+        control = ControlPlane(self.sandboxes, self.volumes, Teams(settings.api_keys))
+        self.control_plane = control.app(self._lifespan)
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        # Build `base` and the agent's library copy before the first create: creates run on
+        # worker threads, and concurrent first creates would each build them.
+        await asyncio.to_thread(self.runtime.templates.get, "base")
+        await asyncio.to_thread(self.runtime.agent_lib)
+        self.lifecycle.start()
+        try:
+            yield
+        finally:
+            await self.lifecycle.stop()
+            await self.sandboxes.drain()
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and (target := route(scope)) is not None:
+            await self.data_plane(scope, receive, send, target)
+        else:
+            await self.control_plane(scope, receive, send)
+
+
+def create_app(settings: Settings, runtime: Runtime | None = None) -> E2bApp:
+    return E2bApp(settings, runtime)

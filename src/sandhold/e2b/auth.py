@@ -1,0 +1,119 @@
+"""Who may do what: API keys map to teams on the control plane; on the data plane each sandbox's
+own ``envdAccessToken`` (header or signed ``/files`` URL) and ``trafficAccessToken`` decide.
+
+The in-sandbox agent checks nothing itself, so these checks are the only gate.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import ipaddress
+import time
+from collections.abc import Mapping
+
+from sandhold.config import Settings
+from sandhold.e2b.errors import ApiError
+
+DEFAULT_TEAM = "default"
+ENVD_PORT = 49983
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(settings: Settings) -> None:
+    """Refuse the one dangerous half-configuration: an open API on a non-loopback address."""
+    if not settings.api_keys and not is_loopback(settings.server_host):
+        raise ValueError(
+            f"refusing to listen on {settings.server_host}: no API keys are configured, so "
+            "anyone who can reach the port could create sandboxes. Set SANDHOLD_API_KEYS "
+            '(e.g. \'{"<key>": "<team>"}\') or listen on 127.0.0.1.'
+        )
+
+
+class Teams:
+    def __init__(self, api_keys: Mapping[str, str]) -> None:
+        self._keys = dict(api_keys)
+
+    def team_of(self, headers: Mapping[str, str]) -> str:
+        key = headers.get("x-api-key")
+        if not self._keys:
+            return DEFAULT_TEAM  # loopback-only mode (enforced at start): any key, one team
+        if not key:
+            raise ApiError(401, "missing X-API-KEY header")
+        for known, team in self._keys.items():
+            if hmac.compare_digest(known.encode(), key.encode()):
+                return team
+        raise ApiError(401, "invalid API key")
+
+
+def file_signature(path: str, operation: str, user: str, token: str, expiration: int | None) -> str:
+    """The SDK's v1 file-URL signature (``e2b/sandbox/signature.py``)."""
+    raw = f"{path}:{operation}:{user}:{token}"
+    if expiration is not None:
+        raw += f":{expiration}"
+    digest = hashlib.sha256(raw.encode()).digest()
+    return "v1_" + base64.b64encode(digest).rstrip(b"=").decode()
+
+
+def signature_valid(token: str, method: str, query: Mapping[str, str]) -> bool:
+    signature = query.get("signature")
+    if not signature:
+        return False
+    expiration: int | None = None
+    if query.get("signature_expiration"):
+        try:
+            expiration = int(query["signature_expiration"])
+        except ValueError:
+            return False
+        if expiration < time.time():
+            return False
+    operation = "write" if method == "POST" else "read"
+    expected = file_signature(
+        query.get("path", ""), operation, query.get("username", ""), token, expiration
+    )
+    return hmac.compare_digest(expected.encode(), signature.encode())
+
+
+def check_envd_access(
+    token: str, method: str, path: str, headers: Mapping[str, str], query: Mapping[str, str]
+) -> None:
+    """envd's rule: the access token on everything but ``GET /health``; ``/files`` also takes a
+    valid signature instead."""
+    if path == "/health" and method in ("GET", "HEAD"):
+        return
+    given = headers.get("x-access-token")
+    if given is not None:
+        if hmac.compare_digest(given.encode(), token.encode()):
+            return
+        raise ApiError(401, "invalid access token")
+    if path == "/files" and "signature" in query:
+        if signature_valid(token, method, query):
+            return
+        raise ApiError(401, "invalid or expired signature")
+    raise ApiError(401, "missing access token (X-Access-Token header)")
+
+
+def check_traffic_access(
+    traffic_token: str | None, envd_token: str, headers: Mapping[str, str]
+) -> None:
+    """Ports other than envd's: open, or gated by the traffic token (the envd token also works,
+    so an SDK holding only that can still reach its sandbox's services)."""
+    if traffic_token is None:
+        return
+    for header, expected in (
+        ("e2b-traffic-access-token", traffic_token),
+        ("x-access-token", envd_token),
+    ):
+        given = headers.get(header)
+        if given is not None and hmac.compare_digest(given.encode(), expected.encode()):
+            return
+    raise ApiError(403, "this sandbox port requires the E2B-Traffic-Access-Token header")

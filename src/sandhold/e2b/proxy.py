@@ -1,0 +1,274 @@
+"""The data plane: authorize a request for a sandbox and stream it to the sandbox's agent.
+
+A request is for a sandbox when it carries ``E2b-Sandbox-Id`` (what the SDK sends, with
+``E2b-Sandbox-Port``), when its Host is ``{port}-{sandboxID}.{domain}``, or when it is a signed
+``/files`` URL (``download_url()``/``upload_url()`` carry no sandbox id, so the sandbox is the one
+whose access token reproduces the signature).
+
+Port 49983 is envd, served by the agent on its unix socket; any other port is a TCP service inside
+the sandbox's network namespace, reached through a ``CONNECT`` tunnel the agent opens. Both
+directions stream (h11 on a raw socket, no buffering): Connect server streams can last as long
+as a command, uploads and downloads can be large.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qsl
+
+import h11
+
+from sandhold.e2b.auth import ENVD_PORT, check_envd_access, check_traffic_access, signature_valid
+from sandhold.e2b.errors import ApiError
+from sandhold.e2b.sandboxes import Sandbox, Sandboxes
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Any
+Send = Any
+
+READ_CHUNK = 256 * 1024
+HOST_RE = re.compile(r"^(\d{1,5})-([a-z0-9]+)(?:-[a-z0-9]+)?\.")
+# Hop-by-hop headers, our routing headers and the tokens: none of them is for the sandbox.
+DROP_REQUEST = frozenset({
+    b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"te", b"trailer",
+    b"upgrade", b"expect", b"host", b"x-access-token", b"e2b-traffic-access-token",
+    b"e2b-sandbox-id", b"e2b-sandbox-port",
+})  # fmt: skip
+DROP_RESPONSE = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding"})
+
+
+@dataclass
+class Target:
+    sandbox_id: str | None  # None: a signed /files URL, whose sandbox the signature names
+    port: int  # 0 when the request named an invalid port
+
+
+def route(scope: Scope) -> Target | None:
+    """Which sandbox and port a request is for, or None for the control plane."""
+    sandbox_id = port = host = None
+    for key, value in scope["headers"]:
+        if key == b"e2b-sandbox-id":
+            sandbox_id = value.decode("latin-1")
+        elif key == b"e2b-sandbox-port":
+            port = value.decode("latin-1")
+        elif key == b"host":
+            host = value.decode("latin-1")
+    if sandbox_id is not None:
+        return Target(sandbox_id, _port(port) if port is not None else ENVD_PORT)
+    if host and (m := HOST_RE.match(host)):
+        return Target(m.group(2), _port(m.group(1)))
+    if scope["path"] == "/files" and b"signature=" in scope["query_string"]:
+        return Target(None, ENVD_PORT)
+    return None
+
+
+def _port(value: str) -> int:
+    try:
+        port = int(value)
+    except ValueError:
+        return 0
+    return port if 0 < port < 65536 else 0
+
+
+class ProxyError(Exception):
+    def __init__(self, status: int, body: dict[str, Any]) -> None:
+        super().__init__(body.get("message", ""))
+        self.status = status
+        self.body = body
+
+
+def gone(sandbox_id: str) -> ProxyError:
+    # E2B's proxy answer; the SDK keys on "was not found" (is_running() -> False).
+    return ProxyError(502, {"sandboxId": sandbox_id, "message": "The sandbox was not found",
+                            "code": 502})  # fmt: skip
+
+
+def port_closed(sandbox_id: str, port: int) -> ProxyError:
+    return ProxyError(502, {"sandboxId": sandbox_id, "port": port, "code": 502,
+                            "message": "The sandbox is running but port is not open"})  # fmt: skip
+
+
+class TunnelRefused(Exception):
+    pass
+
+
+async def open_tunnel(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, port: int
+) -> None:
+    """Ask the agent for a raw byte stream to ``127.0.0.1:port`` inside the sandbox."""
+    authority = f"127.0.0.1:{port}"
+    writer.write(f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n".encode())
+    await writer.drain()
+    head = await reader.readuntil(b"\r\n\r\n")
+    status = head.split(b"\r\n", 1)[0].split(b" ", 2)
+    if len(status) < 2 or not status[0].startswith(b"HTTP/1.") or status[1] != b"200":
+        raise TunnelRefused(head.split(b"\r\n", 1)[0].decode("latin-1"))
+
+
+async def send_json(send: Send, status: int, body: dict[str, Any]) -> None:
+    payload = json.dumps(body).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(payload)).encode())]})  # fmt: skip
+    await send({"type": "http.response.body", "body": payload})
+
+
+class DataPlane:
+    def __init__(self, sandboxes: Sandboxes) -> None:
+        self.sandboxes = sandboxes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send, target: Target) -> None:
+        try:
+            sbx = await self._admit(scope, target)
+            await self._forward(scope, receive, send, sbx, target.port)
+        except ProxyError as e:
+            await send_json(send, e.status, e.body)
+
+    async def _admit(self, scope: Scope, target: Target) -> Sandbox:
+        if not target.port:
+            raise ProxyError(400, {"code": 400, "message": "invalid sandbox port"})
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        query = dict(parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True))
+        method, path = scope["method"], scope["path"]
+        if target.sandbox_id is None:
+            sbx = self._by_signature(method, query)
+        else:
+            found = self.sandboxes.get(target.sandbox_id)
+            if found is None:
+                raise gone(target.sandbox_id)
+            sbx = found
+            try:
+                if target.port == ENVD_PORT:
+                    check_envd_access(sbx.st.envd_token, method, path, headers, query)
+                else:
+                    check_traffic_access(sbx.st.traffic_token, sbx.st.envd_token, headers)
+            except ApiError as e:
+                raise ProxyError(e.status, {"code": e.status, "message": e.message}) from None
+        if not sbx.running:
+            resumed = await self.sandboxes.auto_resume(sbx.id)
+            if resumed is None or not resumed.running:
+                raise gone(sbx.id)
+            sbx = resumed
+        return sbx
+
+    def _by_signature(self, method: str, query: dict[str, str]) -> Sandbox:
+        for sbx in self.sandboxes.all():
+            if signature_valid(sbx.st.envd_token, method, query):
+                return sbx
+        raise ProxyError(401, {"code": 401, "message": "invalid or expired signature"})
+
+    async def _forward(
+        self, scope: Scope, receive: Receive, send: Send, sbx: Sandbox, port: int
+    ) -> None:
+        try:
+            reader, writer = await asyncio.open_unix_connection(
+                str(sbx.info.agent_socket), limit=READ_CHUNK
+            )
+        except OSError:
+            raise gone(sbx.id) from None
+        try:
+            if port != ENVD_PORT:
+                try:
+                    await open_tunnel(reader, writer, port)
+                except TunnelRefused:
+                    raise port_closed(sbx.id, port) from None
+                except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+                    raise gone(sbx.id) from None
+            await self._exchange(scope, receive, send, reader, writer, sbx, port)
+        finally:
+            writer.close()
+
+    async def _exchange(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        sbx: Sandbox,
+        port: int,
+    ) -> None:
+        conn = h11.Connection(h11.CLIENT)
+
+        async def send_event(event: Any) -> None:
+            data = conn.send(event)
+            if data:
+                writer.write(data)
+                await writer.drain()
+
+        headers = [(k, v) for k, v in scope["headers"] if k not in DROP_REQUEST]
+        names = {k for k, _ in scope["headers"]}
+        has_body = b"content-length" in names or b"transfer-encoding" in names
+        if b"transfer-encoding" in names and b"content-length" not in names:
+            headers.append((b"transfer-encoding", b"chunked"))
+        host = dict(scope["headers"]).get(b"host", b"sandbox")
+        mask = (sbx.st.network or {}).get("maskRequestHost") if port != ENVD_PORT else None
+        if mask:
+            host = mask.replace("${PORT}", str(port)).encode()
+        target = scope.get("raw_path") or scope["path"].encode()
+        if scope["query_string"]:
+            target += b"?" + scope["query_string"]
+        client_gone = asyncio.Event()
+
+        async def pump_request() -> None:
+            """Stream the request body up, then watch for the client going away: that must end
+            the upstream request too (e.g. a command's output stream)."""
+            try:
+                await send_event(h11.Request(method=scope["method"], target=target,
+                                             headers=[(b"host", host), *headers]))  # fmt: skip
+                more = has_body
+                while more:
+                    msg = await receive()
+                    if msg["type"] == "http.disconnect":
+                        break
+                    if msg.get("body"):
+                        await send_event(h11.Data(data=msg["body"]))
+                    more = msg.get("more_body", False)
+                else:
+                    await send_event(h11.EndOfMessage())
+                    while (await receive())["type"] != "http.disconnect":
+                        pass
+                client_gone.set()
+                writer.close()
+            except (OSError, h11.LocalProtocolError):
+                pass  # upstream went away while we wrote; the response side reports it
+
+        pump = asyncio.create_task(pump_request())
+        started = False
+        try:
+            while True:
+                event = conn.next_event()
+                if event is h11.NEED_DATA:
+                    conn.receive_data(await reader.read(READ_CHUNK))
+                elif isinstance(event, h11.Response):
+                    await send({"type": "http.response.start", "status": event.status_code,
+                                "headers": [(k, v) for k, v in event.headers
+                                            if k not in DROP_RESPONSE]})  # fmt: skip
+                    started = True
+                elif isinstance(event, h11.Data):
+                    await send({"type": "http.response.body", "body": bytes(event.data),
+                                "more_body": True})  # fmt: skip
+                elif isinstance(event, h11.EndOfMessage):
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+                    return
+                elif isinstance(event, h11.ConnectionClosed):
+                    raise ConnectionResetError("the agent closed the connection")
+                # InformationalResponse (1xx): nothing to pass on
+        except (OSError, h11.RemoteProtocolError):
+            if client_gone.is_set():
+                return
+            if not started:
+                raise gone(sbx.id) from None
+            # Mid-response: returning makes the server drop the client connection, which is how
+            # the SDK learns that a stream broke (it then probes /health, which answers 502).
+            return
+        finally:
+            pump.cancel()
+            with contextlib.suppress(BaseException):
+                await pump

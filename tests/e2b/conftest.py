@@ -1,0 +1,148 @@
+"""A real `sandhold serve` process on a free port, driven by the official, unmodified e2b SDK."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from e2b import Sandbox
+from sandhold.config import Settings
+from sandhold.runtime import cgroups, mounts
+from sandhold.runtime.runtime import Runtime
+
+KEY_A = "sandhold-test-key-a"
+KEY_B = "sandhold-test-key-b"
+API_KEYS = {KEY_A: "team-a", KEY_B: "team-b"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """One `sandhold serve` subprocess over a data dir; can be stopped and started again."""
+
+    def __init__(self, data_dir: Path, port: int, log: Path, **settings: str) -> None:
+        self.data_dir = data_dir
+        self.port = port
+        self.log = log
+        self.settings = settings
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SANDHOLD_")}
+        env.update(
+            SANDHOLD_DATA_DIR=str(self.data_dir),
+            SANDHOLD_API_KEYS=json.dumps(API_KEYS),
+            NO_PROXY="127.0.0.1,localhost",
+        )
+        env.update({f"SANDHOLD_{k.upper()}": v for k, v in self.settings.items()})
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "sandhold.cli", "serve", "--port", str(self.port)],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited: {self.log.read_text()[-3000:]}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"server did not start: {self.log.read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def runtime(self) -> Runtime:
+        return Runtime(Settings(data_dir=self.data_dir))
+
+    def destroy(self) -> None:
+        """Stop the server, kill every sandbox it left and remove the data dir, whatever fails
+        on the way; then fail if a sandbox could not be killed or was left half-removed."""
+        self.stop()
+        settings = Settings(data_dir=self.data_dir)
+        errors = []
+        try:
+            rt = Runtime(settings)
+            for info in rt.list():
+                try:
+                    asyncio.run(rt.kill(info.id))
+                except Exception as e:
+                    errors.append(f"kill {info.id}: {e!r}")
+        finally:
+            debris = mounts.mounts_under(self.data_dir)
+            for target in debris:
+                mounts.umount(Path(target))
+            cgroups.remove_parent(settings.cgroup_group)
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+        assert not errors and not debris, f"cleanup failed: {errors}, still mounted: {debris}"
+
+    def api(self, key: str = KEY_A) -> httpx.Client:
+        return httpx.Client(base_url=self.url, headers={"X-API-KEY": key}, timeout=30)
+
+
+def new_server(tmp: Path, **settings: str) -> Server:
+    data_dir = Path(tempfile.mkdtemp(prefix="sandhold-e2b-", dir="/var/tmp"))
+    data_dir.chmod(0o755)  # the sandboxes' unprivileged owner must traverse it
+    return Server(data_dir, free_port(), tmp / f"server-{data_dir.name}.log", **settings)
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    srv = new_server(tmp_path_factory.mktemp("e2b"))
+    srv.start()
+    with pytest.MonkeyPatch.context() as mp:
+        # What docs/e2b.md tells users to set: both URLs point at the one server port.
+        mp.setenv("E2B_API_URL", srv.url)
+        mp.setenv("E2B_SANDBOX_URL", srv.url)
+        mp.setenv("E2B_API_KEY", KEY_A)
+        mp.setenv("NO_PROXY", "127.0.0.1,localhost")
+        mp.delenv("E2B_DEBUG", raising=False)
+        yield srv
+    srv.destroy()
+
+
+@pytest.fixture(scope="module")
+def sbx(server: Server) -> Iterator[Sandbox]:
+    """A sandbox shared by the tests of one module that do not disturb each other."""
+    s = Sandbox.create(timeout=900)
+    yield s
+    s.kill()
+
+
+@pytest.fixture
+def api(server: Server) -> Iterator[httpx.Client]:
+    with server.api() as client:
+        yield client

@@ -1,0 +1,36 @@
+"""`sandhold serve` start-up rules: no API keys means loopback only, and then any key works."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from e2b import Sandbox
+from tests.e2b.conftest import new_server
+
+
+def test_refuses_an_open_api_on_a_public_address(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDHOLD_")}
+    env["SANDHOLD_DATA_DIR"] = str(tmp_path / "data")
+    r = subprocess.run(
+        [sys.executable, "-m", "sandhold.cli", "serve", "--host", "0.0.0.0", "--port", "1"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 2
+    assert "refusing to listen on 0.0.0.0" in r.stderr and "SANDHOLD_API_KEYS" in r.stderr
+
+
+def test_without_keys_any_key_works_on_loopback(tmp_path: Path) -> None:
+    srv = new_server(tmp_path, api_keys=json.dumps({}))
+    srv.start()
+    try:
+        s = Sandbox.create(api_key="anything-at-all", api_url=srv.url, sandbox_url=srv.url)
+        assert s.commands.run("echo open").stdout == "open\n"
+        other = Sandbox.get_info(s.sandbox_id, api_key="another", api_url=srv.url)
+        assert other.sandbox_id == s.sandbox_id  # one team for everyone
+        s.kill()
+    finally:
+        srv.destroy()
