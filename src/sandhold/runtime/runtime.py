@@ -17,6 +17,7 @@ import secrets
 import shutil
 import string
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -204,8 +205,8 @@ class Runtime:
         target = self._agent_lib_root / digest.hexdigest()[:16]
         if target.exists():
             return target
-        staging = Path(str(target) + f".tmp{os.getpid()}")
-        shutil.rmtree(staging, ignore_errors=True)
+        self._agent_lib_root.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=self._agent_lib_root, prefix=".staging-"))
         pkg = staging / "sandhold"
         (pkg / "runtime" / "agent").mkdir(parents=True)
         (pkg / "__init__.py").write_text("")
@@ -354,12 +355,19 @@ class Runtime:
         if not init_pid:
             return
         deadline = time.monotonic() + timeout
-        while os.path.exists(f"/proc/{init_pid}") and time.monotonic() < deadline:
+        while time.monotonic() < deadline:
             try:
                 if os.waitpid(init_pid, os.WNOHANG)[0] == init_pid:
                     return
             except ChildProcessError:
-                pass  # not (yet) ours: someone else reaps it
+                # Not (yet) ours. A zombie that is not ours is dead already: whoever adopted it
+                # (the host's init, after a server restart) reaps it in its own time.
+                try:
+                    with open(f"/proc/{init_pid}/stat") as f:
+                        if f.read().rpartition(")")[2].split()[0] == "Z":
+                            return
+                except FileNotFoundError:
+                    return
             time.sleep(0.001)
 
     def _destroy(self, sandbox_id: str, pid: int | None, init_pid: int | None = None) -> None:
@@ -383,7 +391,9 @@ class Runtime:
     async def kill(self, sandbox_id: str) -> None:
         with self._locked(sandbox_id) as d:
             info = self._load(d)
-            (d / "state.json").unlink()  # from here on the sandbox no longer exists for others
+            # From here on the sandbox no longer exists for others; should we be interrupted, the
+            # marker tells the next reconcile to finish the job at once.
+            (d / "state.json").rename(d / "killing.json")
             self._destroy(sandbox_id, info.pid, info.init_pid)
 
     async def pause(self, sandbox_id: str) -> SandboxInfo:
@@ -474,6 +484,9 @@ class Runtime:
         """Re-attach to live sandboxes and clean up what a crash or a failed create left behind."""
         for d in list(self.sandboxes_dir.iterdir()):
             state = d / "state.json"
+            if (d / "killing.json").exists():
+                self._destroy(d.name, None)
+                continue
             if not state.exists():
                 # Either being created right now by another process, or debris of a crash.
                 if time.time() - d.stat().st_mtime > 60:
