@@ -62,7 +62,9 @@ def template_ls() -> None:
 def template_build(
     name: str,
     debootstrap: Annotated[str | None, typer.Option(help="Debian suite, e.g. bookworm")] = None,
-    rootfs: Annotated[Path | None, typer.Option(help="Import this root filesystem directory")] = None,
+    rootfs: Annotated[
+        Path | None, typer.Option(help="Import this root filesystem directory")
+    ] = None,
     mirror: str = "http://deb.debian.org/debian",
 ) -> None:
     """Build a template: `base` from the host, or from debootstrap, or from a rootfs directory."""
@@ -205,44 +207,13 @@ def doctor() -> None:
 
 
 @app.command()
-def demo() -> None:
-    """A short tour of the runtime on the embedded defaults: create, run, pause, resume, kill."""
-    import time
+def demo(
+    serve: Annotated[bool, typer.Option(help="keep serving after the tour")] = True,
+) -> None:
+    """Start the E2B-compatible server and drive it once with the official SDKs (`make run`)."""
+    from sandhold.demo import main
 
-    from sandhold.runtime.client import AgentClient
-
-    rt = _runtime()
-
-    async def go() -> None:
-        t = time.perf_counter()
-        info = await rt.create({"workspace_id": "demo"})
-        console.print(f"created sandbox {info.id} in {(time.perf_counter() - t) * 1000:.0f} ms")
-        async with AgentClient(info.agent_socket) as c:
-            for cmd in ("id; hostname", "python3 -c 'import sys; print(sys.version.split()[0])'",
-                        "node -e 'console.log(6*7)'",
-                        "date > /workspace/last-run.txt && cat /workspace/last-run.txt"):  # fmt: skip
-                r = await c.run(cmd)
-                console.print(f"[bold]$ {cmd}[/bold]\n{r.text.strip()}  (exit {r.exit_code})")
-            t = time.perf_counter()
-            await rt.pause(info.id)
-            console.print(f"paused in {(time.perf_counter() - t) * 1000:.1f} ms")
-            t = time.perf_counter()
-            await rt.resume(info.id)
-            console.print(f"resumed in {(time.perf_counter() - t) * 1000:.1f} ms")
-            r = await c.run("echo still here")
-            console.print(r.text.strip())
-        u = rt.usage(info.id)
-        console.print(f"usage: {u.memory_bytes / 2**20:.1f} MiB, {u.cpu_seconds:.3f} s CPU")
-        await rt.kill(info.id)
-        ws = rt.workspace_path("demo")
-        console.print(f"killed {info.id}; the workspace survives: {sorted(os.listdir(ws))}")
-
-    import os
-
-    try:
-        asyncio.run(go())
-    except SandholdError as e:
-        _fail(e)
+    main(serve=serve)
 
 
 @app.command()

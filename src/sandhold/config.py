@@ -36,6 +36,10 @@ class Settings(BaseSettings):
     ready_timeout_s: float = Field(10.0, gt=0, description="How long create waits for the agent.")
 
     # -- the E2B-compatible server (`sandhold serve`) --
+    prebuild_templates: list[str] = Field(
+        ["code-interpreter-v1"],
+        description="Templates `sandhold serve` builds in the background at start-up.",
+    )
     server_host: str = Field("127.0.0.1", description="Address `sandhold serve` listens on.")
     server_port: int = Field(49982, ge=1, le=65535, description="Port of both API planes.")
     api_keys: dict[str, str] = Field(
@@ -58,6 +62,11 @@ class Settings(BaseSettings):
     )
     lifecycle_interval_s: float = Field(
         0.5, gt=0, description="How often the server enforces sandbox end times."
+    )
+    host_mount_roots: list[Path] = Field(
+        default_factory=list,
+        description="Host directories under which a create's `host-mount` metadata (CubeSandbox's "
+        "extension, used by the gateway for /workspace) may bind paths; empty refuses it.",
     )
 
 

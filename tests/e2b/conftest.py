@@ -17,8 +17,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from e2b import Sandbox
+
 from sandhold.config import Settings
 from sandhold.runtime import cgroups, mounts
 from sandhold.runtime.runtime import Runtime
@@ -52,6 +52,7 @@ class Server:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SANDHOLD_")}
         env.update(
             SANDHOLD_DATA_DIR=str(self.data_dir),
+            SANDHOLD_PREBUILD_TEMPLATES="[]",
             SANDHOLD_API_KEYS=json.dumps(API_KEYS),
             NO_PROXY="127.0.0.1,localhost",
         )

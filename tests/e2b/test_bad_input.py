@@ -7,8 +7,8 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-
 from e2b import AuthenticationException, Sandbox, SandboxQuery
+
 from tests.e2b.conftest import Server
 
 GHOST = "a" * 20  # well-formed, but no such sandbox

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
 from e2b import (
     AsyncSandbox,
     CommandExitException,
@@ -13,6 +12,7 @@ from e2b import (
     Sandbox,
     TimeoutException,
 )
+
 from tests.e2b.conftest import Server
 
 

@@ -13,7 +13,6 @@ from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
-
 from e2b import (
     AsyncSandbox,
     Sandbox,
@@ -23,6 +22,7 @@ from e2b import (
     SandboxState,
     Volume,
 )
+
 from tests.e2b.conftest import KEY_B, Server
 
 

@@ -9,9 +9,9 @@ import time
 from collections.abc import Iterator
 
 import httpx
+from e2b import AsyncSandbox, FileType, Sandbox
 from e2b.sandbox.filesystem.watch_handle import FilesystemEventType
 
-from e2b import AsyncSandbox, FileType, Sandbox
 from tests.e2b.conftest import Server
 
 

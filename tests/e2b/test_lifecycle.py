@@ -12,8 +12,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from e2b.sandbox.sandbox_api import SandboxLifecycle
-
 from e2b import (
     AsyncSandbox,
     Sandbox,
@@ -22,6 +20,8 @@ from e2b import (
     SandboxQuery,
     SandboxState,
 )
+from e2b.sandbox.sandbox_api import SandboxLifecycle
+
 from tests.e2b.conftest import KEY_A, Server, new_server
 
 
@@ -101,18 +101,20 @@ def test_restart_keeps_sandboxes_and_timers(tmp_path: Path) -> None:
     opts = {"api_url": srv.url, "sandbox_url": srv.url, "api_key": KEY_A}
     srv.start()
     try:
-        doomed = Sandbox.create(timeout=3, **opts)
-        sleeper = Sandbox.create(timeout=3, lifecycle={"on_timeout": "pause"}, **opts)
+        # Long enough to still be alive when the server stops, even on a loaded machine.
+        doomed = Sandbox.create(timeout=10, **opts)
+        sleeper = Sandbox.create(timeout=10, lifecycle={"on_timeout": "pause"}, **opts)
         keeper = Sandbox.create(timeout=600, metadata={"role": "keeper"}, **opts)
         parked = Sandbox.create(timeout=600, metadata={"role": "parked"}, **opts)
         keeper.files.write("/home/user/note.txt", "survives")
         worker = keeper.commands.run("sleep 900", background=True)
         end_at = keeper.get_info().end_at
+        due = max(doomed.get_info().end_at, sleeper.get_info().end_at)
         parked.pause()
         srv.stop()
         # Server down: the sandboxes keep running, and two of them fall due meanwhile.
         assert len(srv.runtime().list()) == 4
-        time.sleep(4)
+        time.sleep(max(0.0, (due - datetime.now(UTC)).total_seconds()) + 1)
         srv.start()
 
         # Handled by the first lifecycle tick after start, from the records on disk.

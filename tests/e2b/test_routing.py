@@ -7,8 +7,8 @@ import time
 
 import httpx
 import pytest
-
 from e2b import AsyncSandbox, Sandbox
+
 from sandhold.e2b.proxy import TunnelRefused, open_tunnel
 from tests.e2b.conftest import Server
 

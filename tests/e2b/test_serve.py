@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from e2b import Sandbox
+
 from tests.e2b.conftest import new_server
 
 

@@ -68,6 +68,7 @@ class InterpreterServer:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SANDHOLD_")}
         env.update(
             SANDHOLD_DATA_DIR=str(self.data_dir),
+            SANDHOLD_PREBUILD_TEMPLATES="[]",
             SANDHOLD_API_KEYS=json.dumps({API_KEY: "interpreter-tests"}),
             NO_PROXY="127.0.0.1,localhost",
         )

@@ -7,9 +7,9 @@ import asyncio
 import time
 
 import pytest
+from e2b import NotFoundException, SandboxException, TimeoutException
 from e2b_code_interpreter import AsyncSandbox, Sandbox
 
-from e2b import NotFoundException, SandboxException, TimeoutException
 from tests.interpreter.conftest import API_KEY, InterpreterServer
 
 

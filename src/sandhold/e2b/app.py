@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -19,6 +20,8 @@ from sandhold.e2b.proxy import DataPlane, route
 from sandhold.e2b.sandboxes import Sandboxes
 from sandhold.e2b.volumes import VolumeStore
 from sandhold.runtime.runtime import Runtime
+
+log = logging.getLogger(__name__)
 
 
 class E2bApp:
@@ -38,12 +41,24 @@ class E2bApp:
         # worker threads, and concurrent first creates would each build them.
         await asyncio.to_thread(self.runtime.templates.get, "base")
         await asyncio.to_thread(self.runtime.agent_lib)
+        # Templates that take long to build (code-interpreter-v1: about a minute on a fresh
+        # machine) are built in the background; a create that needs one meanwhile waits for it.
+        warmups = [asyncio.create_task(self._prebuild(name))
+                   for name in self.settings.prebuild_templates]  # fmt: skip
         self.lifecycle.start()
         try:
             yield
         finally:
+            for task in warmups:
+                task.cancel()
             await self.lifecycle.stop()
             await self.sandboxes.drain()
+
+    async def _prebuild(self, name: str) -> None:
+        try:
+            await asyncio.to_thread(self.runtime.templates.get, name)
+        except Exception as e:  # the server stays useful without it; creates will say why
+            log.error("could not build template %s: %s", name, e)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http" and (target := route(scope)) is not None:

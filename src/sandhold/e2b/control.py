@@ -231,7 +231,17 @@ class ControlPlane:
         return JSONResponse(sbx.to_detail(self.sandboxes.disk_size_mb, self.sandboxes.domain))
 
     async def kill(self, request: Request, team: str) -> Response:
-        await self.sandboxes.kill(team, request.path_params["id"])
+        # Sandhold's conditional kill (see Sandboxes.kill); E2B clients send neither header.
+        if_end_at = None
+        if raw := request.headers.get("x-sandhold-if-end-at"):
+            try:
+                if_end_at = datetime.fromisoformat(raw).timestamp()
+            except ValueError:
+                raise ApiError(400, f"invalid X-Sandhold-If-End-At {raw!r}") from None
+        if_state = request.headers.get("x-sandhold-if-state")
+        if if_state is not None and if_state not in ("running", "paused"):
+            raise ApiError(400, f"invalid X-Sandhold-If-State {if_state!r}: use running or paused")
+        await self.sandboxes.kill(team, request.path_params["id"], if_state, if_end_at)
         return Response(status_code=204)
 
     async def _connect(self, request: Request, team: str, body: models.ConnectV2) -> Response:

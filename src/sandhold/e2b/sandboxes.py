@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import json
 import math
 import os
 import secrets
@@ -20,6 +21,7 @@ from collections.abc import AsyncIterator, Coroutine, Hashable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -174,6 +176,8 @@ class KeyedLocks:
                 self._locks[key] = (lock, users - 1)
 
 
+HOST_MOUNT_KEY = "host-mount"  # CubeSandbox's reserved metadata key for host binds
+
 # network keys that only make sense with egress, which sandboxes do not have yet
 EGRESS_KEYS = ("allowOut", "dnsServers", "egressProxy", "httpsPorts", "rules")
 
@@ -241,10 +245,18 @@ class Sandboxes:
 
     # -- create -------------------------------------------------------------------------------
     async def create(
-        self, team: str, body: NewSandbox, *, v1: bool, idempotency_key: str | None
+        self,
+        team: str,
+        body: NewSandbox,
+        *,
+        v1: bool,
+        idempotency_key: str | None,
+        limits: dict[str, Any] | None = None,
     ) -> Sandbox:
+        """``limits`` (memory_mb, cpu, pids) is for in-process callers such as the gateway's
+        local provider; over the API sandboxes get the server's defaults."""
         if idempotency_key is None:
-            return await self._create(team, body, v1=v1, idempotency=None)
+            return await self._create(team, body, v1=v1, idempotency=None, limits=limits)
         digest = hashlib.sha256(body.model_dump_json().encode()).hexdigest()
         key = (team, idempotency_key)
         async with self._locks(key):
@@ -258,14 +270,21 @@ class Sandboxes:
             return await self._create(team, body, v1=v1, idempotency=(idempotency_key, digest))
 
     async def _create(
-        self, team: str, body: NewSandbox, *, v1: bool, idempotency: tuple[str, str] | None
+        self,
+        team: str,
+        body: NewSandbox,
+        *,
+        v1: bool,
+        idempotency: tuple[str, str] | None,
+        limits: dict[str, Any] | None = None,
     ) -> Sandbox:
         timeout = body.timeout
         if timeout is None:
             timeout = V1_DEFAULT_TIMEOUT_S if v1 else DEFAULT_TIMEOUT_S
         self.check_timeout(timeout)
-        metadata = body.metadata or {}
+        metadata = dict(body.metadata or {})
         check_metadata(metadata)
+        workspace_dir, host_mounts = self._host_mounts(metadata.pop(HOST_MOUNT_KEY, None))
         network = body.network.model_dump(exclude_none=True) if body.network else {}
         if body.allow_internet_access:
             raise ApiError(
@@ -291,7 +310,7 @@ class Sandboxes:
             raise ApiError(
                 400, "autoResume cannot be combined with a filesystem-only pause (autoPauseMemory)"
             )
-        mounts = []
+        mounts = host_mounts
         for m in body.volumeMounts or []:
             vol = self.volumes.by_name(team, m.name)
             mounts.append({"source": str(self.volumes.path(vol)), "target": m.path,
@@ -300,7 +319,8 @@ class Sandboxes:
             spec = SandboxSpec.model_validate(
                 {
                     "template": body.templateID,
-                    "limits": {
+                    "limits": limits
+                    or {
                         "memory_mb": self.settings.default_memory_mb,
                         "cpu": self.settings.default_cpu,
                         "pids": self.settings.default_pids,
@@ -308,6 +328,7 @@ class Sandboxes:
                     "env": body.envVars or {},
                     "metadata": metadata,
                     "mounts": mounts,
+                    "workspace_dir": workspace_dir,
                 }
             )
         except ValidationError as e:
@@ -335,6 +356,42 @@ class Sandboxes:
         except SandholdError as e:
             raise from_sandhold(e) from None
         return Sandbox(info, state)
+
+    def _host_mounts(self, raw: str | None) -> tuple[str | None, list[dict[str, Any]]]:
+        """CubeSandbox's ``host-mount`` metadata: a JSON list of ``{hostPath, mountPath,
+        readOnly}``. Only paths under ``host_mount_roots`` may be bound; ``/workspace`` becomes
+        the sandbox's workspace, the rest plain mounts. Returns (workspace_dir, mounts)."""
+        if raw is None:
+            return None, []
+        if not self.settings.host_mount_roots:
+            raise ApiError(400, f"metadata {HOST_MOUNT_KEY!r} is not enabled on this server")
+        try:
+            items = json.loads(raw)
+            if not isinstance(items, list):
+                raise ValueError
+            parsed = [
+                (str(i["hostPath"]), str(i["mountPath"]), bool(i.get("readOnly", False)))
+                for i in items
+            ]
+        except (ValueError, TypeError, KeyError):
+            raise ApiError(
+                400, f"metadata {HOST_MOUNT_KEY!r} must be a JSON list of {{hostPath, mountPath}}"
+            ) from None
+        roots = [r.resolve() for r in self.settings.host_mount_roots]
+        workspace_dir, mounts = None, []
+        for host_path, mount_path, read_only in parsed:
+            real = Path(host_path).resolve()
+            if not real.is_absolute() or not any(real.is_relative_to(r) for r in roots):
+                raise ApiError(400, f"host-mount path {host_path!r} is outside the allowed roots")
+            if not real.is_dir():
+                raise ApiError(400, f"host-mount path {host_path!r} is not a directory")
+            if mount_path.rstrip("/") == "/workspace":
+                if read_only or workspace_dir is not None:
+                    raise ApiError(400, "host-mount may bind one writable /workspace")
+                workspace_dir = str(real)
+            else:
+                mounts.append({"source": str(real), "target": mount_path, "read_only": read_only})
+        return workspace_dir, mounts
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def _resume(self, sbx: Sandbox, end_at: float) -> Sandbox:
@@ -413,9 +470,22 @@ class Sandboxes:
             except Conflict as e:
                 raise ApiError(409, e.message) from None
 
-    async def kill(self, team: str, sandbox_id: str) -> None:
+    async def kill(
+        self,
+        team: str,
+        sandbox_id: str,
+        if_state: str | None = None,
+        if_end_at: float | None = None,
+    ) -> None:
+        """Kill a sandbox; with ``if_state``/``if_end_at`` only if it is still in that state with
+        that ``endAt`` (412 otherwise), checked under the sandbox's lock so that no resume can
+        slip in between: the gateway's reclaimer never kills a sandbox resumed since it looked."""
         async with self.lock(sandbox_id):
             sbx = self.owned(team, sandbox_id)
+            if if_state is not None and sbx.info.state != if_state:
+                raise ApiError(412, f"sandbox {sbx.id!r} is {sbx.info.state}, not {if_state}")
+            if if_end_at is not None and abs(sbx.end_at - if_end_at) > 1e-3:
+                raise ApiError(412, f"sandbox {sbx.id!r} has changed since endAt {iso(if_end_at)}")
             await self._kill(sbx.id)
 
     async def _kill(self, sandbox_id: str) -> None:

@@ -230,8 +230,8 @@ class Runtime:
             raise InvalidSpec(f"workspace id {workspace_id!r} is not valid")
         return self.workspaces_dir / workspace_id
 
-    def _prepare_workspace(self, workspace_id: str) -> Path:
-        ws = self.workspace_path(workspace_id)
+    def _prepare_workspace(self, workspace_id: str | None, directory: Path | None = None) -> Path:
+        ws = directory or self.workspace_path(str(workspace_id))
         ws.mkdir(mode=0o755, exist_ok=True)
         owner = self.uid_base + SANDBOX_USER_UID
         st = ws.stat()
@@ -268,7 +268,9 @@ class Runtime:
             run_dir = d / "run"
             run_dir.mkdir(mode=0o700)
             os.chown(run_dir, self.uid_base, self.uid_base)
-            workspace = self._prepare_workspace(spec.workspace_id) if spec.workspace_id else None
+            workspace = None
+            if spec.workspace_id or spec.workspace_dir:
+                workspace = self._prepare_workspace(spec.workspace_id, spec.workspace_dir)
             binds: list[tuple[str, str, bool]] = []
             if workspace:
                 binds.append((str(workspace), "/workspace", False))

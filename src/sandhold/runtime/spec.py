@@ -91,6 +91,11 @@ class SandboxSpec(BaseModel):
     workspace_id: str | None = Field(
         None, description="Host workspace bound at /workspace; it outlives the sandbox."
     )
+    workspace_dir: Path | None = Field(
+        None,
+        description="A host directory bound at /workspace, for callers that keep workspaces "
+        "themselves (e.g. on NFS); exclusive with workspace_id.",
+    )
     mounts: list[Mount] = Field(default_factory=list)
     network: NetworkPolicy = Field(default_factory=NetworkPolicy)
     user: str | None = Field(None, description="Default user of processes; the template's if unset")
@@ -111,6 +116,18 @@ class SandboxSpec(BaseModel):
                 f"workspace id {v!r} must be 1-64 characters of letters, digits, '.', '_' or '-'"
             )
         return v
+
+    @field_validator("workspace_dir")
+    @classmethod
+    def _workspace_dir(cls, v: Path | None) -> Path | None:
+        if v is None:
+            return v
+        if not v.is_absolute():
+            raise ValueError(f"workspace_dir {str(v)!r} must be an absolute host path")
+        real = v.resolve()
+        if not real.is_dir():
+            raise ValueError(f"workspace_dir {str(v)!r} is not an existing directory")
+        return real
 
     @field_validator("env")
     @classmethod
@@ -149,6 +166,8 @@ class SandboxSpec(BaseModel):
                 ):
                     raise ValueError(f"mount targets {other!r} and {m.target!r} overlap")
             seen.add(m.target)
+        if self.workspace_id is not None and self.workspace_dir is not None:
+            raise ValueError("give workspace_id or workspace_dir, not both")
         if self.workdir is not None and not self.workdir.startswith("/"):
             raise ValueError(f"workdir {self.workdir!r} must be an absolute path")
         return self

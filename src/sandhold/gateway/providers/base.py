@@ -1,0 +1,141 @@
+"""The provider interface: what the gateway needs from a sandbox backend, and what it may assume.
+
+A provider declares its ``Capabilities``; the session manager adapts to them (e.g. it falls back
+to a re-read before killing when the provider cannot delete conditionally) instead of assuming.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+
+from sandhold.errors import SandholdError
+
+State = Literal["running", "paused", "pausing"]
+
+
+class ProviderError(SandholdError):
+    """The provider failed or answered something unexpected."""
+
+    code = "provider_error"
+    http_status = 502
+
+
+class SandboxGone(ProviderError):
+    """The sandbox no longer exists at the provider (killed, expired or reclaimed)."""
+
+    code = "sandbox_gone"
+
+
+class PreconditionFailed(ProviderError):
+    """A conditional kill found the sandbox changed since it was looked at."""
+
+    code = "precondition_failed"
+    http_status = 412
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    pause_keeps_memory: bool  # a resumed sandbox has its processes and /tmp back
+    auto_resume: bool  # traffic to a paused sandbox resumes it
+    mount_workspace: bool  # a host directory (the session's workspace) can be bound at /workspace
+    conditional_delete: bool  # kill only if still paused with the endAt we saw
+    idle_timeout: bool  # `timeout` counts idle seconds (CubeSandbox), not an absolute end
+    per_sandbox_limits: bool  # memory/CPU/pids can be set per create (else: the template's)
+
+    def public(self) -> dict[str, bool]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class ProviderSandbox:
+    """What the provider says about a sandbox: the only lifecycle truth the gateway uses."""
+
+    id: str
+    state: State
+    end_at: float | None  # running: when it times out; paused: when it was paused
+    started_at: float
+    metadata: dict[str, str] = field(default_factory=dict)
+
+    def public(self) -> dict[str, Any]:
+        return {"id": self.id, "state": self.state, "end_at": self.end_at,
+                "started_at": self.started_at}  # fmt: skip
+
+
+@dataclass
+class CreateRequest:
+    template: str
+    timeout_s: int
+    metadata: dict[str, str]
+    env: dict[str, str]
+    workspace_dir: Path | None
+    memory_mb: int
+    cpu: float
+    pids: int
+
+
+@dataclass
+class Channel:
+    """An HTTP client to one port of one sandbox, plus the headers every request needs."""
+
+    client: httpx.AsyncClient
+    headers: dict[str, str]
+
+
+class Provider(abc.ABC):
+    name: str
+    capabilities: Capabilities
+
+    async def start(self) -> None:  # noqa: B027 - optional hook
+        """Prepare (e.g. warm templates); called once before the first request."""
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Release clients and background tasks; sandboxes are left as they are."""
+
+    @abc.abstractmethod
+    async def create(self, req: CreateRequest) -> tuple[ProviderSandbox, dict[str, Any]]:
+        """Create a running sandbox with on_timeout=pause and auto_resume; returns it and a
+        small JSON handle (tokens the provider gives only at create) to store with the session."""
+
+    @abc.abstractmethod
+    async def connect(self, sandbox_id: str, timeout_s: int) -> tuple[bool, dict[str, Any]]:
+        """Make sure the sandbox runs for at least ``timeout_s`` more seconds, resuming it if
+        paused; returns (resumed, fresh handle values). Raises SandboxGone."""
+
+    @abc.abstractmethod
+    async def set_timeout(self, sandbox_id: str, timeout_s: int) -> None:
+        """Set the sandbox's remaining time (its keep-alive); a gone sandbox is ignored."""
+
+    @abc.abstractmethod
+    async def get(self, sandbox_id: str) -> ProviderSandbox | None:
+        """The sandbox's current state, or None if it does not exist."""
+
+    @abc.abstractmethod
+    async def list(self, metadata: dict[str, str]) -> list[ProviderSandbox]:
+        """Every sandbox (running and paused) whose metadata has all the given pairs."""
+
+    @abc.abstractmethod
+    async def kill(self, sandbox_id: str, if_paused_end_at: float | None = None) -> bool:
+        """Kill a sandbox; False if it was already gone. With ``if_paused_end_at`` (only when
+        ``capabilities.conditional_delete``) the kill happens only if the sandbox is still
+        paused with that endAt, else PreconditionFailed."""
+
+    @abc.abstractmethod
+    def channel(
+        self, sandbox_id: str, handle: dict[str, Any], port: int
+    ) -> contextlib.AbstractAsyncContextManager[Channel]:
+        """An HTTP channel to ``port`` inside the sandbox (envd is 49983)."""
+
+
+@contextlib.asynccontextmanager
+async def owned_client(client: httpx.AsyncClient) -> AsyncIterator[httpx.AsyncClient]:
+    try:
+        yield client
+    finally:
+        await client.aclose()

@@ -1,0 +1,354 @@
+"""The store's engine, migrations and every query the gateway makes.
+
+Methods are synchronous and short (one transaction each); the gateway calls them on worker
+threads. Locks are leases (``lock_owner``/``lock_until``) taken with a conditional UPDATE, so
+they behave the same on SQLite and PostgreSQL and no transaction stays open across a slow
+provider call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Engine, and_, create_engine, event, func, or_, select, text, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import sessionmaker
+
+from sandhold.store.models import Deliverable, Event, Session, SessionUse, Tenant
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+MIGRATION_LOCK_ID = 0x5A4D_0001  # PostgreSQL advisory lock held while migrating
+
+
+def key_digest(api_key: str) -> str:
+    return hashlib.sha256(api_key.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class SessionRow:
+    pk: int
+    tenant_id: str
+    session_id: str
+    state: str
+    sandbox_id: str | None
+    sandbox_handle: dict[str, Any] | None
+    recorded_pause_end_at: float | None
+    lock_owner: str | None
+    lock_until: float | None
+    created_at: float
+    closed_at: float | None
+
+    @classmethod
+    def of(cls, s: Session) -> SessionRow:
+        return cls(
+            s.id, s.tenant_id, s.session_id, s.state, s.sandbox_id, s.sandbox_handle,
+            s.recorded_pause_end_at, s.lock_owner, s.lock_until, s.created_at, s.closed_at,
+        )  # fmt: skip
+
+
+def make_engine(url: str) -> Engine:
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_pragmas(conn: Any, _record: Any) -> None:
+            cur = conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")  # readers do not block the writer
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.close()
+
+        return engine
+    return create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
+
+
+class Store:
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.engine = make_engine(url)
+        self.db = sessionmaker(self.engine, expire_on_commit=False)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # -- schema ---------------------------------------------------------------------------------
+    def migrate(self) -> None:
+        """Bring the schema to the newest revision; replicas starting together take turns."""
+        cfg = Config()
+        cfg.set_main_option("script_location", str(MIGRATIONS))
+        with self.engine.begin() as conn:
+            if conn.dialect.name == "postgresql":
+                conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": MIGRATION_LOCK_ID})
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, "head")
+
+    # -- tenants --------------------------------------------------------------------------------
+    def put_tenant(self, tenant_id: str, policy: dict[str, Any], api_key: str | None) -> Tenant:
+        now = time.time()
+        with self.db.begin() as db:
+            t = db.get(Tenant, tenant_id)
+            if t is None:
+                t = Tenant(id=tenant_id, created_at=now)
+                db.add(t)
+            t.policy = policy
+            t.updated_at = now
+            if api_key is not None:
+                t.api_key_sha256 = key_digest(api_key)
+            return t
+
+    def get_tenant(self, tenant_id: str) -> Tenant | None:
+        with self.db() as db:
+            return db.get(Tenant, tenant_id)
+
+    def tenant_by_key(self, api_key: str) -> Tenant | None:
+        with self.db() as db:
+            return db.scalars(
+                select(Tenant).where(Tenant.api_key_sha256 == key_digest(api_key))
+            ).first()
+
+    def tenants(self) -> list[Tenant]:
+        with self.db() as db:
+            return list(db.scalars(select(Tenant).order_by(Tenant.id)))
+
+    # -- sessions -------------------------------------------------------------------------------
+    def get_session(self, tenant_id: str, session_id: str) -> SessionRow | None:
+        with self.db() as db:
+            s = db.scalars(
+                select(Session).where(
+                    Session.tenant_id == tenant_id, Session.session_id == session_id
+                )
+            ).first()
+            return SessionRow.of(s) if s else None
+
+    def session_by_pk(self, pk: int) -> SessionRow | None:
+        with self.db() as db:
+            s = db.get(Session, pk)
+            return SessionRow.of(s) if s else None
+
+    def open_session(self, tenant_id: str, session_id: str) -> tuple[SessionRow, bool]:
+        """The session's row, inserted if new; returns (row, whether this call created it).
+        Two replicas opening the same session at once both end up with the one row."""
+        row = self.get_session(tenant_id, session_id)
+        if row is not None:
+            return row, False
+        try:
+            with self.db.begin() as db:
+                s = Session(tenant_id=tenant_id, session_id=session_id, state="open",
+                            created_at=time.time())  # fmt: skip
+                db.add(s)
+                db.flush()
+                return SessionRow.of(s), True
+        except IntegrityError:
+            row = self.get_session(tenant_id, session_id)
+            assert row is not None
+            return row, False
+
+    def sessions(self, tenant_id: str | None = None, limit: int = 1000) -> list[SessionRow]:
+        q = select(Session).order_by(Session.id).limit(limit)
+        if tenant_id is not None:
+            q = q.where(Session.tenant_id == tenant_id)
+        with self.db() as db:
+            return [SessionRow.of(s) for s in db.scalars(q)]
+
+    def sessions_with_sandboxes(self) -> dict[str, SessionRow]:
+        with self.db() as db:
+            rows = db.scalars(select(Session).where(Session.sandbox_id.is_not(None)))
+            return {s.sandbox_id: SessionRow.of(s) for s in rows if s.sandbox_id}
+
+    def count_live_sandboxes(self, tenant_id: str) -> int:
+        with self.db() as db:
+            return int(
+                db.scalar(
+                    select(func.count()).where(
+                        Session.tenant_id == tenant_id, Session.sandbox_id.is_not(None)
+                    )
+                )
+                or 0
+            )
+
+    def try_lock(self, pk: int, ttl_s: float) -> str | None:
+        """Take the session's lease lock if it is free or expired; returns the token or None."""
+        token = uuid.uuid4().hex
+        now = time.time()
+        with self.db.begin() as db:
+            res = db.execute(
+                update(Session)
+                .where(
+                    Session.id == pk,
+                    or_(Session.lock_owner.is_(None), Session.lock_until < now),
+                )
+                .values(lock_owner=token, lock_until=now + ttl_s)
+            )
+            return token if res.rowcount == 1 else None  # type: ignore[attr-defined]
+
+    def unlock(self, pk: int, token: str) -> None:
+        with self.db.begin() as db:
+            db.execute(
+                update(Session)
+                .where(Session.id == pk, Session.lock_owner == token)
+                .values(lock_owner=None, lock_until=None)
+            )
+
+    def set_sandbox(
+        self, pk: int, token: str, sandbox_id: str | None, handle: dict[str, Any] | None
+    ) -> bool:
+        """Record the session's sandbox, only while ``token`` still holds the lock (fencing):
+        False means the lock expired and someone else may have changed the session."""
+        with self.db.begin() as db:
+            res = db.execute(
+                update(Session)
+                .where(Session.id == pk, Session.lock_owner == token)
+                .values(sandbox_id=sandbox_id, sandbox_handle=handle, recorded_pause_end_at=None)
+            )
+            return res.rowcount == 1  # type: ignore[attr-defined]
+
+    def mark_closed(self, pk: int, token: str) -> bool:
+        with self.db.begin() as db:
+            res = db.execute(
+                update(Session)
+                .where(Session.id == pk, Session.lock_owner == token)
+                .values(state="closed", closed_at=time.time(), sandbox_id=None,
+                        sandbox_handle=None)  # fmt: skip
+            )
+            return res.rowcount == 1  # type: ignore[attr-defined]
+
+    def record_pause_once(self, pk: int, sandbox_id: str, end_at: float) -> bool:
+        """True for exactly one caller per pause (identified by the provider's endAt)."""
+        with self.db.begin() as db:
+            res = db.execute(
+                update(Session)
+                .where(
+                    Session.id == pk,
+                    Session.sandbox_id == sandbox_id,
+                    or_(
+                        Session.recorded_pause_end_at.is_(None),
+                        Session.recorded_pause_end_at != end_at,
+                    ),
+                )
+                .values(recorded_pause_end_at=end_at)
+            )
+            return res.rowcount == 1  # type: ignore[attr-defined]
+
+    # -- uses -----------------------------------------------------------------------------------
+    def add_use(self, pk: int, sandbox_id: str, replica: str, tool: str, ttl_s: float) -> str:
+        use_id = uuid.uuid4().hex
+        now = time.time()
+        with self.db.begin() as db:
+            db.add(SessionUse(id=use_id, session_pk=pk, sandbox_id=sandbox_id, replica=replica,
+                              tool=tool, started_at=now, expires_at=now + ttl_s))  # fmt: skip
+        return use_id
+
+    def end_use(self, use_id: str) -> None:
+        with self.db.begin() as db:
+            u = db.get(SessionUse, use_id)
+            if u is not None:
+                db.delete(u)
+
+    def live_uses(self, pk: int) -> list[float]:
+        """Expiry times of the session's tool calls still in flight."""
+        now = time.time()
+        with self.db.begin() as db:
+            # expired uses are debris of a replica that died mid-call
+            db.execute(
+                SessionUse.__table__.delete().where(
+                    and_(SessionUse.session_pk == pk, SessionUse.expires_at < now)
+                )
+            )
+            return list(
+                db.scalars(
+                    select(SessionUse.expires_at).where(
+                        SessionUse.session_pk == pk, SessionUse.expires_at >= now
+                    )
+                )
+            )
+
+    # -- deliverables ---------------------------------------------------------------------------
+    def add_deliverable(self, **fields: Any) -> Deliverable:
+        with self.db.begin() as db:
+            d = Deliverable(**fields)
+            db.add(d)
+            return d
+
+    def get_deliverable(self, tenant_id: str, deliverable_id: str) -> Deliverable | None:
+        with self.db() as db:
+            d = db.get(Deliverable, deliverable_id)
+            return d if d is not None and d.tenant_id == tenant_id else None
+
+    def deliverables(self, tenant_id: str, session_id: str) -> list[Deliverable]:
+        with self.db() as db:
+            return list(
+                db.scalars(
+                    select(Deliverable)
+                    .where(Deliverable.tenant_id == tenant_id, Deliverable.session_id == session_id)
+                    .order_by(Deliverable.created_at)
+                )
+            )
+
+    # -- timeline -------------------------------------------------------------------------------
+    def add_event(self, **fields: Any) -> None:
+        fields.setdefault("at", time.time())
+        with self.db.begin() as db:
+            db.add(Event(**fields))
+
+    def timeline(self, tenant_id: str, session_id: str, limit: int = 1000) -> list[Event]:
+        with self.db() as db:
+            return list(
+                db.scalars(
+                    select(Event)
+                    .where(Event.tenant_id == tenant_id, Event.session_id == session_id)
+                    .order_by(Event.id)
+                    .limit(limit)
+                )
+            )
+
+    def events(self, kind: str | None = None) -> list[Event]:
+        q = select(Event).order_by(Event.id)
+        if kind is not None:
+            q = q.where(Event.kind == kind)
+        with self.db() as db:
+            return list(db.scalars(q))
+
+    def aggregates(self, tenant_id: str) -> dict[str, Any]:
+        """Per-tenant totals: sessions, live sandboxes, and per event kind and tool the count,
+        errors, bytes and durations."""
+        with self.db() as db:
+            rows = db.execute(
+                select(
+                    Event.kind,
+                    Event.tool,
+                    func.count(),
+                    func.count(Event.error),
+                    func.coalesce(func.sum(Event.bytes_in), 0),
+                    func.coalesce(func.sum(Event.bytes_out), 0),
+                    func.avg(Event.duration_ms),
+                    func.max(Event.duration_ms),
+                )
+                .where(Event.tenant_id == tenant_id)
+                .group_by(Event.kind, Event.tool)
+                .order_by(Event.kind, Event.tool)
+            ).all()
+            sessions = db.scalar(
+                select(func.count()).where(Session.tenant_id == tenant_id)
+            )  # fmt: skip
+        by_kind = [
+            {
+                "kind": kind, "tool": tool, "count": n, "errors": errors,
+                "bytes_in": int(bin_), "bytes_out": int(bout),
+                "avg_ms": round(avg, 2) if avg is not None else None,
+                "max_ms": round(mx, 2) if mx is not None else None,
+            }
+            for kind, tool, n, errors, bin_, bout, avg, mx in rows
+        ]  # fmt: skip
+        return {
+            "tenant_id": tenant_id,
+            "sessions": int(sessions or 0),
+            "live_sandboxes": self.count_live_sandboxes(tenant_id),
+            "events": by_kind,
+        }

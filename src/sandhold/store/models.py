@@ -1,0 +1,108 @@
+"""Tables of the gateway store."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import JSON, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Tenant(Base):
+    __tablename__ = "tenants"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    # sha256 of the tenant's API key: the key itself is never stored
+    api_key_sha256: Mapped[str | None] = mapped_column(String(64), unique=True)
+    policy: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float)
+
+
+class Session(Base):
+    """One agent session (the platform's conversation id) and the sandbox it has right now.
+
+    ``lock_owner``/``lock_until`` is a lease lock taken around every change of ``sandbox_id``
+    (create, adopt, reclaim, close): whoever holds it may change the session's sandbox, and every
+    write made under it is fenced with ``WHERE lock_owner = <token>``.
+    """
+
+    __tablename__ = "sessions"
+    __table_args__ = (UniqueConstraint("tenant_id", "session_id", name="uq_session_tenant"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), index=True)
+    session_id: Mapped[str] = mapped_column(String(128))
+    state: Mapped[str] = mapped_column(String(16), default="open")  # open | closed
+    sandbox_id: Mapped[str | None] = mapped_column(String(64), index=True)
+    # what the provider returned at create (tokens it gives only once, e.g. traffic tokens)
+    sandbox_handle: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # endAt of the last pause recorded in the timeline, so that replicas record it once
+    recorded_pause_end_at: Mapped[float | None] = mapped_column(Float)
+    lock_owner: Mapped[str | None] = mapped_column(String(80))
+    lock_until: Mapped[float | None] = mapped_column(Float)
+    created_at: Mapped[float] = mapped_column(Float)
+    closed_at: Mapped[float | None] = mapped_column(Float)
+
+
+class SessionUse(Base):
+    """A tool call in flight on a session's sandbox. The reclaimer never kills a sandbox whose
+    session has a live use; a use whose replica died simply expires."""
+
+    __tablename__ = "session_uses"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    session_pk: Mapped[int] = mapped_column(ForeignKey("sessions.id", ondelete="CASCADE"))
+    sandbox_id: Mapped[str] = mapped_column(String(64))
+    replica: Mapped[str] = mapped_column(String(64))
+    tool: Mapped[str] = mapped_column(String(32))
+    started_at: Mapped[float] = mapped_column(Float)
+    expires_at: Mapped[float] = mapped_column(Float)
+
+    __table_args__ = (Index("ix_session_uses_session", "session_pk", "expires_at"),)
+
+
+class Deliverable(Base):
+    __tablename__ = "deliverables"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), index=True)
+    session_id: Mapped[str] = mapped_column(String(128))
+    name: Mapped[str] = mapped_column(String(255))
+    source_path: Mapped[str] = mapped_column(Text)
+    size: Mapped[int] = mapped_column(Integer)
+    sha256: Mapped[str] = mapped_column(String(64))
+    storage: Mapped[str] = mapped_column(String(16))  # local | s3
+    key: Mapped[str] = mapped_column(Text)
+    url: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class Event(Base):
+    """The timeline: one row per thing that happened to a session."""
+
+    __tablename__ = "events"
+    __table_args__ = (
+        Index("ix_events_session", "tenant_id", "session_id", "id"),
+        Index("ix_events_tenant_kind", "tenant_id", "kind"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    at: Mapped[float] = mapped_column(Float)
+    tenant_id: Mapped[str] = mapped_column(String(64))
+    session_id: Mapped[str] = mapped_column(String(128))
+    kind: Mapped[str] = mapped_column(String(32))
+    sandbox_id: Mapped[str | None] = mapped_column(String(64))
+    tool: Mapped[str | None] = mapped_column(String(32))
+    duration_ms: Mapped[float | None] = mapped_column(Float)
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    bytes_in: Mapped[int | None] = mapped_column(Integer)
+    bytes_out: Mapped[int | None] = mapped_column(Integer)
+    error: Mapped[str | None] = mapped_column(Text)
+    reason: Mapped[str | None] = mapped_column(Text)
+    provider_state: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    replica: Mapped[str | None] = mapped_column(String(64))
