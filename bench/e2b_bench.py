@@ -28,9 +28,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+from e2b import AsyncSandbox, Sandbox
 from e2b.api.metadata import package_version
 
-from e2b import AsyncSandbox, Sandbox
 from sandhold.config import Settings
 from sandhold.runtime import cgroups
 from sandhold.runtime.client import AgentClient

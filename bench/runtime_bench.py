@@ -13,7 +13,6 @@ import asyncio
 import json
 import platform
 import shutil
-import statistics
 import subprocess
 import tempfile
 import time
@@ -28,7 +27,7 @@ from sandhold.runtime.runtime import Runtime
 
 def pct(values: list[float], p: float) -> float:
     s = sorted(values)
-    return round(s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))], 2)
+    return round(s[min(len(s) - 1, round(p / 100 * (len(s) - 1)))], 2)
 
 
 def summary(values: list[float]) -> dict[str, float]:
@@ -74,7 +73,9 @@ async def main() -> dict[str, object]:
     }
     try:
         # Floors, interleaved with the real thing below in the same run.
-        result["floor_python3_pass_ms"] = summary(timed_cmd(["/usr/bin/python3", "-c", "pass"], args.n))
+        result["floor_python3_pass_ms"] = summary(
+            timed_cmd(["/usr/bin/python3", "-c", "pass"], args.n)
+        )
         result["floor_bwrap_true_ms"] = summary(timed_cmd(
             ["bwrap", "--unshare-all", "--ro-bind", "/usr", "/usr", "--symlink", "usr/lib64",
              "/lib64", "--symlink", "usr/lib", "/lib", "/usr/bin/true"], args.n))  # fmt: skip

@@ -132,8 +132,8 @@ def sandbox_ls(as_json: Annotated[bool, typer.Option("--json")] = False) -> None
         return
     table = Table("id", "template", "state", "workspace", "mem MiB", "cpu s", "pids", "ooms")
     for r in rows:
-        table.add_row(r["id"], r["template"], r["state"], r["workspace"] or "-",
-                      str(r["memory_mb"]), str(r["cpu_s"]), str(r["pids"]), str(r["oom_kills"]))  # fmt: skip
+        cells = (r["memory_mb"], r["cpu_s"], r["pids"], r["oom_kills"])
+        table.add_row(r["id"], r["template"], r["state"], r["workspace"] or "-", *map(str, cells))
     console.print(table)
 
 

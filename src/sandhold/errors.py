@@ -39,7 +39,7 @@ class SandboxNotFound(NotFound):
 
 
 class Conflict(SandholdError):
-    """The object is in a state that does not allow the operation (e.g. pausing a paused sandbox)."""
+    """The object's state does not allow the operation (e.g. pausing a paused sandbox)."""
 
     code = "conflict"
     http_status = 409

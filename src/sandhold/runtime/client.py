@@ -137,7 +137,9 @@ class AgentClient:
             async for flags, msg in iter_envelopes(r.aiter_bytes()):
                 if flags & END_STREAM:
                     if "error" in msg:
-                        raise AgentError(msg["error"].get("code", ""), msg["error"].get("message", ""))
+                        raise AgentError(
+                            msg["error"].get("code", ""), msg["error"].get("message", "")
+                        )
                     break
                 event = msg.get("event", {})
                 if "start" in event:

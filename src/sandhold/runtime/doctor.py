@@ -68,7 +68,9 @@ def _seccomp() -> Check:
 
         size = len(filter_bpf())
     except Exception as e:  # libseccomp missing or broken
-        return Check("seccomp", False, f"cannot build the filter: {e}", "apt-get install libseccomp2")
+        return Check(
+            "seccomp", False, f"cannot build the filter: {e}", "apt-get install libseccomp2"
+        )
     return Check("seccomp", True, f"filter compiled ({size} bytes of BPF)")
 
 
@@ -97,8 +99,13 @@ def _uid_range(uid_base: int) -> Check:
 
 def _kvm() -> Check:
     ok = os.path.exists("/dev/kvm")
-    return Check("KVM", ok, "/dev/kvm present" if ok else "absent",
-                 "optional: a microVM tier is reached through the e2b provider", required=False)
+    return Check(
+        "KVM",
+        ok,
+        "/dev/kvm present" if ok else "absent",
+        "optional: a microVM tier is reached through the e2b provider",
+        required=False,
+    )
 
 
 def _criu() -> Check:

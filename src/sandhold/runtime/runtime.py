@@ -467,7 +467,7 @@ class Runtime:
     def template_of(self, info: SandboxInfo) -> Template:
         return self.templates.get(info.template)
 
-    # -- re-attachment and garbage ------------------------------------------------------------------
+    # -- re-attachment and garbage --------------------------------------------------------------
     def _alive(self, info: SandboxInfo) -> bool:
         proc = self._children.get(info.id)
         if proc is not None and proc.poll() is not None:

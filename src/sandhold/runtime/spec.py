@@ -1,4 +1,4 @@
-"""What a sandbox is made of: the validated request the runtime turns into namespaces and cgroups."""
+"""What a sandbox is made of: the validated request the runtime turns into namespaces."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ class Limits(BaseModel):
 
 
 class Mount(BaseModel):
-    """A host directory shown inside the sandbox (the operator's choice, never the sandboxed code's)."""
+    """A host directory shown inside the sandbox (chosen by the operator, never by its code)."""
 
     model_config = ConfigDict(extra="forbid")
 

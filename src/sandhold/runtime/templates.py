@@ -72,7 +72,7 @@ class Template:
     def from_json(cls, d: dict[str, object]) -> Template:
         d = dict(d)
         d["rootfs"] = Path(str(d["rootfs"]))
-        d["ro_binds"] = [tuple(b) for b in d.get("ro_binds", [])]  # type: ignore[union-attr]
+        d["ro_binds"] = [tuple(b) for b in d.get("ro_binds", [])]  # type: ignore[attr-defined]
         return cls(**d)  # type: ignore[arg-type]
 
 
