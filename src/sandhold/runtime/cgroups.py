@@ -78,7 +78,7 @@ class CgroupSet:
         _write(self.v1("pids") / "pids.max", str(pids))
 
     def add(self, pid: int) -> None:
-        """Move a process into every group of the sandbox."""
+        """Move a process (0: the caller) into every group of the sandbox."""
         for d in self.dirs():
             with open(d / "cgroup.procs", "w") as f:
                 f.write(str(pid))

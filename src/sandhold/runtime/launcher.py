@@ -97,17 +97,24 @@ def spawn(
     seccomp = filter_fd()
     argv = bwrap_argv(launch, info_fd=info_w, block_fd=block_r, seccomp_fd=seccomp)
 
-    # setpriv makes bwrap the unprivileged owner of the sandbox's user namespace; exec'ing it
-    # lets Popen use vfork (a preexec_fn would force a full fork of this process).
-    setpriv = ["setpriv", f"--reuid={uid_base}", f"--regid={uid_base}", "--clear-groups", "--"]
+    def in_child() -> None:
+        # Between fork and exec: join the sandbox's cgroups before bwrap creates the cgroup
+        # namespace (so the sandbox sees its own group as the root, not the host's paths), then
+        # become the unprivileged owner of the sandbox's user namespace.
+        cgroups.add(0)
+        os.setgroups([])
+        os.setresgid(uid_base, uid_base, uid_base)
+        os.setresuid(uid_base, uid_base, uid_base)
+
     log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
     try:
         proc = subprocess.Popen(
-            setpriv + argv,
+            argv,
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,
             pass_fds=(info_w, block_r, seccomp, ready_w),
+            preexec_fn=in_child,
             start_new_session=True,  # survives the server: no shared session or signals
         )
     finally:
@@ -115,10 +122,6 @@ def spawn(
             os.close(fd)
     try:
         child = int(_read_info(info_r, 5.0)["child-pid"])
-        # Both bwrap processes are waiting for the uid map: nothing has run or forked in the
-        # sandbox yet, so moving them now puts the whole future tree under the limits.
-        cgroups.add(proc.pid)
-        cgroups.add(child)
         mapping = f"0 {uid_base} {ID_RANGE}\n"
         with open(f"/proc/{child}/uid_map", "w") as f:
             f.write(mapping)
