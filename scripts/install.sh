@@ -4,8 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(bubblewrap libseccomp2 python3 python3-pip python3-venv socat nftables debootstrap
-              ca-certificates curl procps)
+APT_PACKAGES=(bubblewrap libseccomp2 python3 python3-pip python3-venv socat nftables debootstrap postgresql
+              ca-certificates curl procps iproute2)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

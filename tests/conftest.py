@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import tempfile
@@ -26,7 +27,7 @@ def data_dir() -> Iterator[Path]:
     settings = Settings(data_dir=d)
     rt = Runtime(settings)
     for info in rt.list():
-        rt._destroy(info.id, info.pid, info.init_pid)
+        asyncio.run(rt.kill(info.id))
     cgroups.remove_parent(settings.cgroup_group)
     shutil.rmtree(d, ignore_errors=True)
 

@@ -67,7 +67,10 @@ def template_build(
     ] = None,
     mirror: str = "http://deb.debian.org/debian",
 ) -> None:
-    """Build a template: `base` from the host, or from debootstrap, or from a rootfs directory."""
+    """Build a template: a shipped one (`base`, `code-interpreter-v1`), from debootstrap, or
+    from a root filesystem directory."""
+    from sandhold.runtime.templates import BUILTIN_TEMPLATES
+
     try:
         rt = _runtime()
         if debootstrap and rootfs:
@@ -76,6 +79,8 @@ def template_build(
             t = rt.templates.build_debootstrap(name, suite=debootstrap, mirror=mirror)
         elif rootfs:
             t = rt.templates.build_from_rootfs(name, rootfs.resolve())
+        elif name in BUILTIN_TEMPLATES:
+            t = rt.templates.build_builtin(name)
         else:
             t = rt.templates.build_base(name)
         console.print(f"built template [bold]{t.name}[/bold] ({t.kind}) at {t.rootfs}")
@@ -241,6 +246,238 @@ def serve(
         raise typer.Exit(2) from None
     except SandholdError as e:
         _fail(e)
+
+
+gateway_app = typer.Typer(no_args_is_help=True, help="The session gateway (MCP and REST tools).")
+session_app = typer.Typer(no_args_is_help=True, help="Gateway sessions and their timelines.")
+app.add_typer(gateway_app, name="gateway")
+app.add_typer(session_app, name="session")
+
+
+def _gateway_settings(**overrides: Any) -> Any:
+    from sandhold.config import Settings, get_settings
+
+    given = {k: v for k, v in overrides.items() if v is not None}
+    return Settings(**{**get_settings().model_dump(), **given})
+
+
+def _gateway_run(fn: Any) -> None:
+    from pydantic import ValidationError
+    from rich.markup import escape
+
+    try:
+        fn()
+    except ValidationError as e:
+        err.print(f"[red]error[/red]: invalid settings: {escape(str(e))}")
+        raise typer.Exit(2) from None
+    except ValueError as e:  # a dangerous or incomplete configuration, refused at start
+        err.print(f"[red]error[/red]: {escape(str(e))}")
+        raise typer.Exit(2) from None
+    except SandholdError as e:
+        _fail(e)
+
+
+@gateway_app.command("serve")
+def gateway_serve(
+    host: Annotated[str | None, typer.Option(help="listen address (gateway_host)")] = None,
+    port: Annotated[int | None, typer.Option(help="listen port (gateway_port)")] = None,
+    replica_id: Annotated[str | None, typer.Option(help="name of this replica")] = None,
+) -> None:
+    """Serve the tools over REST and MCP (streamable HTTP at /mcp); also runs the reclaimer."""
+    from sandhold.gateway.server import serve
+
+    _gateway_run(lambda: serve(_gateway_settings(
+        gateway_host=host, gateway_port=port, gateway_replica_id=replica_id)))  # fmt: skip
+
+
+@gateway_app.command("mcp")
+def gateway_mcp(
+    tenant: Annotated[str, typer.Option(help="tenant of every call")],
+    session: Annotated[str | None, typer.Option(help="session of calls without one")] = None,
+) -> None:
+    """Serve the tools over MCP on stdin/stdout (for an agent that spawns its tool server)."""
+    from sandhold.gateway.server import serve_stdio
+
+    _gateway_run(lambda: serve_stdio(_gateway_settings(), tenant, session))
+
+
+@gateway_app.command("tenant")
+def gateway_tenant(
+    tenant_id: str,
+    policy: Annotated[str, typer.Option(help="policy as JSON (see docs/gateway.md)")] = "{}",
+    api_key: Annotated[str | None, typer.Option(help="the tenant's API key")] = None,
+) -> None:
+    """Create or update a tenant and its policy in the store."""
+    from sandhold.gateway.app import Gateway
+    from sandhold.gateway.policy import ID_RE, TenantPolicy, check_id
+
+    def go() -> None:
+        gw = Gateway(_gateway_settings())
+        gw.bootstrap()
+        check_id(tenant_id, "tenant id", ID_RE)
+        p = TenantPolicy.model_validate(json.loads(policy))
+        gw.store.put_tenant(tenant_id, p.model_dump(), api_key)
+        console.print_json(json.dumps({"tenant_id": tenant_id, "policy": p.model_dump()}))
+
+    _gateway_run(go)
+
+
+@gateway_app.command("reclaim")
+def gateway_reclaim() -> None:
+    """Run one reclaim pass now (as every replica does each gateway_reclaim_interval_s)."""
+    from sandhold.gateway.app import Gateway
+
+    async def go() -> None:
+        gw = Gateway(_gateway_settings())
+        async with gw.running(reclaim=False):
+            report = await gw.reclaimer.run_pass()
+        console.print_json(json.dumps(report.public()))
+
+    _gateway_run(lambda: asyncio.run(go()))
+
+
+def _store() -> Any:
+    from sandhold.store.db import Store
+
+    return Store(_gateway_settings().gateway_store)
+
+
+@session_app.command("ls")
+def session_ls(tenant: Annotated[str | None, typer.Option(help="only this tenant")] = None) -> None:
+    """List sessions with their current sandbox."""
+    table = Table("tenant", "session", "state", "sandbox", "created")
+    for r in _store().sessions(tenant):
+        table.add_row(r.tenant_id, r.session_id, r.state, r.sandbox_id or "-",
+                      _when(r.created_at))  # fmt: skip
+    console.print(table)
+
+
+@session_app.command("timeline")
+def session_timeline(
+    session_id: str,
+    tenant: Annotated[str | None, typer.Option(help="tenant (needed if ambiguous)")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Show a session's timeline: lifecycle events and tool calls, with durations."""
+    from sandhold.gateway.timeline import event_json
+
+    store = _store()
+    rows = [r for r in store.sessions(tenant) if r.session_id == session_id]
+    if len(rows) != 1:
+        err.print(f"[red]error[/red]: {len(rows)} sessions named {session_id!r}; use --tenant")
+        raise typer.Exit(2)
+    events = sorted(store.timeline(rows[0].tenant_id, session_id), key=lambda e: (e.at, e.id))
+    if as_json:
+        print(json.dumps([event_json(e) for e in events], indent=2))
+        return
+    table = Table("at", "event", "sandbox", "tool", "ms", "exit", "in/out", "reason / error")
+    for e in events:
+        io = f"{e.bytes_in}/{e.bytes_out}" if e.bytes_in is not None else ""
+        table.add_row(_when(e.at), e.kind, e.sandbox_id or "", e.tool or "",
+                      "" if e.duration_ms is None else f"{e.duration_ms:.0f}",
+                      "" if e.exit_code is None else str(e.exit_code), io,
+                      e.error or e.reason or "")  # fmt: skip
+    console.print(table)
+
+
+@session_app.command("stats")
+def session_stats(tenant: str) -> None:
+    """Per-tenant aggregates: sessions, live sandboxes, events and tool calls."""
+    console.print_json(json.dumps(_store().aggregates(tenant)))
+
+
+def _when(ts: float) -> str:
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+
+# -- secrets (credential custody for the egress proxy; see docs/egress.md) ------------------------
+secret_app = typer.Typer(
+    no_args_is_help=True,
+    help="Tenant credentials: stored encrypted, injected by the egress proxy, never shown.",
+)
+app.add_typer(secret_app, name="secret")
+
+
+def _secrets() -> Any:
+    from sandhold.config import get_settings
+    from sandhold.egress.secrets import open_store
+
+    s = get_settings()
+    return open_store(s.data_dir, s.secrets_keys, s.secrets_key_file)
+
+
+@secret_app.command("set")
+def secret_set(
+    tenant: str,
+    name: str,
+    host: Annotated[list[str], typer.Option(help="domain or *.domain to inject into (repeat)")],
+    header: Annotated[str, typer.Option(help="header the credential goes into")] = "Authorization",
+    format: Annotated[str, typer.Option(help="header value; {secret} is the credential")] = (
+        "Bearer {secret}"
+    ),
+) -> None:
+    """Store a secret, read from stdin (never from the command line, which `ps` shows)."""
+    if sys.stdin.isatty():
+        value = typer.prompt("secret value", hide_input=True)
+    else:
+        value = sys.stdin.read().rstrip("\r\n")
+    try:
+        info = _secrets().set(tenant, name, value, host, header=header, format=format)
+    except SandholdError as e:
+        _fail(e)
+    console.print(f"stored secret {info.name!r} of tenant {info.tenant!r} for {', '.join(host)}")
+
+
+@secret_app.command("ls")
+def secret_ls(
+    tenant: Annotated[str | None, typer.Option(help="only this tenant")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """List secrets (names, hosts and headers; never values)."""
+    try:
+        items = _secrets().list(tenant)
+    except SandholdError as e:
+        _fail(e)
+    if as_json:
+        print(json.dumps([i.to_json() for i in items]))
+        return
+    table = Table("tenant", "name", "hosts", "header", "format", "key")
+    for i in items:
+        table.add_row(i.tenant, i.name, ", ".join(i.hosts), i.header, i.format, i.key_id)
+    console.print(table)
+
+
+@secret_app.command("rm")
+def secret_rm(tenant: str, name: str) -> None:
+    """Delete a secret."""
+    try:
+        _secrets().remove(tenant, name)
+    except SandholdError as e:
+        _fail(e)
+    console.print(f"removed secret {name!r} of tenant {tenant!r}")
+
+
+@secret_app.command("rotate-key")
+def secret_rotate_key() -> None:
+    """Add a new key (key file) and re-encrypt every secret with the newest key."""
+    try:
+        store = _secrets()
+        if store.keyring.file is not None:
+            store.keyring.add_new_key()
+        n = store.rotate()
+    except SandholdError as e:
+        _fail(e)
+    console.print(f"re-encrypted {n} secret(s) with key {store.keyring.current[0]}")
+
+
+@secret_app.command("new-key")
+def secret_new_key() -> None:
+    """Print a fresh key for the secrets_keys setting."""
+    from sandhold.egress.secrets import new_key
+
+    print(new_key())
 
 
 if __name__ == "__main__":

@@ -42,7 +42,11 @@ def tour(url: str) -> None:
     from e2b import Sandbox
     from e2b_code_interpreter import Sandbox as CodeSandbox
 
-    opts: dict[str, Any] = {"api_url": url, "sandbox_url": url, "api_key": os.environ.get("E2B_API_KEY", "demo")}
+    opts: dict[str, Any] = {
+        "api_url": url,
+        "sandbox_url": url,
+        "api_key": os.environ.get("E2B_API_KEY", "demo"),
+    }
     console.print("[bold]e2b SDK[/bold] → Sandhold")
     t = time.perf_counter()
     sbx = Sandbox.create(timeout=120, metadata={"session_id": "demo"}, **opts)

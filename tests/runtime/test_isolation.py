@@ -121,10 +121,14 @@ async def test_root_inside_is_nobody_on_the_host(make_sandbox, runtime):
     host_uids = {os.stat(f"/proc/{pid}").st_uid
                  for pid in CgroupSet(sbx.id, runtime.settings.cgroup_group).pids()}  # fmt: skip
     assert host_uids <= {runtime.uid_base, runtime.uid_base + 1000}, host_uids
-    r = await sh(sbx, "id -u; id -un; echo $HOME; touch /workspace/by-user; touch /root/x; echo rc=$?")
+    r = await sh(
+        sbx, "id -u; id -un; echo $HOME; touch /workspace/by-user; touch /root/x; echo rc=$?"
+    )
     assert r.text.split("\n")[:3] == ["1000", "user", "/home/user"]
     assert "rc=1" in r.text
-    assert (runtime.workspace_path("rootcheck") / "by-user").stat().st_uid == runtime.uid_base + 1000
+    assert (
+        runtime.workspace_path("rootcheck") / "by-user"
+    ).stat().st_uid == runtime.uid_base + 1000
     r = await sh(sbx, "grep NoNewPrivs /proc/self/status; grep Seccomp: /proc/self/status")
     assert "NoNewPrivs:\t1" in r.text and "Seccomp:\t2" in r.text
 

@@ -105,7 +105,7 @@ async def test_kill_removes_everything(make_sandbox, runtime):
         ({"mounts": [{"source": "/nonexistent", "target": "/data"}]}, InvalidSpec),
         ({"env": {"BAD NAME": "x"}}, InvalidSpec),
         ({"user": "admin"}, InvalidSpec),
-        ({"network": {"mode": "open"}}, InvalidSpec),
+        ({"network": {"mode": "bridge"}}, InvalidSpec),
         ({"unknown_field": 1}, InvalidSpec),
     ],
 )

@@ -115,6 +115,7 @@ class ControlPlane:
             Route("/sandboxes/{id}/timeout", a(self.set_timeout), methods=["POST"]),
             Route("/sandboxes/{id}/refreshes", a(self.refresh), methods=["POST"]),
             Route("/sandboxes/{id}/metrics", a(self.metrics), methods=["GET"]),
+            Route("/sandboxes/{id}/network", a(self.update_network), methods=["PUT"]),
             Route("/volumes", a(self.create_volume), methods=["POST"]),
             Route("/volumes", a(self.list_volumes), methods=["GET"]),
             Route("/volumes/{id}", a(self.get_volume), methods=["GET"]),
@@ -123,7 +124,6 @@ class ControlPlane:
             Route("/sandboxes/{id}/snapshots", unsupported, methods=["POST"]),
             Route("/snapshots", unsupported, methods=["GET"]),
             Route("/sandboxes/{id}/fork", unsupported, methods=["POST"]),
-            Route("/sandboxes/{id}/network", unsupported, methods=["PUT"]),
             Route("/sandboxes/{id}/logs", unsupported, methods=["GET"]),
             Route("/v2/sandboxes/{id}/logs", unsupported, methods=["GET"]),
         ]
@@ -275,6 +275,11 @@ class ControlPlane:
     async def set_timeout(self, request: Request, team: str) -> Response:
         body = models.parse(models.SetTimeout, await read_body(request))
         await self.sandboxes.set_timeout(team, request.path_params["id"], body.timeout)
+        return Response(status_code=204)
+
+    async def update_network(self, request: Request, team: str) -> Response:
+        body = models.parse(models.NetworkUpdate, await read_body(request), empty_ok=True)
+        await self.sandboxes.update_network(team, request.path_params["id"], body)
         return Response(status_code=204)
 
     async def refresh(self, request: Request, team: str) -> Response:

@@ -40,6 +40,17 @@ class Network(Body):
     rules: dict[str, Any] | None = None
 
 
+class NetworkUpdate(Body):
+    """``SandboxNetworkUpdateConfig`` (``PUT /sandboxes/{id}/network``): replaces the rules."""
+
+    allowOut: list[str] | None = None
+    denyOut: list[str] | None = None
+    dnsServers: list[str] | None = None
+    egressProxy: dict[str, Any] | None = None
+    rules: dict[str, Any] | None = None
+    allow_internet_access: bool | None = None
+
+
 class NewSandbox(Body):
     """``NewSandboxV2`` (``POST /v2/sandboxes``)."""
 

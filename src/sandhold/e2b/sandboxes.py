@@ -28,7 +28,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from sandhold.config import Settings
 from sandhold.e2b.errors import ApiError, from_sandhold, not_found
-from sandhold.e2b.models import NewSandbox, check_metadata, describe
+from sandhold.e2b.models import NetworkUpdate, NewSandbox, check_metadata, describe
+from sandhold.e2b.network import egress_policy
 from sandhold.e2b.volumes import VolumeStore
 from sandhold.errors import Conflict, SandboxNotFound, SandholdError
 from sandhold.runtime.runtime import ENVD_VERSION, Runtime, SandboxInfo
@@ -178,9 +179,6 @@ class KeyedLocks:
 
 HOST_MOUNT_KEY = "host-mount"  # CubeSandbox's reserved metadata key for host binds
 
-# network keys that only make sense with egress, which sandboxes do not have yet
-EGRESS_KEYS = ("allowOut", "dnsServers", "egressProxy", "httpsPorts", "rules")
-
 
 class Sandboxes:
     def __init__(self, runtime: Runtime, settings: Settings, volumes: VolumeStore) -> None:
@@ -286,19 +284,7 @@ class Sandboxes:
         check_metadata(metadata)
         workspace_dir, host_mounts = self._host_mounts(metadata.pop(HOST_MOUNT_KEY, None))
         network = body.network.model_dump(exclude_none=True) if body.network else {}
-        if body.allow_internet_access:
-            raise ApiError(
-                400,
-                "allow_internet_access=true is not supported: sandboxes on this server have "
-                "no network access yet (omit it or pass false)",
-            )
-        refused = [k for k in EGRESS_KEYS if network.get(k)]
-        if refused:
-            raise ApiError(
-                400,
-                f"network.{refused[0]} is not supported: sandboxes on this server have no "
-                "network access yet, so no egress can be allowed",
-            )
+        policy = egress_policy(self.settings, team, body.allow_internet_access, network)
         if body.mcp:
             raise ApiError(400, "mcp is not supported by this server")
         if body.iam:
@@ -329,6 +315,7 @@ class Sandboxes:
                     "metadata": metadata,
                     "mounts": mounts,
                     "workspace_dir": workspace_dir,
+                    "network": policy.model_dump(),
                 }
             )
         except ValidationError as e:
@@ -494,6 +481,34 @@ class Sandboxes:
         except SandboxNotFound:
             pass
         self._samples.pop(sandbox_id, None)
+
+    async def update_network(self, team: str, sandbox_id: str, body: NetworkUpdate) -> None:
+        """``PUT /sandboxes/{id}/network``: replace the egress rules (fields left out are
+        cleared, as in E2B); the sandbox's next connection is judged by the new ones."""
+        network = body.model_dump(exclude_none=True, exclude={"allow_internet_access"})
+        async with self.lock(sandbox_id):
+            sbx = self.owned(team, sandbox_id)
+            if not self.settings.egress_e2b_enabled:
+                raise ApiError(400, "egress is not enabled on this server: sandboxes have no "
+                               "network access unless the operator sets "
+                               "egress_e2b_enabled")  # fmt: skip
+            policy = egress_policy(self.settings, team, body.allow_internet_access, network)
+            if sbx.info.spec.network.mode == "none":
+                raise ApiError(409, f"sandbox {sbx.id!r} was created without egress, so its "
+                               "network cannot be changed (the operator disabled "
+                               "egress_e2b_updatable)")  # fmt: skip
+            if policy.mode == "none":
+                policy = policy.model_copy(update={"mode": "allowlist"})
+            try:
+                info = await self.off_loop(self.runtime.update_network(sbx.id, policy))
+            except SandholdError as e:
+                raise from_sandhold(e) from None
+            sbx = Sandbox(info, sbx.st)
+            sbx.st.allow_internet_access = body.allow_internet_access
+            kept = {k: v for k, v in (sbx.st.network or {}).items()
+                    if k in ("allowPublicTraffic", "maskRequestHost")}  # fmt: skip
+            sbx.st.network = {**kept, **network} or None
+            self._save(sbx)
 
     async def auto_resume(self, sandbox_id: str) -> Sandbox | None:
         """Traffic reached a paused sandbox: resume it if its owner asked for that."""

@@ -26,8 +26,9 @@ AGENT_LIB = "/opt/sandhold/lib"
 AGENT_RUN = "/run/sandhold"
 AGENT_MAIN = f"{AGENT_LIB}/sandhold/runtime/agent/__main__.py"
 # Capabilities the agent keeps (inside the user namespace only) to start processes as `user` and
-# to drop everything, bounding set included, in those processes.
-AGENT_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP")
+# to drop everything, bounding set included, in those processes; and to bind the DNS stub of a
+# sandbox with egress to 127.0.0.1:53 (its processes drop that one too).
+AGENT_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE")
 
 
 @dataclass

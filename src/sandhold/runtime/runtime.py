@@ -34,11 +34,12 @@ from sandhold.errors import (
     InvalidSpec,
     SandboxNotFound,
     SandboxStartFailed,
+    SandholdError,
 )
 from sandhold.runtime import cgroups, mounts
 from sandhold.runtime.cgroups import CgroupSet
 from sandhold.runtime.launcher import Launch, spawn
-from sandhold.runtime.spec import NAME_RE, SandboxSpec
+from sandhold.runtime.spec import NAME_RE, NetworkPolicy, SandboxSpec
 from sandhold.runtime.templates import SANDBOX_USER_UID, Template, TemplateStore
 
 log = logging.getLogger(__name__)
@@ -151,6 +152,9 @@ class Runtime:
         self.templates = TemplateStore(root / "templates", self.settings.uid_base)
         self._agent_lib_root = root / "agentlib"
         self._children: dict[str, subprocess.Popen[bytes]] = {}
+        from sandhold.egress.control import EgressControl
+
+        self.egress = EgressControl(self.settings)
         _become_subreaper()
         self.reconcile()
 
@@ -276,7 +280,16 @@ class Runtime:
                 binds.append((str(workspace), "/workspace", False))
             for m in spec.mounts:
                 binds.append((str(m.source), m.target, m.read_only))
-            env = {**template.env, **spec.env}
+            egress_env: dict[str, str] = {}
+            egress_agent: dict[str, object] | None = None
+            if spec.network.mode != "none":
+                from sandhold.egress import control as egress
+
+                binds += self.egress.prepare(d, spec.network, spec.network.tenant,
+                                             _session_of(spec.metadata))  # fmt: skip
+                self.egress.sync()  # the sandbox's socket listens before the sandbox starts
+                egress_env, egress_agent = egress.sandbox_env(), egress.agent_config()
+            env = {**template.env, **egress_env, **spec.env}
             agent_cfg = {
                 "socket": "/run/sandhold/agent.sock",
                 "default_user": spec.user or template.user,
@@ -285,6 +298,7 @@ class Runtime:
                 "ready_fd": ready_w,
                 "envd_version": ENVD_VERSION,
                 "services": template.services,
+                "egress": egress_agent,
             }
             (run_dir / "agent.json").write_text(json.dumps(agent_cfg))
             launch = Launch(
@@ -315,7 +329,7 @@ class Runtime:
             self._children[sandbox_id] = proc
             return info
         except BaseException:
-            self._destroy(sandbox_id, proc.pid if proc else None, init_pid)
+            self._destroy(sandbox_id, init_pid)
             if proc is not None:
                 proc.wait()
             raise
@@ -359,6 +373,8 @@ class Runtime:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
+                if _parent_of(init_pid) != os.getpid():
+                    raise ChildProcessError  # not adopted by us (yet), or a reused pid
                 if os.waitpid(init_pid, os.WNOHANG)[0] == init_pid:
                     return
             except ChildProcessError:
@@ -372,23 +388,26 @@ class Runtime:
                     return
             time.sleep(0.001)
 
-    def _destroy(self, sandbox_id: str, pid: int | None, init_pid: int | None = None) -> None:
+    def _destroy(self, sandbox_id: str, init_pid: int | None = None) -> None:
         """Remove every trace of a sandbox; safe to call on a half-created one."""
         d = self.sandboxes_dir / sandbox_id
         cg = self._cg(sandbox_id)
         cg.kill_all()
         proc = self._children.pop(sandbox_id, None)
         if proc is not None:
-            proc.wait()
-        elif pid:
-            try:
-                os.waitpid(pid, 0)  # our child if this process created it
-            except ChildProcessError:
-                pass
+            proc.wait()  # bwrap, our child if this process created the sandbox
         self._reap_init(init_pid)
         cg.remove()
         mounts.umount(d / "root")
+        had_egress = (d / "egress.json").exists()
+        if had_egress:
+            self.egress.forget(d)
         shutil.rmtree(d, ignore_errors=True)
+        if had_egress:
+            try:
+                self.egress.sync(start=False)  # close its socket; the daemon exits after the last
+            except SandholdError as e:
+                log.warning("egress daemon sync after removing %s failed: %s", sandbox_id, e)
 
     async def kill(self, sandbox_id: str) -> None:
         with self._locked(sandbox_id) as d:
@@ -396,7 +415,7 @@ class Runtime:
             # From here on the sandbox no longer exists for others; should we be interrupted, the
             # marker tells the next reconcile to finish the job at once.
             (d / "state.json").rename(d / "killing.json")
-            self._destroy(sandbox_id, info.pid, info.init_pid)
+            self._destroy(sandbox_id, info.init_pid)
 
     async def pause(self, sandbox_id: str) -> SandboxInfo:
         with self._locked(sandbox_id) as d:
@@ -418,6 +437,32 @@ class Runtime:
             info.state = "running"
             info.paused_at = None
             self._save(info)
+            return info
+
+    async def update_network(
+        self, sandbox_id: str, network: NetworkPolicy | dict[str, object]
+    ) -> SandboxInfo:
+        """Replace a running (or paused) sandbox's egress rules; the next connection it opens
+        is judged by them. Mode ``none`` sandboxes have no proxy to configure."""
+        if not isinstance(network, NetworkPolicy):
+            try:
+                network = NetworkPolicy.model_validate(network)
+            except ValidationError as e:
+                raise InvalidSpec(_validation_message(e)) from None
+        with self._locked(sandbox_id) as d:
+            info = self._load(d)
+            if (info.spec.network.mode == "none") != (network.mode == "none"):
+                raise Conflict(
+                    f"sandbox {sandbox_id} was created with network mode "
+                    f"{info.spec.network.mode!r}; egress can be changed but not added or removed "
+                    "on a running sandbox (create it with mode 'allowlist' and no rules to open "
+                    "it later)"
+                )
+            info.spec = info.spec.model_copy(update={"network": network})
+            self._save(info)
+            if network.mode != "none":
+                self.egress.write_policy(d, network, network.tenant, _session_of(info.metadata))
+                self.egress.sync()
             return info
 
     def update_extra(self, sandbox_id: str, **values: object) -> SandboxInfo:
@@ -469,16 +514,17 @@ class Runtime:
 
     # -- re-attachment and garbage --------------------------------------------------------------
     def _alive(self, info: SandboxInfo) -> bool:
+        """Judged by the cgroup, never by a pid: pids wrap (32768 here) and can be reused."""
         proc = self._children.get(info.id)
-        if proc is not None and proc.poll() is not None:
-            return False
+        if proc is not None:
+            proc.poll()  # reap bwrap if it exited, so it does not linger as a zombie
         return bool(self._cg(info.id).pids())
 
     def _reap(self, info: SandboxInfo) -> None:
         log.warning("sandbox %s exited on its own; cleaning up", info.id)
         try:
             with self._locked(info.id):
-                self._destroy(info.id, info.pid, info.init_pid)
+                self._destroy(info.id, info.init_pid)
         except SandboxNotFound:
             pass
 
@@ -487,29 +533,52 @@ class Runtime:
         for d in list(self.sandboxes_dir.iterdir()):
             state = d / "state.json"
             if (d / "killing.json").exists():
-                self._destroy(d.name, None)
+                self._destroy(d.name)
                 continue
             if not state.exists():
                 # Either being created right now by another process, or debris of a crash.
                 if time.time() - d.stat().st_mtime > 60:
-                    self._destroy(d.name, None)
+                    self._destroy(d.name)
                 continue
             try:
                 info = self._load(d)
+            except FileNotFoundError:
+                continue  # killed meanwhile by another process
             except (ValueError, KeyError) as e:
                 log.error("unreadable sandbox state %s (%s); removing it", d, e)
-                self._destroy(d.name, None)
+                self._destroy(d.name)
                 continue
             if not self._alive(info):
                 self._reap(info)
             elif self._cg(info.id).freezer_state() == "FROZEN" and info.state != "paused":
                 info.state = "paused"
                 self._save(info)
+        if any((d / "egress.json").exists() for d in self.sandboxes_dir.iterdir()):
+            try:
+                self.egress.sync()  # re-attach: the daemon serves every egress sandbox again
+            except SandholdError as e:
+                log.error("egress daemon unavailable: %s", e)
         known = {d.name for d in self.sandboxes_dir.iterdir()}
         for name in cgroups.list_names(self.settings.cgroup_group):
             if name not in known:
                 self._cg(name).kill_all()
                 self._cg(name).remove()
+
+
+def _session_of(metadata: dict[str, str]) -> str | None:
+    """The session a sandbox serves, for the egress audit log (the gateway's tag)."""
+    for key, value in metadata.items():
+        if key == "session_id" or key.endswith(".session_id"):
+            return value
+    return None
+
+
+def _parent_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rpartition(")")[2].split()[1])
+    except (FileNotFoundError, IndexError, ValueError):
+        return None
 
 
 def _become_subreaper() -> None:

@@ -6,9 +6,10 @@ import os
 import posixpath
 import re
 from pathlib import Path
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from sandhold.egress.policy import EgressPolicy
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -21,6 +22,7 @@ RESERVED_TARGETS = (
     "/sys",
     "/tmp",
     "/run/sandhold",
+    "/run/sandhold-egress",
     "/opt/sandhold",
     "/usr",
     "/etc",
@@ -72,13 +74,18 @@ class Mount(BaseModel):
         return real
 
 
-class NetworkPolicy(BaseModel):
-    """Only ``none`` exists at this layer: the sandbox gets its own network namespace with just a
-    loopback device. Egress through a host proxy is layered on top (see docs/security.md)."""
+class NetworkPolicy(EgressPolicy):
+    """The sandbox always gets its own network namespace with just a loopback device. With mode
+    ``none`` that is all; with ``allowlist`` or ``open`` the only way out is the host's egress
+    proxy, which enforces ``allow``/``deny`` (see docs/egress.md) and injects ``tenant``'s
+    secrets. Rules can change on a running sandbox (``Runtime.update_network``); the mode can
+    change too, except from or to ``none`` (which has no proxy at all)."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    mode: Literal["none"] = "none"
+    tenant: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._@:-]{0,127}$",
+        description="Whose secrets the egress proxy may inject (set by the operator).",
+    )
 
 
 class SandboxSpec(BaseModel):

@@ -17,7 +17,7 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, and_, create_engine, event, func, or_, select, text, update
+from sqlalchemy import Engine, and_, create_engine, delete, event, func, or_, select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import sessionmaker
 
@@ -39,6 +39,7 @@ class SessionRow:
     state: str
     sandbox_id: str | None
     sandbox_handle: dict[str, Any] | None
+    generation: int
     recorded_pause_end_at: float | None
     lock_owner: str | None
     lock_until: float | None
@@ -49,7 +50,8 @@ class SessionRow:
     def of(cls, s: Session) -> SessionRow:
         return cls(
             s.id, s.tenant_id, s.session_id, s.state, s.sandbox_id, s.sandbox_handle,
-            s.recorded_pause_end_at, s.lock_owner, s.lock_until, s.created_at, s.closed_at,
+            s.generation or 0, s.recorded_pause_end_at, s.lock_owner, s.lock_until,
+            s.created_at, s.closed_at,
         )  # fmt: skip
 
 
@@ -61,6 +63,7 @@ def make_engine(url: str) -> Engine:
         def _sqlite_pragmas(conn: Any, _record: Any) -> None:
             cur = conn.cursor()
             cur.execute("PRAGMA journal_mode=WAL")  # readers do not block the writer
+            cur.execute("PRAGMA synchronous=NORMAL")  # WAL: no fsync per commit
             cur.execute("PRAGMA foreign_keys=ON")
             cur.execute("PRAGMA busy_timeout=30000")
             cur.close()
@@ -141,7 +144,7 @@ class Store:
         try:
             with self.db.begin() as db:
                 s = Session(tenant_id=tenant_id, session_id=session_id, state="open",
-                            created_at=time.time())  # fmt: skip
+                            generation=0, created_at=time.time())  # fmt: skip
                 db.add(s)
                 db.flush()
                 return SessionRow.of(s), True
@@ -205,7 +208,12 @@ class Store:
             res = db.execute(
                 update(Session)
                 .where(Session.id == pk, Session.lock_owner == token)
-                .values(sandbox_id=sandbox_id, sandbox_handle=handle, recorded_pause_end_at=None)
+                .values(
+                    sandbox_id=sandbox_id,
+                    sandbox_handle=handle,
+                    recorded_pause_end_at=None,
+                    generation=Session.generation + (1 if sandbox_id else 0),
+                )
             )
             return res.rowcount == 1  # type: ignore[attr-defined]
 
@@ -214,8 +222,7 @@ class Store:
             res = db.execute(
                 update(Session)
                 .where(Session.id == pk, Session.lock_owner == token)
-                .values(state="closed", closed_at=time.time(), sandbox_id=None,
-                        sandbox_handle=None)  # fmt: skip
+                .values(state="closed", closed_at=time.time(), sandbox_id=None, sandbox_handle=None)
             )
             return res.rowcount == 1  # type: ignore[attr-defined]
 
@@ -257,7 +264,7 @@ class Store:
         with self.db.begin() as db:
             # expired uses are debris of a replica that died mid-call
             db.execute(
-                SessionUse.__table__.delete().where(
+                delete(SessionUse).where(
                     and_(SessionUse.session_pk == pk, SessionUse.expires_at < now)
                 )
             )

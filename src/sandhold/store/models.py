@@ -41,6 +41,7 @@ class Session(Base):
     sandbox_id: Mapped[str | None] = mapped_column(String(64), index=True)
     # what the provider returned at create (tokens it gives only once, e.g. traffic tokens)
     sandbox_handle: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    generation: Mapped[int] = mapped_column(Integer, default=0)  # sandboxes the session had
     # endAt of the last pause recorded in the timeline, so that replicas record it once
     recorded_pause_end_at: Mapped[float | None] = mapped_column(Float)
     lock_owner: Mapped[str | None] = mapped_column(String(80))

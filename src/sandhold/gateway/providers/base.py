@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -82,9 +81,11 @@ class CreateRequest:
 
 @dataclass
 class Channel:
-    """An HTTP client to one port of one sandbox, plus the headers every request needs."""
+    """An HTTP client to one port of one sandbox: requests go to ``base + path`` with
+    ``headers`` (routing and access tokens)."""
 
     client: httpx.AsyncClient
+    base: str
     headers: dict[str, str]
 
 
@@ -131,11 +132,3 @@ class Provider(abc.ABC):
         self, sandbox_id: str, handle: dict[str, Any], port: int
     ) -> contextlib.AbstractAsyncContextManager[Channel]:
         """An HTTP channel to ``port`` inside the sandbox (envd is 49983)."""
-
-
-@contextlib.asynccontextmanager
-async def owned_client(client: httpx.AsyncClient) -> AsyncIterator[httpx.AsyncClient]:
-    try:
-        yield client
-    finally:
-        await client.aclose()

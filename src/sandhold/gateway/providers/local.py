@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -198,15 +197,11 @@ class LocalProvider(Provider):
             transport = httpx.AsyncHTTPTransport(uds=sock)
         else:
             transport = TunnelTransport(sock)
-        async with httpx.AsyncClient(
-            transport=transport, base_url=f"http://127.0.0.1:{port}", timeout=None
-        ) as client:
-            yield Channel(client, {})
+        async with httpx.AsyncClient(transport=transport, timeout=None) as client:
+            yield Channel(client, f"http://127.0.0.1:{port}", {})
 
 
 async def _warm(runtime: Runtime) -> None:
     """Build ``base`` and the agent's library copy once, before concurrent creates would."""
-    t = time.monotonic()
     runtime.templates.get("base")
     runtime.agent_lib()
-    del t

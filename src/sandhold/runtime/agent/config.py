@@ -18,6 +18,8 @@ class AgentConfig:
     # Started at boot and kept as tagged background processes, like a template's start command:
     # [{"name", "argv": [...], "env"?: {...}, "user"?: str, "cwd"?: str}]
     services: list[dict[str, Any]] = field(default_factory=list)
+    # {"socket", "proxy_port", "dns_port"} when the sandbox has egress (see egress.py)
+    egress: dict[str, Any] | None = None
 
     @classmethod
     def load(cls, path: str) -> AgentConfig:
@@ -46,4 +48,5 @@ class AgentConfig:
             ready_fd=int(ready_fd) if ready_fd is not None else None,
             envd_version=str(raw.get("envd_version") or "0.6.13"),
             services=services,
+            egress=raw.get("egress") if isinstance(raw.get("egress"), dict) else None,
         )

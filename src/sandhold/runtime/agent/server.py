@@ -8,7 +8,7 @@ import os
 import signal
 import socket
 
-from . import connect, tunnel
+from . import connect, egress, tunnel
 from .config import AgentConfig
 from .files import FilesHandler
 from .filesystem import FilesystemService
@@ -71,12 +71,15 @@ class Agent:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
         await self.http.listen_unix(self.sock)
+        relays = await egress.start(self.config.egress)
         await self.processes.start_services(self.config.services)
         log.info("listening on %s", self.config.socket)
         _trim_heap()
         await self._stop.wait()
         log.info("shutting down")
         await self.http.close()
+        for relay in relays:
+            relay.close()
         self.filesystem.close()
         self.manager.kill_all()
         try:

@@ -32,6 +32,7 @@ def upgrade() -> None:
         sa.Column("state", sa.String(16), nullable=False),
         sa.Column("sandbox_id", sa.String(64)),
         sa.Column("sandbox_handle", sa.JSON),
+        sa.Column("generation", sa.Integer, nullable=False, server_default="0"),
         sa.Column("recorded_pause_end_at", sa.Float),
         sa.Column("lock_owner", sa.String(80)),
         sa.Column("lock_until", sa.Float),

@@ -1,0 +1,79 @@
+"""E2B's egress options mapped to the runtime's ``NetworkPolicy``.
+
+E2B's semantics: ``allow_internet_access=false`` means ``denyOut: ["0.0.0.0/0"]``; ``allowOut``
+entries win over ``denyOut`` ones. Here a deny-everything entry (or ``false``) makes the sandbox
+an allow-list of its ``allowOut``; ``true`` makes it open, minus ``denyOut``. Internal ranges
+stay closed whatever the request says (see sandhold.egress.policy). Egress on this surface is
+the operator's choice (``egress_e2b_enabled``); without it the options are refused as before.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+from sandhold.config import Settings
+from sandhold.e2b.errors import ApiError
+from sandhold.runtime.spec import NetworkPolicy
+
+ALL_TRAFFIC = ("0.0.0.0/0", "::/0")
+# network keys that only make sense with egress
+EGRESS_KEYS = ("allowOut", "dnsServers", "egressProxy", "httpsPorts", "rules")
+
+
+def egress_policy(
+    settings: Settings, team: str, allow_internet_access: bool | None, network: dict[str, Any]
+) -> NetworkPolicy:
+    allow = list(network.get("allowOut") or [])
+    deny = list(network.get("denyOut") or [])
+    if not settings.egress_e2b_enabled:
+        if allow_internet_access:
+            raise ApiError(
+                400,
+                "allow_internet_access=true is not enabled on this server: sandboxes have no "
+                "network access unless the operator sets egress_e2b_enabled (omit it or pass "
+                "false)",
+            )
+        refused = [k for k in EGRESS_KEYS if network.get(k)]
+        if refused:
+            raise ApiError(
+                400,
+                f"network.{refused[0]} is not enabled on this server: sandboxes have no network "
+                "access unless the operator sets egress_e2b_enabled",
+            )
+        return NetworkPolicy(mode="none")
+    if network.get("egressProxy"):
+        raise ApiError(
+            400,
+            "network.egressProxy is not supported: egress always goes through "
+            "this server's own proxy",
+        )
+    if network.get("rules"):
+        raise ApiError(
+            400,
+            "network.rules (header transforms) is not supported: store the "
+            "credential with `sandhold secret set`, the egress proxy injects it",
+        )
+    if network.get("httpsPorts"):
+        raise ApiError(400, "network.httpsPorts is not supported by this server")
+    deny_all = any(d.strip() in ALL_TRAFFIC for d in deny)
+    deny = [d for d in deny if d.strip() not in ALL_TRAFFIC]
+    if (allow_internet_access is True and not deny_all) or (
+        allow_internet_access is None and not deny_all and settings.egress_e2b_default == "open"
+    ):
+        mode = "open"
+    else:
+        mode = "allowlist"
+    if mode == "allowlist" and not allow and not settings.egress_e2b_updatable:
+        mode = "none"
+    try:
+        return NetworkPolicy.model_validate(
+            {"mode": mode, "allow": allow, "deny": deny, "tenant": team}
+        )
+    except ValidationError as e:
+        err = e.errors(include_url=False)[0]
+        field = {"allow": "network.allowOut", "deny": "network.denyOut"}.get(
+            str(err["loc"][0]) if err["loc"] else "", "network"
+        )
+        raise ApiError(400, f"{field}: {err['msg'].removeprefix('Value error, ')}") from None

@@ -1,0 +1,255 @@
+"""Egress rules and the decision the proxy takes for each connection.
+
+A policy has a mode (``none``: nothing leaves; ``allowlist``: only what a rule allows; ``open``:
+everything a rule does not deny) and two rule lists. A rule is a domain (``api.example.com``),
+a wildcard (``*.example.com``: any depth of subdomain, not the apex), an IP address or a CIDR.
+As in E2B, an allow rule wins over a deny rule.
+
+Whatever the rules say, internal addresses (loopback, link-local and the metadata address,
+RFC 1918, CGNAT, unique-local IPv6, multicast, the host's own addresses) are never dialled,
+unless the operator opened a range (``Settings.egress_open_cidrs``): the tenant's rules cannot
+reach them. Domain rules are checked against the name the client asked for *and* every address
+that name resolved to, and the proxy dials only an address it checked (no DNS rebinding).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+Mode = Literal["none", "allowlist", "open"]
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+_LABEL = r"(?!-)[a-z0-9_-]{1,63}(?<!-)"
+_DOMAIN_RE = re.compile(rf"^{_LABEL}(\.{_LABEL})*$")
+MAX_RULES = 1000
+
+# Never dialled unless the operator opens a range. ::ffff:0:0/96 (IPv4-mapped) is checked through
+# the mapped IPv4 address instead.
+INTERNAL_NETWORKS: tuple[IPNetwork, ...] = tuple(
+    ipaddress.ip_network(n)
+    for n in (
+        "0.0.0.0/8",
+        "10.0.0.0/8",
+        "100.64.0.0/10",
+        "127.0.0.0/8",
+        "169.254.0.0/16",
+        "172.16.0.0/12",
+        "192.0.0.0/24",
+        "192.168.0.0/16",
+        "224.0.0.0/4",
+        "240.0.0.0/4",
+        "::/128",
+        "::1/128",
+        "fc00::/7",
+        "fe80::/10",
+        "ff00::/8",
+        "64:ff9b::/96",
+        "2002::/16",
+    )
+)
+
+
+def normalize_host(host: str) -> str:
+    return host.strip().rstrip(".").lower()
+
+
+def parse_ip(host: str) -> IPAddress | None:
+    try:
+        return ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return None
+
+
+def unmap(addr: IPAddress) -> IPAddress:
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        return addr.ipv4_mapped
+    return addr
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One parsed rule; ``text`` is how it was written (what error messages and the audit log
+    name)."""
+
+    text: str
+    domain: str | None = None  # exact name
+    suffix: str | None = None  # wildcard: ".example.com"
+    network: IPNetwork | None = None
+
+    def matches_name(self, name: str) -> bool:
+        if self.domain is not None:
+            return name == self.domain
+        return self.suffix is not None and name.endswith(self.suffix)
+
+    def matches_addr(self, addr: IPAddress) -> bool:
+        return (
+            self.network is not None
+            and addr.version == self.network.version
+            and (addr in self.network)
+        )
+
+
+def parse_rule(text: str) -> Rule:
+    """A rule from its text; ValueError with a message that says what is wrong."""
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError("an egress rule must be a non-empty string")
+    raw = text.strip()
+    lowered = raw.lower()
+    if "/" in raw or parse_ip(raw) is not None:
+        try:
+            net = ipaddress.ip_network(raw.strip("[]"), strict=False)
+        except ValueError:
+            raise ValueError(f"egress rule {raw!r} is not a valid IP address or CIDR") from None
+        return Rule(raw, network=net)
+    if "://" in raw or ":" in raw:
+        raise ValueError(
+            f"egress rule {raw!r} must be a domain, *.domain, IP or CIDR (no scheme or port)"
+        )
+    name = lowered.rstrip(".")
+    if name.startswith("*."):
+        rest = name[2:]
+        if not _DOMAIN_RE.match(rest):
+            raise ValueError(f"egress rule {raw!r} is not a valid wildcard domain")
+        return Rule(raw, suffix="." + rest)
+    if name == "*":
+        raise ValueError("egress rule '*' is not valid: use mode 'open' (or 0.0.0.0/0 and ::/0)")
+    if not _DOMAIN_RE.match(name) or len(name) > 253:
+        raise ValueError(f"egress rule {raw!r} is not a valid domain name")
+    return Rule(raw, domain=name)
+
+
+def _check_rules(values: list[str]) -> list[str]:
+    if len(values) > MAX_RULES:
+        raise ValueError(f"at most {MAX_RULES} egress rules are allowed, got {len(values)}")
+    for v in values:
+        parse_rule(v)
+    return [v.strip() for v in values]
+
+
+class EgressPolicy(BaseModel):
+    """What a sandbox may reach. Set by the operator or the tenant's control plane (the E2B
+    server maps ``allow_internet_access`` and ``network.allowOut``/``denyOut`` to it), never by
+    code inside the sandbox."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Mode = "none"
+    allow: list[str] = Field(default_factory=list, description="domains, *.domains, IPs, CIDRs")
+    deny: list[str] = Field(default_factory=list, description="domains, *.domains, IPs, CIDRs")
+
+    @field_validator("allow", "deny")
+    @classmethod
+    def _rules(cls, v: list[str]) -> list[str]:
+        return _check_rules(v)
+
+
+@dataclass(frozen=True)
+class Decision:
+    allowed: bool
+    rule: str  # the rule (or built-in reason) that decided
+    reason: str = ""
+
+    def describe(self) -> str:
+        verdict = "allowed" if self.allowed else "blocked"
+        return f"{verdict} by {self.rule}" + (f": {self.reason}" if self.reason else "")
+
+
+class Guard:
+    """The always-on part: addresses no tenant rule may reach."""
+
+    def __init__(self, open_cidrs: Iterable[str] = (), host_addresses: Iterable[str] = ()) -> None:
+        self.open = [ipaddress.ip_network(c, strict=False) for c in open_cidrs]
+        self.host_addresses: set[IPAddress] = set()
+        self.set_host_addresses(host_addresses)
+
+    def set_host_addresses(self, addresses: Iterable[str]) -> None:
+        self.host_addresses = {unmap(ipaddress.ip_address(a)) for a in addresses}
+
+    def internal(self, addr: IPAddress) -> str | None:
+        """Why ``addr`` may not be dialled, or None."""
+        addr = unmap(addr)
+        if any(addr.version == n.version and addr in n for n in self.open):
+            return None
+        if addr in self.host_addresses:
+            return "an address of the sandbox host"
+        for net in INTERNAL_NETWORKS:
+            if addr.version == net.version and addr in net:
+                return f"an internal address ({net})"
+        return None
+
+
+class CompiledPolicy:
+    def __init__(self, policy: EgressPolicy) -> None:
+        self.policy = policy
+        self.allow = [parse_rule(r) for r in policy.allow]
+        self.deny = [parse_rule(r) for r in policy.deny]
+        self.allow_nets = [r for r in self.allow if r.network is not None]
+
+    @property
+    def mode(self) -> Mode:
+        return self.policy.mode
+
+    def _first(
+        self, rules: Sequence[Rule], name: str | None, addrs: Sequence[IPAddress]
+    ) -> Rule | None:
+        for r in rules:
+            if name is not None and r.matches_name(name):
+                return r
+            if addrs and r.network is not None and all(r.matches_addr(unmap(a)) for a in addrs):
+                return r
+        return None
+
+    def precheck(self, host: str) -> Decision | None:
+        """Decide before resolving, where the name alone settles it: a denied name is never
+        looked up (no DNS exfiltration through the host's resolver). None: resolve and call
+        ``decide``."""
+        if self.mode == "none":
+            return Decision(False, "mode none", "this sandbox has no network access")
+        name = None if parse_ip(host) else normalize_host(host)
+        if name is not None:
+            if self._first(self.allow, name, ()) is not None:
+                return None
+            denied = self._first(self.deny, name, ())
+            if denied is not None:
+                return Decision(False, f"deny {denied.text}", f"{name} is denied")
+            if self.mode == "allowlist" and not self.allow_nets:
+                return Decision(False, "allowlist", f"{name} is not in the allow list")
+        return None
+
+    def decide(self, host: str, addrs: Sequence[IPAddress], guard: Guard) -> Decision:
+        """The verdict for connecting to ``host`` at ``addrs`` (what it resolved to; every one
+        of them must pass, as the proxy may dial any)."""
+        pre = self.precheck(host)
+        if pre is not None:
+            return pre
+        if not addrs:
+            return Decision(False, "resolve", f"{host} has no address")
+        for a in addrs:
+            why = guard.internal(a)
+            if why is not None:
+                return Decision(False, "internal", f"{host} resolves to {unmap(a)}, {why}")
+        name = None if parse_ip(host) else normalize_host(host)
+        allowed = self._first(self.allow, name, addrs)
+        if allowed is not None:
+            return Decision(True, f"allow {allowed.text}")
+        denied = self._first(self.deny, name, ())
+        if denied is None:
+            denied = next(
+                (r for r in self.deny if any(r.matches_addr(unmap(a)) for a in addrs)), None
+            )
+        if denied is not None:
+            return Decision(False, f"deny {denied.text}", f"{host} is denied")
+        if self.mode == "open":
+            return Decision(True, "mode open")
+        return Decision(False, "allowlist", f"{host} is not in the allow list")
+
+    def name_allowed(self, name: str) -> bool:
+        """For DNS answers: may this name be looked up at all?"""
+        return self.precheck(name) is None

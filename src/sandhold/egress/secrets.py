@@ -1,0 +1,335 @@
+"""Tenant credentials in custody of the control plane: encrypted at rest, injected by the egress
+proxy into HTTPS requests bound for the hosts a secret names, never shown to a sandbox.
+
+Storage is one SQLite file (``data_dir/egress/secrets.db``). Values are sealed with AES-256-GCM;
+the additional data binds each ciphertext to its tenant and name, so a row copied onto another
+tenant's secret does not decrypt. Keys form a ring, newest first: the newest encrypts, all
+decrypt (each ciphertext names its key), and ``rotate`` re-encrypts everything with the newest.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import re
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from sandhold.egress.policy import parse_rule
+from sandhold.errors import InvalidSpec, NotFound, SandholdError
+
+TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@:-]{0,127}$")
+SECRET_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+HEADER_RE = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}$")
+PLACEHOLDER = "{secret}"
+MAX_VALUE = 16 * 1024
+# Headers the proxy owns or that would change how the request is framed.
+FORBIDDEN_HEADERS = {
+    "host",
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "upgrade",
+    "te",
+    "trailer",
+    "proxy-authorization",
+    "keep-alive",
+}
+
+
+class SecretKeyError(SandholdError):
+    code = "failed_precondition"
+    http_status = 500
+
+
+def new_key() -> str:
+    return base64.urlsafe_b64encode(AESGCM.generate_key(bit_length=256)).decode()
+
+
+def _decode_key(text: str) -> bytes:
+    try:
+        raw = base64.urlsafe_b64decode(text.strip() + "=" * (-len(text.strip()) % 4))
+    except ValueError:
+        raise SecretKeyError("a secrets key is not valid base64") from None
+    if len(raw) != 32:
+        raise SecretKeyError("a secrets key must be 32 bytes (base64url); see `sandhold secret`")
+    return raw
+
+
+class KeyRing:
+    """Keys newest first; ``key_id`` is a short hash that ciphertexts carry."""
+
+    def __init__(self, keys: list[bytes], file: Path | None = None) -> None:
+        if not keys:
+            raise SecretKeyError("no secrets key configured")
+        self.keys = keys
+        self.file = file
+        self.by_id = {self.key_id(k): k for k in keys}
+
+    @staticmethod
+    def key_id(key: bytes) -> str:
+        return hashlib.sha256(b"sandhold-secrets" + key).hexdigest()[:12]
+
+    @property
+    def current(self) -> tuple[str, bytes]:
+        return self.key_id(self.keys[0]), self.keys[0]
+
+    @classmethod
+    def load(cls, configured: list[str], key_file: Path) -> KeyRing:
+        """Keys from the configuration if any, else from ``key_file`` (one per line, newest
+        first), which is created with a fresh key on first use."""
+        if configured:
+            return cls([_decode_key(k) for k in configured])
+        if not key_file.exists():
+            key_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(new_key() + "\n")
+        if key_file.stat().st_mode & 0o077:
+            raise SecretKeyError(f"{key_file} must not be readable by group or others (chmod 600)")
+        lines = [ln for ln in key_file.read_text().splitlines() if ln.strip()]
+        return cls([_decode_key(k) for k in lines], key_file)
+
+    def add_new_key(self) -> None:
+        """Put a fresh key first (key file only; configured keys are the operator's to edit)."""
+        if self.file is None:
+            raise SecretKeyError(
+                "the secrets keys come from the configuration (secrets_keys): put a new key "
+                "first there (`sandhold secret new-key`), then run rotate-key to re-encrypt"
+            )
+        text = new_key() + "\n" + self.file.read_text()
+        tmp = self.file.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, self.file)
+        self.keys.insert(0, _decode_key(text.splitlines()[0]))
+        self.by_id = {self.key_id(k): k for k in self.keys}
+
+
+@dataclass
+class SecretInfo:
+    tenant: str
+    name: str
+    hosts: list[str]
+    header: str
+    format: str
+    key_id: str
+    created_at: float
+    updated_at: float
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "tenant": self.tenant,
+            "name": self.name,
+            "hosts": self.hosts,
+            "header": self.header,
+            "format": self.format,
+            "key_id": self.key_id,
+            "created_at": self.created_at,
+            "updated_at": self.updated_at,
+        }
+
+
+@dataclass
+class Injection:
+    """What the proxy adds to one request: never logged, never returned by any API."""
+
+    secret: str  # tenant/name, for the audit log
+    header: str
+    value: str
+    raw: bytes  # the bare secret, redacted from responses
+
+
+def _aad(tenant: str, name: str) -> bytes:
+    return f"sandhold-secret\0{tenant}\0{name}".encode()
+
+
+def host_matches(patterns: list[str], host: str) -> bool:
+    host = host.rstrip(".").lower()
+    for p in patterns:
+        rule = parse_rule(p)
+        if rule.matches_name(host):
+            return True
+    return False
+
+
+class SecretStore:
+    def __init__(self, db_path: Path, keyring: KeyRing) -> None:
+        self.path = db_path
+        self.keyring = keyring
+        db_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with self._db() as db:
+            db.execute(
+                "CREATE TABLE IF NOT EXISTS secrets (tenant TEXT NOT NULL, name TEXT NOT NULL, "
+                "hosts TEXT NOT NULL, header TEXT NOT NULL, format TEXT NOT NULL, "
+                "key_id TEXT NOT NULL, nonce BLOB NOT NULL, ciphertext BLOB NOT NULL, "
+                "created_at REAL NOT NULL, updated_at REAL NOT NULL, PRIMARY KEY (tenant, name))"
+            )
+        os.chmod(db_path, 0o600)
+
+    @contextmanager
+    def _db(self) -> Iterator[sqlite3.Connection]:
+        db = sqlite3.connect(self.path, timeout=10)
+        try:
+            with db:
+                yield db
+        finally:
+            db.close()
+
+    def version(self) -> float:
+        try:
+            return self.path.stat().st_mtime_ns
+        except FileNotFoundError:
+            return 0
+
+    # -- writing ------------------------------------------------------------------------------
+    def set(
+        self,
+        tenant: str,
+        name: str,
+        value: str,
+        hosts: list[str],
+        header: str = "Authorization",
+        format: str = "Bearer {secret}",
+    ) -> SecretInfo:
+        _validate(tenant, name, value, hosts, header, format)
+        key_id, key = self.keyring.current
+        nonce = os.urandom(12)
+        sealed = AESGCM(key).encrypt(nonce, value.encode(), _aad(tenant, name))
+        now = time.time()
+        with self._db() as db:
+            row = db.execute(
+                "SELECT created_at FROM secrets WHERE tenant=? AND name=?", (tenant, name)
+            ).fetchone()
+            created = row[0] if row else now
+            db.execute(
+                "INSERT OR REPLACE INTO secrets VALUES (?,?,?,?,?,?,?,?,?,?)",
+                (
+                    tenant,
+                    name,
+                    json.dumps(hosts),
+                    header,
+                    format,
+                    key_id,
+                    nonce,
+                    sealed,
+                    created,
+                    now,
+                ),
+            )
+        return SecretInfo(tenant, name, hosts, header, format, key_id, created, now)
+
+    def remove(self, tenant: str, name: str) -> None:
+        with self._db() as db:
+            n = db.execute("DELETE FROM secrets WHERE tenant=? AND name=?", (tenant, name)).rowcount
+        if not n:
+            raise NotFound(f"secret {name!r} of tenant {tenant!r} does not exist")
+
+    def rotate(self) -> int:
+        """Re-encrypt every secret with the newest key; returns how many were rewritten."""
+        key_id, key = self.keyring.current
+        count = 0
+        with self._db() as db:
+            rows = db.execute(
+                "SELECT tenant, name, key_id, nonce, ciphertext FROM secrets"
+            ).fetchall()
+            for tenant, name, old_id, nonce, sealed in rows:
+                value = self._open(tenant, name, old_id, nonce, sealed)
+                new_nonce = os.urandom(12)
+                resealed = AESGCM(key).encrypt(new_nonce, value, _aad(tenant, name))
+                db.execute(
+                    "UPDATE secrets SET key_id=?, nonce=?, ciphertext=? WHERE tenant=? AND name=?",
+                    (key_id, new_nonce, resealed, tenant, name),
+                )
+                count += 1
+        return count
+
+    # -- reading ------------------------------------------------------------------------------
+    def list(self, tenant: str | None = None) -> list[SecretInfo]:
+        q = (
+            "SELECT tenant, name, hosts, header, format, key_id, created_at, updated_at "
+            "FROM secrets"
+        )
+        args: tuple[str, ...] = ()
+        if tenant is not None:
+            q, args = q + " WHERE tenant=?", (tenant,)
+        with self._db() as db:
+            rows = db.execute(q + " ORDER BY tenant, name", args).fetchall()
+        return [
+            SecretInfo(r[0], r[1], json.loads(r[2]), r[3], r[4], r[5], r[6], r[7]) for r in rows
+        ]
+
+    def injections(self, tenant: str, host: str) -> list[Injection]:
+        """The headers to add to a request from ``tenant``'s sandbox to ``host``."""
+        out = []
+        with self._db() as db:
+            rows = db.execute(
+                "SELECT name, hosts, header, format, key_id, nonce, ciphertext FROM secrets "
+                "WHERE tenant=? ORDER BY name",
+                (tenant,),
+            ).fetchall()
+        for name, hosts, header, fmt, key_id, nonce, sealed in rows:
+            if not host_matches(json.loads(hosts), host):
+                continue
+            raw = self._open(tenant, name, key_id, nonce, sealed)
+            value = fmt.replace(PLACEHOLDER, raw.decode())
+            out.append(Injection(f"{tenant}/{name}", header, value, raw))
+        return out
+
+    def hosts_of(self, tenant: str) -> list[list[str]]:
+        with self._db() as db:
+            rows = db.execute("SELECT hosts FROM secrets WHERE tenant=?", (tenant,)).fetchall()
+        return [json.loads(r[0]) for r in rows]
+
+    def _open(self, tenant: str, name: str, key_id: str, nonce: bytes, sealed: bytes) -> bytes:
+        key = self.keyring.by_id.get(key_id)
+        if key is None:
+            raise SecretKeyError(
+                f"secret {name!r} of tenant {tenant!r} is sealed with key {key_id}, which is "
+                "not configured any more"
+            )
+        try:
+            return AESGCM(key).decrypt(nonce, sealed, _aad(tenant, name))
+        except Exception:
+            raise SecretKeyError(
+                f"secret {name!r} of tenant {tenant!r} does not decrypt (tampered or moved)"
+            ) from None
+
+
+def _validate(tenant: str, name: str, value: str, hosts: list[str], header: str, fmt: str) -> None:
+    if not TENANT_RE.match(tenant):
+        raise InvalidSpec(f"tenant {tenant!r} must be 1-128 letters, digits or . _ @ : -")
+    if not SECRET_NAME_RE.match(name):
+        raise InvalidSpec(f"secret name {name!r} must be 1-128 letters, digits or . _ -")
+    if not value or len(value) > MAX_VALUE:
+        raise InvalidSpec(f"a secret value must be 1-{MAX_VALUE} characters")
+    if any(c in value for c in "\r\n\0"):
+        raise InvalidSpec("a secret value must not contain CR, LF or NUL")
+    if not hosts:
+        raise InvalidSpec("a secret needs at least one host (domain or *.domain) to inject into")
+    for h in hosts:
+        try:
+            rule = parse_rule(h)
+        except ValueError as e:
+            raise InvalidSpec(str(e)) from None
+        if rule.network is not None:
+            raise InvalidSpec(f"secret host {h!r} must be a domain or *.domain, not an address")
+    if not HEADER_RE.match(header) or header.lower() in FORBIDDEN_HEADERS:
+        raise InvalidSpec(f"header {header!r} is not a header a secret may be injected into")
+    if fmt.count(PLACEHOLDER) != 1 or any(c in fmt for c in "\r\n\0"):
+        raise InvalidSpec(f"format must contain {PLACEHOLDER} exactly once and no line breaks")
+
+
+def open_store(data_dir: Path, configured_keys: list[str], key_file: Path | None) -> SecretStore:
+    root = data_dir / "egress"
+    ring = KeyRing.load(configured_keys, key_file or root / "secrets.key")
+    return SecretStore(root / "secrets.db", ring)

@@ -1,0 +1,55 @@
+"""Per-tenant policy: everything about a session's sandbox that the operator decides and a tool
+argument can never change (template, limits, network, keep-alive, retention, quotas)."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+SESSION_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+class TenantPolicy(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    template: str = Field("base", description="Sandbox template of the tenant's sessions.")
+    memory_mb: int = Field(512, ge=16, description="RAM of a sandbox (local provider).")
+    cpu: float = Field(1.0, gt=0, description="CPU quota in cores (local provider).")
+    pids: int = Field(512, ge=16, description="Max processes and threads (local provider).")
+    network: Literal["none"] = Field(
+        "none", description="Sandbox network: none (loopback only) is the only mode so far."
+    )
+    env: dict[str, str] = Field(default_factory=dict, description="Non-secret sandbox env vars.")
+    keep_alive_s: int = Field(900, ge=1, le=86400, description="Idle time before auto-pause.")
+    retention_s: int = Field(
+        3600, ge=0, description="How long a paused sandbox is kept before it is reclaimed."
+    )
+    max_live_sandboxes: int = Field(
+        100, ge=0, description="Sandboxes (running or paused) the tenant may hold at once."
+    )
+    max_command_timeout_s: int = Field(600, ge=1, description="Longest tool call allowed.")
+    workspace_on_close: Literal["keep", "delete"] = Field(
+        "keep", description="What close_session does with the session's workspace."
+    )
+
+    @field_validator("template")
+    @classmethod
+    def _template(cls, v: str) -> str:
+        if not ID_RE.match(v):
+            raise ValueError(f"template name {v!r} is not valid")
+        return v
+
+
+def check_id(value: str, what: str, pattern: re.Pattern[str] = ID_RE) -> str:
+    """Ids become directory names and metadata values: keep them short and URL-safe."""
+    from sandhold.errors import InvalidSpec
+
+    if not isinstance(value, str) or not pattern.match(value):
+        raise InvalidSpec(
+            f"{what} {value!r} is not valid: use 1-{128 if pattern is SESSION_ID_RE else 64} "
+            "letters, digits, '.', '_' or '-', starting with a letter or digit"
+        )
+    return value

@@ -1,0 +1,235 @@
+"""The ``e2b`` provider: any E2B-compatible endpoint over plain HTTP (httpx).
+
+Plain HTTP rather than the ``e2b`` SDK because the SDK gets in the way exactly where the
+endpoints differ: CubeSandbox has no ``POST /v2/sandboxes`` (the SDK >= 2.51 gets 405), reports
+states the SDK's enum lacks (``pausing``), answers 503 + ``Retry-After`` while a sandbox is
+locked, and mounts host directories through its ``host-mount`` metadata key. The flavor
+(``sandhold``, ``e2b``, ``cube``) selects those differences and the capabilities.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from datetime import datetime
+from typing import Any
+from urllib.parse import quote, urlencode
+
+import httpx
+
+from sandhold.config import Settings
+from sandhold.gateway.providers.base import (
+    Capabilities,
+    Channel,
+    CreateRequest,
+    PreconditionFailed,
+    Provider,
+    ProviderError,
+    ProviderSandbox,
+    SandboxGone,
+)
+
+ENVD_PORT = 49983
+HOST_MOUNT_KEY = "host-mount"
+PAGE = 100
+BUSY_RETRIES = 5  # CubeSandbox answers 503 + Retry-After while a sandbox is pausing or locked
+
+CAPABILITIES = {
+    "sandhold": Capabilities(
+        pause_keeps_memory=True, auto_resume=True, mount_workspace=True,
+        conditional_delete=True, idle_timeout=False, per_sandbox_limits=False,
+    ),
+    "e2b": Capabilities(
+        pause_keeps_memory=True, auto_resume=True, mount_workspace=False,
+        conditional_delete=False, idle_timeout=False, per_sandbox_limits=False,
+    ),
+    "cube": Capabilities(
+        pause_keeps_memory=True, auto_resume=True, mount_workspace=True,
+        conditional_delete=False, idle_timeout=True, per_sandbox_limits=False,
+    ),
+}  # fmt: skip
+
+
+def _ts(value: str | None) -> float | None:
+    if not value:
+        return None
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def _iso(ts: float) -> str:
+    from datetime import UTC
+
+    return datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
+
+
+def _sandbox(d: dict[str, Any]) -> ProviderSandbox:
+    state = d.get("state", "running")
+    if state not in ("running", "paused", "pausing"):
+        state = "paused" if state == "resuming" else "running"
+    return ProviderSandbox(
+        id=d["sandboxID"],
+        state=state,
+        end_at=_ts(d.get("endAt")),
+        started_at=_ts(d.get("startedAt")) or 0.0,
+        metadata=dict(d.get("metadata") or {}),
+    )
+
+
+def _message(r: httpx.Response) -> str:
+    try:
+        return str(r.json().get("message", r.text))
+    except ValueError:
+        return r.text[:500]
+
+
+class E2bProvider(Provider):
+    name = "e2b"
+
+    def __init__(self, settings: Settings) -> None:
+        if not settings.gateway_e2b_api_url:
+            raise ValueError("the e2b provider needs gateway_e2b_api_url")
+        self.flavor = settings.gateway_e2b_flavor
+        self.capabilities = CAPABILITIES[self.flavor]
+        self.sandbox_url = settings.gateway_e2b_sandbox_url
+        self.domain = settings.gateway_e2b_domain
+        headers = {"X-API-KEY": settings.gateway_e2b_api_key or ""}
+        timeout = httpx.Timeout(settings.gateway_provider_timeout_s)
+        self.api = httpx.AsyncClient(
+            base_url=settings.gateway_e2b_api_url, headers=headers, timeout=timeout
+        )
+        limits = httpx.Limits(max_connections=200, max_keepalive_connections=50)
+        self.data = httpx.AsyncClient(timeout=None, limits=limits)
+
+    async def close(self) -> None:
+        await self.api.aclose()
+        await self.data.aclose()
+
+    async def _call(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        for attempt in range(BUSY_RETRIES + 1):
+            try:
+                r = await self.api.request(method, path, **kw)
+            except httpx.HTTPError as e:
+                raise ProviderError(f"{method} {path}: {type(e).__name__}: {e}") from None
+            if r.status_code != 503 or attempt == BUSY_RETRIES:
+                return r
+            await asyncio.sleep(min(float(r.headers.get("retry-after") or 1), 5.0))
+        raise AssertionError("unreachable")
+
+    async def create(self, req: CreateRequest) -> tuple[ProviderSandbox, dict[str, Any]]:
+        metadata = dict(req.metadata)
+        if req.workspace_dir is not None:
+            metadata[HOST_MOUNT_KEY] = json.dumps(
+                [{"hostPath": str(req.workspace_dir), "mountPath": "/workspace",
+                  "readOnly": False}]
+            )  # fmt: skip
+        body: dict[str, Any] = {
+            "templateID": req.template,
+            "timeout": req.timeout_s,
+            "autoPause": True,
+            "autoResume": {"enabled": True},
+            "metadata": metadata,
+            "envVars": req.env,
+        }
+        path = "/v2/sandboxes"
+        if self.flavor == "cube":
+            # CubeAPI has no v2 create and, before v0.7, dropped the flattened fields: send both.
+            body["lifecycle"] = {"onTimeout": "pause", "autoResume": True}
+            path = "/sandboxes"
+        r = await self._call("POST", path, json=body)
+        if r.status_code != 201:
+            raise ProviderError(f"create failed ({r.status_code}): {_message(r)}")
+        d = r.json()
+        handle = {
+            "envd_token": d.get("envdAccessToken"),
+            "traffic_token": d.get("trafficAccessToken"),
+            "domain": d.get("domain"),
+        }
+        info = await self.get(d["sandboxID"])
+        if info is None:
+            raise ProviderError(f"sandbox {d['sandboxID']} vanished right after create")
+        return info, handle
+
+    async def connect(self, sandbox_id: str, timeout_s: int) -> tuple[bool, dict[str, Any]]:
+        path = f"/sandboxes/{sandbox_id}/connect"
+        if self.flavor != "cube":
+            path = "/v2" + path
+        r = await self._call("POST", path, json={"timeout": timeout_s})
+        if r.status_code == 404:
+            raise SandboxGone(f"sandbox {sandbox_id} no longer exists")
+        if r.status_code not in (200, 201):
+            raise ProviderError(f"connect failed ({r.status_code}): {_message(r)}")
+        d = r.json()
+        fresh = {k: v for k, v in (("envd_token", d.get("envdAccessToken")),
+                                   ("domain", d.get("domain"))) if v}  # fmt: skip
+        return r.status_code == 201, fresh
+
+    async def set_timeout(self, sandbox_id: str, timeout_s: int) -> None:
+        r = await self._call(
+            "POST", f"/sandboxes/{sandbox_id}/timeout", json={"timeout": timeout_s}
+        )
+        if r.status_code not in (204, 404):
+            raise ProviderError(f"set_timeout failed ({r.status_code}): {_message(r)}")
+
+    async def get(self, sandbox_id: str) -> ProviderSandbox | None:
+        r = await self._call("GET", f"/sandboxes/{sandbox_id}")
+        if r.status_code == 404:
+            return None
+        if r.status_code != 200:
+            raise ProviderError(f"get failed ({r.status_code}): {_message(r)}")
+        return _sandbox(r.json())
+
+    async def list(self, metadata: dict[str, str]) -> list[ProviderSandbox]:
+        # The SDK's encoding, which every E2B-compatible server decodes (see e2b-wire-protocol).
+        query = urlencode({quote(k): quote(v) for k, v in metadata.items()})
+        out: list[ProviderSandbox] = []
+        token: str | None = None
+        while True:
+            params = {"metadata": query, "limit": str(PAGE)}
+            if token:
+                params["nextToken"] = token
+            r = await self._call("GET", "/v2/sandboxes", params=params)
+            if r.status_code != 200:
+                raise ProviderError(f"list failed ({r.status_code}): {_message(r)}")
+            # Filter again: servers that ignore a filter must not make us act on strangers.
+            out += [s for s in map(_sandbox, r.json())
+                    if all(s.metadata.get(k) == v for k, v in metadata.items())]  # fmt: skip
+            token = r.headers.get("x-next-token")
+            if not token:
+                return out
+
+    async def kill(self, sandbox_id: str, if_paused_end_at: float | None = None) -> bool:
+        headers = {}
+        if if_paused_end_at is not None:
+            if not self.capabilities.conditional_delete:
+                raise ProviderError(f"the {self.flavor} flavor cannot delete conditionally")
+            headers = {"X-Sandhold-If-State": "paused",
+                       "X-Sandhold-If-End-At": _iso(if_paused_end_at)}  # fmt: skip
+        r = await self._call("DELETE", f"/sandboxes/{sandbox_id}", headers=headers)
+        if r.status_code == 404:
+            return False
+        if r.status_code == 412:
+            raise PreconditionFailed(_message(r))
+        if r.status_code != 204:
+            raise ProviderError(f"kill failed ({r.status_code}): {_message(r)}")
+        return True
+
+    @contextlib.asynccontextmanager
+    async def channel(
+        self, sandbox_id: str, handle: dict[str, Any], port: int
+    ) -> AsyncIterator[Channel]:
+        headers: dict[str, str] = {}
+        if handle.get("envd_token"):
+            headers["X-Access-Token"] = handle["envd_token"]
+        if port != ENVD_PORT and handle.get("traffic_token"):
+            headers["e2b-traffic-access-token"] = handle["traffic_token"]
+        if self.sandbox_url:
+            base = self.sandbox_url.rstrip("/")
+            headers.update({"E2b-Sandbox-Id": sandbox_id, "E2b-Sandbox-Port": str(port)})
+        else:
+            domain = handle.get("domain") or self.domain
+            if not domain:
+                raise ProviderError("no sandbox domain: set gateway_e2b_sandbox_url or _domain")
+            base = f"https://{port}-{sandbox_id}.{domain}"
+        yield Channel(self.data, base, headers)

@@ -1,0 +1,294 @@
+"""The REST API (and the MCP streamable-HTTP endpoint on the same port), with an OpenAPI schema.
+
+Every error is ``{"code": <stable string>, "message": <text>}`` with the matching HTTP status.
+Tenants authenticate with ``Authorization: Bearer <tenant key>``; the admin API (tenants, a
+reclaim pass on demand) with the configured admin key.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from mcp.server.mcpserver import Context
+from mcp.server.transport_security import TransportSecuritySettings
+from pydantic import ValidationError
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from sandhold.errors import InvalidSpec, NotFound, SandholdError
+from sandhold.gateway.app import Gateway
+from sandhold.gateway.errors import PayloadTooLarge, Unauthorized
+from sandhold.gateway.mcp_server import SESSION_HEADER, build_mcp
+from sandhold.gateway.policy import ID_RE, TenantPolicy, check_id
+from sandhold.gateway.timeline import event_json
+from sandhold.gateway.tools import DESCRIPTIONS, MODELS, tool_schemas
+
+MAX_JSON_OVERHEAD = 64 * 1024
+
+
+def error(status: int, code: str, message: str) -> JSONResponse:
+    return JSONResponse({"code": code, "message": message}, status_code=status)
+
+
+def bearer(request_headers: Any) -> str | None:
+    auth = request_headers.get("authorization") or ""
+    scheme, _, key = auth.partition(" ")
+    return key.strip() if scheme.lower() == "bearer" and key.strip() else None
+
+
+class Api:
+    def __init__(self, gw: Gateway) -> None:
+        self.gw = gw
+        self.max_body = gw.settings.gateway_max_payload_bytes * 4 // 3 + MAX_JSON_OVERHEAD
+
+    async def tenant(self, request: Request) -> str:
+        return await self.gw.tenant_of_key(bearer(request.headers))
+
+    def admin(self, request: Request) -> None:
+        expected = self.gw.settings.gateway_admin_key
+        key = bearer(request.headers)
+        if not expected or not key or not hmac.compare_digest(key, expected):
+            raise Unauthorized("the admin API needs the admin key (Authorization: Bearer ...)")
+
+    async def json_body(self, request: Request) -> dict[str, Any]:
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self.max_body:
+                raise PayloadTooLarge(f"request body is larger than {self.max_body} bytes")
+            chunks.append(chunk)
+        raw = b"".join(chunks).strip() or b"{}"
+        try:
+            body = json.loads(raw)
+        except ValueError as e:
+            raise InvalidSpec(f"request body is not valid JSON: {e}") from None
+        if not isinstance(body, dict):
+            raise InvalidSpec("request body must be a JSON object")
+        return body
+
+    # -- tenant API ---------------------------------------------------------------------------
+    async def call_tool(self, request: Request) -> Response:
+        tenant = await self.tenant(request)
+        tool = request.path_params["tool"]
+        if tool not in MODELS:
+            raise NotFound(f"unknown tool {tool!r}; tools: {', '.join(MODELS)}")
+        body = await self.json_body(request)
+        if "session_id" in body:
+            raise InvalidSpec("the session is the path's; do not pass session_id in the body")
+        result = await self.gw.tools.call(tenant, tool, body, request.path_params["session_id"])
+        return JSONResponse(result)
+
+    async def status(self, request: Request) -> Response:
+        tenant = await self.tenant(request)
+        return JSONResponse(await self.gw.manager.status(tenant, request.path_params["session_id"]))
+
+    async def close(self, request: Request) -> Response:
+        tenant = await self.tenant(request)
+        return JSONResponse(await self.gw.manager.close(tenant, request.path_params["session_id"]))
+
+    async def timeline(self, request: Request) -> Response:
+        tenant = await self.tenant(request)
+        row = await self.gw.manager.session(tenant, request.path_params["session_id"])
+        events = await self.gw.manager.db(self.gw.store.timeline, tenant, row.session_id)
+        events.sort(key=lambda e: (e.at, e.id))
+        return JSONResponse({"session_id": row.session_id, "tenant_id": tenant,
+                             "events": [event_json(e) for e in events]})  # fmt: skip
+
+    async def sessions(self, request: Request) -> Response:
+        tenant = await self.tenant(request)
+        rows = await self.gw.manager.db(self.gw.store.sessions, tenant)
+        return JSONResponse([{"session_id": r.session_id, "state": r.state,
+                              "sandbox_id": r.sandbox_id, "created_at": r.created_at}
+                             for r in rows])  # fmt: skip
+
+    async def stats(self, request: Request) -> Response:
+        tenant = await self.tenant(request)
+        return JSONResponse(await self.gw.manager.db(self.gw.store.aggregates, tenant))
+
+    async def deliverable(self, request: Request) -> Response:
+        tenant = await self.tenant(request)
+        d = await self.gw.manager.db(
+            self.gw.store.get_deliverable, tenant, request.path_params["id"]
+        )
+        if d is None:
+            raise NotFound(f"deliverable {request.path_params['id']!r} does not exist")
+        data = await self.gw.deliverables.get(d.key)
+        return Response(data, media_type="application/octet-stream",
+                        headers={"Content-Disposition": f'attachment; filename="{d.name}"',
+                                 "X-Sandhold-Sha256": d.sha256})  # fmt: skip
+
+    async def tools(self, request: Request) -> Response:
+        return JSONResponse(tool_schemas())
+
+    async def health(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok", "replica": self.gw.manager.replica,
+                             "provider": self.gw.provider.name})  # fmt: skip
+
+    async def openapi(self, request: Request) -> Response:
+        return JSONResponse(openapi_schema())
+
+    # -- admin API ----------------------------------------------------------------------------
+    async def put_tenant(self, request: Request) -> Response:
+        self.admin(request)
+        tenant_id = check_id(request.path_params["tenant_id"], "tenant id", ID_RE)
+        body = await self.json_body(request)
+        unknown = set(body) - {"policy", "api_key"}
+        if unknown:
+            raise InvalidSpec(f"unknown field {sorted(unknown)[0]!r}; use policy and api_key")
+        try:
+            policy = TenantPolicy.model_validate(body.get("policy") or {})
+        except ValidationError as e:
+            raise InvalidSpec(f"invalid policy: {e.errors(include_url=False)}") from None
+        key = body.get("api_key")
+        if key is not None and (not isinstance(key, str) or len(key) < 16):
+            raise InvalidSpec("api_key must be a string of at least 16 characters")
+        await self.gw.manager.db(self.gw.store.put_tenant, tenant_id, policy.model_dump(), key)
+        return JSONResponse({"tenant_id": tenant_id, "policy": policy.model_dump()})
+
+    async def reclaim(self, request: Request) -> Response:
+        self.admin(request)
+        report = await self.gw.reclaimer.run_pass()
+        return JSONResponse(report.public())
+
+    async def tenant_stats(self, request: Request) -> Response:
+        self.admin(request)
+        tenant_id = request.path_params["tenant_id"]
+        return JSONResponse(await self.gw.manager.db(self.gw.store.aggregates, tenant_id))
+
+
+def routes(api: Api) -> list[Route]:
+    return [
+        Route("/health", api.health, methods=["GET"]),
+        Route("/openapi.json", api.openapi, methods=["GET"]),
+        Route("/v1/tools", api.tools, methods=["GET"]),
+        Route("/v1/sessions", api.sessions, methods=["GET"]),
+        Route("/v1/sessions/{session_id}", api.status, methods=["GET"]),
+        Route("/v1/sessions/{session_id}", api.close, methods=["DELETE"]),
+        Route("/v1/sessions/{session_id}/timeline", api.timeline, methods=["GET"]),
+        Route("/v1/sessions/{session_id}/tools/{tool}", api.call_tool, methods=["POST"]),
+        Route("/v1/stats", api.stats, methods=["GET"]),
+        Route("/v1/deliverables/{id}", api.deliverable, methods=["GET"]),
+        Route("/v1/admin/tenants/{tenant_id}", api.put_tenant, methods=["PUT"]),
+        Route("/v1/admin/tenants/{tenant_id}/stats", api.tenant_stats, methods=["GET"]),
+        Route("/v1/admin/reclaim", api.reclaim, methods=["POST"]),
+    ]
+
+
+def build_app(gw: Gateway) -> Starlette:
+    api = Api(gw)
+
+    async def identity(ctx: Context[Any, Any]) -> tuple[str, str | None]:
+        headers = ctx.headers or {}
+        tenant = await gw.tenant_of_key(bearer(headers))
+        return tenant, headers.get(SESSION_HEADER)
+
+    mcp = build_mcp(gw.tools, identity)
+    # Stateless: any replica behind a load balancer can answer any MCP request.
+    mcp_app = mcp.streamable_http_app(
+        stateless_http=True,
+        json_response=True,
+        transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+    )
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with gw.running(), mcp.session_manager.run():
+            yield
+
+    return Starlette(
+        routes=[*routes(api), *mcp_app.routes],
+        lifespan=lifespan,
+        exception_handlers={
+            SandholdError: _sandhold_error,
+            HTTPException: _http_error,
+            Exception: _internal_error,
+        },
+    )
+
+
+async def _sandhold_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, SandholdError)
+    return error(exc.http_status, exc.code, exc.message)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        return error(404, "not_found", f"no such endpoint: {request.method} {request.url.path}")
+    if exc.status_code == 405:
+        return error(405, "method_not_allowed", f"{request.method} is not allowed here")
+    return error(exc.status_code, "http_error", str(exc.detail))
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    return error(500, "internal", f"internal error: {type(exc).__name__}")
+
+
+def openapi_schema() -> dict[str, Any]:
+    err = {"$ref": "#/components/schemas/Error"}
+    responses = {
+        s: {"description": d, "content": {"application/json": {"schema": err}}}
+        for s, d in (("400", "invalid arguments"), ("401", "bad API key"), ("404", "not found"),
+                     ("409", "session closed"), ("413", "payload too large"),
+                     ("429", "quota exceeded"), ("502", "provider failure"),
+                     ("503", "session busy"))
+    }  # fmt: skip
+    session = {"name": "session_id", "in": "path", "required": True, "schema": {"type": "string"}}
+    paths: dict[str, Any] = {}
+    schemas: dict[str, Any] = {
+        "Error": {"type": "object", "required": ["code", "message"],
+                  "properties": {"code": {"type": "string"}, "message": {"type": "string"}}},
+    }  # fmt: skip
+    for name, model in MODELS.items():
+        schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        schema["properties"].pop("session_id", None)
+        schemas[model.__name__] = schema
+        paths[f"/v1/sessions/{{session_id}}/tools/{name}"] = {
+            "post": {
+                "operationId": name,
+                "summary": DESCRIPTIONS[name],
+                "parameters": [session],
+                "requestBody": {"required": True, "content": {"application/json": {
+                    "schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}},
+                "responses": {"200": {"description": "the tool's result",
+                                      "content": {"application/json": {"schema": {
+                                          "type": "object"}}}}, **responses},
+            }
+        }  # fmt: skip
+    for path, method, summary in (
+        ("/v1/sessions/{session_id}", "get", "session status (never resumes the sandbox)"),
+        ("/v1/sessions/{session_id}", "delete", "close the session"),
+        ("/v1/sessions/{session_id}/timeline", "get", "the session's timeline"),
+    ):
+        paths.setdefault(path, {})[method] = {
+            "summary": summary, "parameters": [session],
+            "responses": {"200": {"description": "ok"}, **responses},
+        }  # fmt: skip
+    for path, summary in (("/v1/sessions", "the tenant's sessions"),
+                          ("/v1/stats", "the tenant's aggregates"),
+                          ("/v1/tools", "the tools and their argument schemas")):  # fmt: skip
+        paths[path] = {"get": {"summary": summary, "responses": {"200": {"description": "ok"}}}}
+    paths["/v1/deliverables/{id}"] = {"get": {
+        "summary": "a deliverable's bytes",
+        "parameters": [{"name": "id", "in": "path", "required": True,
+                        "schema": {"type": "string"}}],
+        "responses": {"200": {"description": "the file",
+                              "content": {"application/octet-stream": {}}}, **responses},
+    }}  # fmt: skip
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "Sandhold gateway", "version": "1"},
+        "components": {
+            "schemas": schemas,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+        "security": [{"bearer": []}],
+        "paths": paths,
+    }

@@ -1,0 +1,56 @@
+"""Running the gateway: ``sandhold gateway serve`` (REST + MCP over HTTP, uvicorn) and
+``sandhold gateway mcp`` (MCP over stdio)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import anyio
+import uvicorn
+
+from sandhold.config import Settings
+from sandhold.gateway.app import Gateway
+from sandhold.gateway.mcp_server import build_mcp
+from sandhold.gateway.policy import SESSION_ID_RE, check_id
+from sandhold.gateway.rest import build_app
+
+
+def _quiet() -> None:
+    # one INFO line per provider request drowns everything else
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+def serve(settings: Settings) -> None:
+    _quiet()
+    config = uvicorn.Config(
+        build_app(Gateway(settings)),
+        host=settings.gateway_host,
+        port=settings.gateway_port,
+        http="h11",
+        loop="asyncio",
+        lifespan="on",
+        access_log=False,
+        timeout_graceful_shutdown=5,
+        log_level="info",
+    )
+    uvicorn.Server(config).run()
+
+
+def serve_stdio(settings: Settings, tenant_id: str, session_id: str | None) -> None:
+    """One MCP client on stdin/stdout, for a tenant (and session) fixed by the operator."""
+    _quiet()
+    if session_id is not None:
+        check_id(session_id, "session id", SESSION_ID_RE)
+    gw = Gateway(settings)
+
+    async def identity(ctx: Any) -> tuple[str, str | None]:
+        return tenant_id, session_id
+
+    async def main() -> None:
+        async with gw.running():
+            if await anyio.to_thread.run_sync(gw.store.get_tenant, tenant_id) is None:
+                raise ValueError(f"tenant {tenant_id!r} does not exist")
+            await build_mcp(gw.tools, identity).run_stdio_async()
+
+    anyio.run(main)

@@ -1,0 +1,334 @@
+"""The SandboxSessionManager: maps each agent session to at most one sandbox of a provider.
+
+Lifecycle (the three stages):
+
+- **create** on the session's first tool call, never earlier: tagged with the session, tenant
+  and gateway tags, the session's workspace bound at ``/workspace``, ``timeout`` = keep-alive,
+  ``on_timeout=pause`` and ``auto_resume``;
+- **keep-alive, then auto-pause**: each call extends the timeout (keep-alive + the call's own
+  budget while it runs, the keep-alive again when the last call ends); the provider pauses the
+  sandbox when it expires, and the next call resumes it;
+- **reclaim**: see ``lifecycle.Reclaimer``.
+
+Multi-replica safety rests on two things in the store: the per-session lease lock, held around
+every change of a session's sandbox (create, adopt, resume, reclaim, close), with every write
+under it fenced by the lock token; and ``session_uses`` rows, one per tool call in flight, which
+the reclaimer must find empty before it kills. Nothing about a sandbox's lifecycle is kept in
+this process's memory: a restarted replica reads the store and asks the provider.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import os
+import shutil
+import socket
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from sandhold.config import Settings
+from sandhold.e2b.sandboxes import KeyedLocks
+from sandhold.errors import NotFound
+from sandhold.gateway.errors import QuotaExceeded, SessionBusy, SessionClosed, SessionNotFound
+from sandhold.gateway.policy import SESSION_ID_RE, TenantPolicy, check_id
+from sandhold.gateway.providers.base import (
+    CreateRequest,
+    Provider,
+    ProviderSandbox,
+    SandboxGone,
+)
+from sandhold.gateway.timeline import Timeline
+from sandhold.store.db import SessionRow, Store
+
+T = TypeVar("T")
+
+USE_MARGIN_S = 30  # a use outlives its call's budget by this much before it counts as debris
+LOCK_POLL_S = (0.01, 0.2)  # first and longest wait between attempts at a taken session lock
+
+
+@dataclass
+class Lease:
+    """A tool call's hold on its session's sandbox (released by ``SandboxSessionManager.use``)."""
+
+    tenant_id: str
+    session_id: str
+    session_pk: int
+    sandbox_id: str
+    handle: dict[str, Any]
+    policy: TenantPolicy
+
+
+class SandboxSessionManager:
+    def __init__(
+        self, settings: Settings, store: Store, provider: Provider, timeline: Timeline
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.provider = provider
+        self.timeline = timeline
+        self.replica = settings.gateway_replica_id or f"{socket.gethostname()}-{os.getpid()}"
+        prefix = settings.gateway_tag_prefix
+        self.tag_session = prefix + "session_id"
+        self.tag_tenant = prefix + "tenant_id"
+        self.tag_gateway = prefix + "gateway"
+        self.workspace_root = settings.gateway_workspace_root_path
+        self._local = KeyedLocks()  # fewer DB round trips when one replica gets a burst
+
+    async def db(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.to_thread(fn, *args)
+
+    async def start(self) -> None:
+        caps = self.provider.capabilities
+        if not caps.mount_workspace and not self.settings.gateway_allow_ephemeral_workspace:
+            raise ValueError(
+                f"the {self.provider.name} provider cannot mount workspaces, so session files "
+                "would die with each sandbox; set gateway_allow_ephemeral_workspace=true to "
+                "accept that"
+            )
+        self.workspace_root.mkdir(parents=True, exist_ok=True)
+        _traversable(self.workspace_root)
+        await self.provider.start()
+
+    # -- tenants and sessions -------------------------------------------------------------------
+    async def policy(self, tenant_id: str) -> TenantPolicy:
+        tenant = await self.db(self.store.get_tenant, tenant_id)
+        if tenant is None:
+            raise NotFound(f"tenant {tenant_id!r} does not exist")
+        return TenantPolicy.model_validate(tenant.policy or {})
+
+    def gateway_tags(self) -> dict[str, str]:
+        return {self.tag_gateway: self.settings.gateway_name}
+
+    def workspace_dir(self, tenant_id: str, session_id: str) -> Path:
+        return self.workspace_root / tenant_id / session_id
+
+    async def session(self, tenant_id: str, session_id: str) -> SessionRow:
+        check_id(session_id, "session id", SESSION_ID_RE)
+        row = await self.db(self.store.get_session, tenant_id, session_id)
+        if row is None:
+            raise SessionNotFound(f"session {session_id!r} does not exist")
+        return row
+
+    async def open(self, tenant_id: str, session_id: str) -> SessionRow:
+        check_id(session_id, "session id", SESSION_ID_RE)
+        row, created = await self.db(self.store.open_session, tenant_id, session_id)
+        if created:
+            await self.timeline.record(tenant_id, session_id, "session_opened")
+        return row
+
+    @contextlib.asynccontextmanager
+    async def locked(self, pk: int) -> AsyncIterator[str]:
+        """Hold the session's lease lock (waiting for it at most two lease times)."""
+        async with self._local(pk):
+            deadline = time.monotonic() + 2 * self.settings.gateway_lock_ttl_s
+            delay = LOCK_POLL_S[0]
+            while (token := await self.db(self.store.try_lock, pk, self.settings.gateway_lock_ttl_s)
+                   ) is None:  # fmt: skip
+                if time.monotonic() > deadline:
+                    raise SessionBusy("the session is busy (its sandbox is being changed); retry")
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, LOCK_POLL_S[1])
+            try:
+                yield token
+            finally:
+                await self.db(self.store.unlock, pk, token)
+
+    # -- a tool call's lease --------------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def use(
+        self, tenant_id: str, session_id: str, tool: str, budget_s: float
+    ) -> AsyncIterator[Lease]:
+        """Make sure the session has a running sandbox and hold it for one tool call."""
+        policy = await self.policy(tenant_id)
+        row = await self.open(tenant_id, session_id)
+        budget = math.ceil(budget_s) + USE_MARGIN_S
+        async with self.locked(row.pk) as token:
+            fresh = await self.db(self.store.session_by_pk, row.pk)
+            assert fresh is not None
+            row = fresh
+            if row.state == "closed":
+                raise SessionClosed(f"session {session_id!r} is closed")
+            sandbox_id, handle = await self._ensure(row, token, policy, budget)
+            use_id = await self.db(
+                self.store.add_use, row.pk, sandbox_id, self.replica, tool, budget
+            )
+        try:
+            yield Lease(tenant_id, session_id, row.pk, sandbox_id, handle, policy)
+        finally:
+            await self.db(self.store.end_use, use_id)
+            await self._restore_keep_alive(row.pk, sandbox_id, policy)
+
+    async def _restore_keep_alive(self, pk: int, sandbox_id: str, policy: TenantPolicy) -> None:
+        """The call is over: idle time counts from now. Under the lock, so that no other call's
+        connect (which extends the timeout for its own run) slips between reading the uses
+        and setting the timeout."""
+        try:
+            async with self.locked(pk):
+                remaining = [t - time.time() for t in await self.db(self.store.live_uses, pk)]
+                timeout = max([policy.keep_alive_s, *(math.ceil(r) for r in remaining)])
+                await self.provider.set_timeout(sandbox_id, timeout)
+        except SessionBusy:
+            pass  # leaving the longer timeout is the safe side
+
+    async def _ensure(
+        self, row: SessionRow, token: str, policy: TenantPolicy, budget: int
+    ) -> tuple[str, dict[str, Any]]:
+        timeout = policy.keep_alive_s + budget
+        if row.sandbox_id:
+            sandbox_id = row.sandbox_id
+            before = await self.provider.get(sandbox_id)
+            if before is not None:
+                try:
+                    t0 = time.monotonic()
+                    resumed, fresh = await self.provider.connect(sandbox_id, timeout)
+                    if resumed or before.state != "running":
+                        await self._record_pause(row, before)
+                        await self.timeline.record(
+                            row.tenant_id, row.session_id, "sandbox_resumed",
+                            sandbox_id=sandbox_id, duration_ms=_ms(t0),
+                            reason="tool call on a paused sandbox", provider_state=before.public(),
+                        )  # fmt: skip
+                    return sandbox_id, {**(row.sandbox_handle or {}), **fresh}
+                except SandboxGone:
+                    pass
+            await self.timeline.record(
+                row.tenant_id, row.session_id, "failure", sandbox_id=sandbox_id,
+                reason="the session's sandbox no longer exists at the provider; creating anew",
+            )  # fmt: skip
+            if not await self.db(self.store.set_sandbox, row.pk, token, None, None):
+                raise SessionBusy("lost the session lock; retry")
+        return await self._create(row, token, policy, timeout)
+
+    async def _record_pause(self, row: SessionRow, sbx: ProviderSandbox) -> None:
+        if sbx.state != "paused" or sbx.end_at is None:
+            return
+        if await self.db(self.store.record_pause_once, row.pk, sbx.id, sbx.end_at):
+            await self.timeline.record(
+                row.tenant_id, row.session_id, "sandbox_paused", at=sbx.end_at,
+                sandbox_id=sbx.id, reason="keep-alive expired (on_timeout=pause)",
+                provider_state=sbx.public(),
+            )  # fmt: skip
+
+    async def _create(
+        self, row: SessionRow, token: str, policy: TenantPolicy, timeout: int
+    ) -> tuple[str, dict[str, Any]]:
+        tags = {
+            **self.gateway_tags(),
+            self.tag_tenant: row.tenant_id,
+            self.tag_session: row.session_id,
+        }
+        # A sandbox created by a replica that died before recording it: adopt it rather than
+        # create a second one for the session.
+        existing = sorted(
+            await self.provider.list(tags), key=lambda s: (s.state == "running", s.started_at)
+        )
+        if existing:
+            keep = existing.pop()
+            for extra in existing:
+                await self.provider.kill(extra.id)
+            try:
+                await self.provider.connect(keep.id, timeout)
+                if not await self.db(self.store.set_sandbox, row.pk, token, keep.id, {}):
+                    raise SessionBusy("lost the session lock; retry")
+                await self.timeline.record(
+                    row.tenant_id, row.session_id, "sandbox_adopted", sandbox_id=keep.id,
+                    reason="found at the provider with the session's tags but not in the store",
+                    provider_state=keep.public(),
+                )  # fmt: skip
+                return keep.id, {}
+            except SandboxGone:
+                pass
+        live = await self.db(self.store.count_live_sandboxes, row.tenant_id)
+        if live >= policy.max_live_sandboxes:
+            raise QuotaExceeded(
+                f"tenant {row.tenant_id!r} already has {live} live sandboxes "
+                f"(max_live_sandboxes={policy.max_live_sandboxes}); close or wait for idle ones"
+            )
+        workspace = None
+        if self.provider.capabilities.mount_workspace:
+            workspace = self.workspace_dir(row.tenant_id, row.session_id)
+            await self.db(_make_workspace, workspace)
+        t0 = time.monotonic()
+        sbx, handle = await self.provider.create(
+            CreateRequest(
+                template=policy.template, timeout_s=timeout, metadata=tags, env=policy.env,
+                workspace_dir=workspace, memory_mb=policy.memory_mb, cpu=policy.cpu,
+                pids=policy.pids,
+            )
+        )  # fmt: skip
+        if not await self.db(self.store.set_sandbox, row.pk, token, sbx.id, handle):
+            # Our lease ran out mid-create and another replica may have acted: do not leak.
+            await self.provider.kill(sbx.id)
+            raise SessionBusy("lost the session lock while creating its sandbox; retry")
+        await self.timeline.record(
+            row.tenant_id, row.session_id, "sandbox_created", sandbox_id=sbx.id,
+            duration_ms=_ms(t0), reason="first tool call of the session" if row.generation == 0
+            else "tool call after the previous sandbox was reclaimed or lost (same workspace)",
+            provider_state=sbx.public(),
+        )  # fmt: skip
+        return sbx.id, handle
+
+    # -- status and close -----------------------------------------------------------------------
+    async def status(self, tenant_id: str, session_id: str) -> dict[str, Any]:
+        """The session as the store and the provider see it; never resumes the sandbox."""
+        row = await self.session(tenant_id, session_id)
+        sandbox = await self.provider.get(row.sandbox_id) if row.sandbox_id else None
+        return {
+            "session_id": row.session_id,
+            "tenant_id": row.tenant_id,
+            "state": row.state,
+            "created_at": row.created_at,
+            "closed_at": row.closed_at,
+            "sandbox": sandbox.public() if sandbox else None,
+            "workspace": "/workspace",
+            "provider": self.provider.name,
+            "capabilities": self.provider.capabilities.public(),
+        }
+
+    async def close(self, tenant_id: str, session_id: str) -> dict[str, Any]:
+        """Kill the session's sandbox and close the session (its workspace kept or deleted per
+        the tenant's policy). A tool call still running on the sandbox is cut off: closing is
+        the platform's explicit decision."""
+        policy = await self.policy(tenant_id)
+        row = await self.session(tenant_id, session_id)
+        async with self.locked(row.pk) as token:
+            fresh = await self.db(self.store.session_by_pk, row.pk)
+            assert fresh is not None
+            row = fresh
+            if row.state == "closed":
+                raise SessionClosed(f"session {session_id!r} is already closed")
+            killed = None
+            if row.sandbox_id:
+                killed = row.sandbox_id if await self.provider.kill(row.sandbox_id) else None
+            if not await self.db(self.store.mark_closed, row.pk, token):
+                raise SessionBusy("lost the session lock; retry")
+        deleted = policy.workspace_on_close == "delete"
+        if deleted:
+            await self.db(shutil.rmtree, self.workspace_dir(tenant_id, session_id), True)
+        await self.timeline.record(
+            tenant_id, session_id, "session_closed", sandbox_id=killed,
+            reason=f"closed by the platform; workspace {'deleted' if deleted else 'kept'}",
+        )  # fmt: skip
+        return {"session_id": session_id, "closed": True, "sandbox_killed": killed,
+                "workspace_deleted": deleted}  # fmt: skip
+
+
+def _ms(t0: float) -> float:
+    return round((time.monotonic() - t0) * 1000, 2)
+
+
+def _make_workspace(path: Path) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    _traversable(path.parent)
+
+
+def _traversable(path: Path) -> None:
+    """Sandboxes bind the workspace as an unprivileged user, which must traverse its parents."""
+    mode = path.stat().st_mode
+    if mode & 0o001 == 0:
+        path.chmod(mode | 0o711)

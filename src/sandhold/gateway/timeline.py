@@ -1,0 +1,41 @@
+"""The timeline: every event of a session, with its tenant, duration and what justified it.
+
+Event kinds: ``session_opened``, ``session_closed``, ``sandbox_created``, ``sandbox_adopted``,
+``sandbox_paused``, ``sandbox_resumed``, ``sandbox_reclaimed``, ``sandbox_orphan_killed``,
+``tool_call`` and ``failure``. Writing is best effort: a store hiccup must not fail a tool call
+that already ran.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from sandhold.store.db import Store
+from sandhold.store.models import Event
+
+log = logging.getLogger(__name__)
+
+FIELDS = ("id", "at", "kind", "sandbox_id", "tool", "duration_ms", "exit_code", "bytes_in",
+          "bytes_out", "error", "reason", "provider_state", "replica")  # fmt: skip
+
+
+class Timeline:
+    def __init__(self, store: Store, replica: str) -> None:
+        self.store = store
+        self.replica = replica
+
+    async def record(self, tenant_id: str, session_id: str, kind: str, **fields: Any) -> None:
+        try:
+            await asyncio.to_thread(
+                self.store.add_event, tenant_id=tenant_id, session_id=session_id, kind=kind,
+                replica=self.replica, **fields,
+            )  # fmt: skip
+        except Exception:
+            log.exception("could not record %s event of session %s", kind, session_id)
+
+
+def event_json(e: Event) -> dict[str, Any]:
+    out = {k: getattr(e, k) for k in FIELDS}
+    return {k: v for k, v in out.items() if v is not None}

@@ -1,0 +1,381 @@
+"""The tools an agent loop calls, shared by the MCP and REST surfaces.
+
+Arguments are validated (unknown keys refused) before anything happens: a bad call opens no
+session and creates no sandbox. No argument reaches policy: template, limits, network, mounts
+and the sandbox's existence come from the tenant's configuration only.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import mimetypes
+import posixpath
+import shlex
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from sandhold.errors import InvalidSpec, SandholdError
+from sandhold.gateway import envd
+from sandhold.gateway.deliverables import DeliverableStore
+from sandhold.gateway.errors import PayloadTooLarge
+from sandhold.gateway.policy import SESSION_ID_RE, check_id
+from sandhold.gateway.providers.base import ProviderError
+from sandhold.gateway.sessions import Lease, SandboxSessionManager
+from sandhold.gateway.timeline import Timeline
+
+ENVD_PORT = 49983
+SANDBOX_USER = "user"
+WORKSPACE = "/workspace"
+INTERPRETER_LANGUAGES = {"python": "python", "javascript": "js", "bash": "bash"}
+FALLBACK = {"python": ("py", "python3"), "javascript": ("js", "node"), "bash": ("sh", "bash")}
+
+
+class Args(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    session_id: str | None = Field(
+        None, description="The session; defaults to the connection's session."
+    )
+
+
+class RunCode(Args):
+    code: str = Field(description="Source code to run.")
+    language: Literal["python", "javascript", "bash"] = "python"
+    timeout_s: float = Field(60, gt=0, description="Seconds before the run is stopped.")
+
+
+class RunCommand(Args):
+    command: str = Field(description="Shell command, run with bash -l -c.")
+    timeout_s: float = Field(60, gt=0, description="Seconds before the command is killed.")
+    cwd: str | None = Field(None, description="Working directory (default /workspace).")
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables.")
+    background: bool = Field(False, description="Return once started; the process keeps running.")
+
+
+class ReadFile(Args):
+    path: str = Field(description="File path; relative paths are under /workspace.")
+    encoding: Literal["utf-8", "base64"] = "utf-8"
+
+
+class WriteFile(Args):
+    path: str = Field(description="File path; relative paths are under /workspace.")
+    content: str = Field(description="File content, in `encoding`.")
+    encoding: Literal["utf-8", "base64"] = "utf-8"
+
+
+class ListFiles(Args):
+    path: str = Field(WORKSPACE, description="Directory to list.")
+    depth: int = Field(1, ge=1, le=5, description="How many levels to descend.")
+
+
+class Upload(Args):
+    path: str = Field(description="Destination path in the sandbox.")
+    content_base64: str = Field(description="The file's bytes, base64-encoded.")
+
+
+class Download(Args):
+    path: str = Field(description="File to fetch; returned base64-encoded.")
+
+
+class PublishDeliverable(Args):
+    path: str = Field(description="File in the sandbox to publish.")
+    name: str | None = Field(None, description="Name of the deliverable (default: file name).")
+
+
+class SessionStatus(Args):
+    pass
+
+
+class CloseSession(Args):
+    pass
+
+
+DESCRIPTIONS = {
+    "run_code": "Run Python, JavaScript or bash code in the session's sandbox (rich results "
+    "such as charts and tables where the template has the code interpreter).",
+    "run_command": "Run a shell command in the session's sandbox, optionally in the background.",
+    "read_file": "Read a file from the session's sandbox.",
+    "write_file": "Write a text (or base64) file in the session's sandbox.",
+    "list_files": "List a directory of the session's sandbox.",
+    "upload": "Upload a binary file (base64) into the session's sandbox.",
+    "download": "Download a file (base64) from the session's sandbox.",
+    "publish_deliverable": "Copy a file to the deliverables store; returns its id and URL.",
+    "session_status": "The session, its sandbox's state and the provider's capabilities.",
+    "close_session": "Close the session: its sandbox is killed; the workspace is kept or "
+    "deleted per the tenant's policy.",
+}
+MODELS: dict[str, type[Args]] = {
+    "run_code": RunCode, "run_command": RunCommand, "read_file": ReadFile,
+    "write_file": WriteFile, "list_files": ListFiles, "upload": Upload, "download": Download,
+    "publish_deliverable": PublishDeliverable, "session_status": SessionStatus,
+    "close_session": CloseSession,
+}  # fmt: skip
+
+
+def describe(e: ValidationError) -> str:
+    problems = []
+    for err in e.errors(include_url=False):
+        loc = ".".join(str(x) for x in err["loc"]) or "arguments"
+        if err["type"] == "extra_forbidden":
+            problems.append(f"unknown argument {loc!r} (policy is not a tool argument)")
+        else:
+            problems.append(f"{loc}: {err['msg']}")
+    return "invalid arguments: " + "; ".join(problems)
+
+
+def sandbox_path(raw: str) -> str:
+    if not raw or "\0" in raw:
+        raise InvalidSpec("path must be a non-empty string without NUL bytes")
+    return posixpath.normpath(posixpath.join(WORKSPACE, raw))
+
+
+def _b64(value: str, what: str) -> bytes:
+    try:
+        return base64.b64decode(value, validate=True)
+    except ValueError:
+        raise InvalidSpec(f"{what} is not valid base64") from None
+
+
+class Tools:
+    def __init__(
+        self, manager: SandboxSessionManager, deliverables: DeliverableStore, timeline: Timeline
+    ) -> None:
+        self.m = manager
+        self.deliverables = deliverables
+        self.timeline = timeline
+        self.max_payload = manager.settings.gateway_max_payload_bytes
+        self._handlers: dict[str, Callable[[Lease, Any], Awaitable[dict[str, Any]]]] = {
+            "run_code": self._run_code, "run_command": self._run_command,
+            "read_file": self._read_file, "write_file": self._write_file,
+            "list_files": self._list_files, "upload": self._upload, "download": self._download,
+            "publish_deliverable": self._publish,
+        }  # fmt: skip
+
+    def parse(self, tool: str, arguments: dict[str, Any]) -> Args:
+        model = MODELS.get(tool)
+        if model is None:
+            raise InvalidSpec(f"unknown tool {tool!r}; tools: {', '.join(MODELS)}")
+        try:
+            args = model.model_validate(arguments)
+        except ValidationError as e:
+            raise InvalidSpec(describe(e)) from None
+        for field in ("code", "command", "content", "content_base64"):
+            value = getattr(args, field, None)
+            if isinstance(value, str) and len(value) > self.max_payload * 4 // 3 + 4:
+                raise PayloadTooLarge(f"{field} is larger than {self.max_payload} bytes")
+        return args
+
+    async def call(
+        self, tenant_id: str, tool: str, arguments: dict[str, Any], session_id: str | None = None
+    ) -> dict[str, Any]:
+        """Validate, run and record one tool call. ``session_id`` is the connection's session;
+        an explicit ``session_id`` argument takes precedence."""
+        args = self.parse(tool, arguments)
+        sid = args.session_id or session_id
+        if sid is None:
+            raise InvalidSpec("no session: pass session_id or connect with a session")
+        check_id(sid, "session id", SESSION_ID_RE)
+        if tool == "session_status":
+            return await self.m.status(tenant_id, sid)
+        if tool == "close_session":
+            return await self.m.close(tenant_id, sid)
+        _precheck(args)
+        policy = await self.m.policy(tenant_id)
+        budget = float(getattr(args, "timeout_s", 60))
+        if budget > policy.max_command_timeout_s:
+            raise InvalidSpec(
+                f"timeout_s {budget:g} exceeds the tenant's max_command_timeout_s "
+                f"({policy.max_command_timeout_s})"
+            )
+        t0 = time.monotonic()
+        sandbox_id = None
+        result: dict[str, Any] = {}
+        error: SandholdError | None = None
+        try:
+            async with self.m.use(tenant_id, sid, tool, budget) as lease:
+                sandbox_id = lease.sandbox_id
+                result = await self._handlers[tool](lease, args)
+            return result
+        except envd.EnvdError as e:
+            error = InvalidSpec(f"{tool}: {e.message}" if e.message else f"{tool} failed: {e.code}")
+            raise error from None
+        except envd.PortClosed as e:
+            error = ProviderError(str(e))
+            raise error from None
+        except SandholdError as e:
+            error = e
+            raise
+        except Exception as e:
+            error = ProviderError(f"{tool} failed: {type(e).__name__}: {e}")
+            raise error from e
+        finally:
+            await self._record(tenant_id, sid, tool, sandbox_id, t0, args, result, error)
+
+    async def _record(
+        self, tenant_id: str, sid: str, tool: str, sandbox_id: str | None, t0: float,
+        args: Args, result: dict[str, Any], error: SandholdError | None,
+    ) -> None:  # fmt: skip
+        fields = {
+            "sandbox_id": sandbox_id, "tool": tool,
+            "duration_ms": round((time.monotonic() - t0) * 1000, 2),
+            "exit_code": result.get("exit_code"), "bytes_in": _bytes_in(args),
+            "bytes_out": result.pop("_bytes_out", None),
+            "error": f"{error.code}: {error.message}" if error else None,
+        }  # fmt: skip
+        await self.timeline.record(tenant_id, sid, "tool_call", **fields)
+        if error is not None and error.http_status >= 500:  # ours or the provider's fault
+            await self.timeline.record(
+                tenant_id, sid, "failure", sandbox_id=sandbox_id, tool=tool,
+                error=fields["error"], reason=f"{tool} failed",
+            )  # fmt: skip
+
+    # -- handlers -------------------------------------------------------------------------------
+    async def _run_command(self, lease: Lease, a: RunCommand) -> dict[str, Any]:
+        async with self.m.provider.channel(lease.sandbox_id, lease.handle, ENVD_PORT) as ch:
+            out = await envd.run(
+                ch, a.command, user=SANDBOX_USER, cwd=sandbox_path(a.cwd or WORKSPACE),
+                env=a.env, timeout_s=a.timeout_s, background=a.background,
+                max_output=self.max_payload,
+            )  # fmt: skip
+        return _command_result(out)
+
+    async def _run_code(self, lease: Lease, a: RunCode) -> dict[str, Any]:
+        try:
+            async with self.m.provider.channel(
+                lease.sandbox_id, lease.handle, envd.INTERPRETER_PORT
+            ) as ch:
+                ex = await envd.execute(
+                    ch, a.code, language=INTERPRETER_LANGUAGES[a.language],
+                    timeout_s=a.timeout_s, max_output=self.max_payload,
+                )  # fmt: skip
+        except (envd.PortClosed, httpx.ConnectError):  # no interpreter in this template
+            return await self._run_code_plain(lease, a)
+        return {
+            "interpreter": True, "results": ex.results, "stdout": ex.stdout,
+            "stderr": ex.stderr, "error": ex.error, "truncated": ex.truncated,
+            "_bytes_out": len(ex.stdout) + len(ex.stderr) + sum(len(str(r)) for r in ex.results),
+        }  # fmt: skip
+
+    async def _run_code_plain(self, lease: Lease, a: RunCode) -> dict[str, Any]:
+        """No code interpreter in this template: run the code as a script."""
+        ext, program = FALLBACK[a.language]
+        path = f"/tmp/sandhold-code-{uuid.uuid4().hex}.{ext}"
+        async with self.m.provider.channel(lease.sandbox_id, lease.handle, ENVD_PORT) as ch:
+            await envd.write_file(ch, path, a.code.encode(), user=SANDBOX_USER)
+            out = await envd.run(
+                ch, f"{program} {path}; rc=$?; rm -f {shlex.quote(path)}; exit $rc",
+                user=SANDBOX_USER, cwd=WORKSPACE, env={}, timeout_s=a.timeout_s,
+                background=False, max_output=self.max_payload,
+            )  # fmt: skip
+        return {"interpreter": False, "results": [], **_command_result(out)}
+
+    async def _read_file(self, lease: Lease, a: ReadFile) -> dict[str, Any]:
+        data = await self._fetch(lease, a.path)
+        if a.encoding == "utf-8":
+            try:
+                content = data.decode()
+            except UnicodeDecodeError:
+                raise InvalidSpec(f"{a.path} is not UTF-8 text; use encoding=base64") from None
+        else:
+            content = base64.b64encode(data).decode()
+        return {"path": sandbox_path(a.path), "size": len(data), "encoding": a.encoding,
+                "content": content, "_bytes_out": len(data)}  # fmt: skip
+
+    async def _download(self, lease: Lease, a: Download) -> dict[str, Any]:
+        data = await self._fetch(lease, a.path)
+        encoded = base64.b64encode(data).decode()
+        return {"path": sandbox_path(a.path), "size": len(data), "content_base64": encoded,
+                "_bytes_out": len(data)}  # fmt: skip
+
+    async def _fetch(self, lease: Lease, path: str) -> bytes:
+        async with self.m.provider.channel(lease.sandbox_id, lease.handle, ENVD_PORT) as ch:
+            return await envd.read_file(
+                ch, sandbox_path(path), user=SANDBOX_USER, max_bytes=self.max_payload
+            )
+
+    async def _store(self, lease: Lease, path: str, data: bytes) -> dict[str, Any]:
+        if len(data) > self.max_payload:
+            raise PayloadTooLarge(f"the file is larger than {self.max_payload} bytes")
+        target = sandbox_path(path)
+        async with self.m.provider.channel(lease.sandbox_id, lease.handle, ENVD_PORT) as ch:
+            await envd.write_file(ch, target, data, user=SANDBOX_USER)
+        return {"path": target, "size": len(data)}
+
+    async def _write_file(self, lease: Lease, a: WriteFile) -> dict[str, Any]:
+        data = a.content.encode() if a.encoding == "utf-8" else _b64(a.content, "content")
+        return await self._store(lease, a.path, data)
+
+    async def _upload(self, lease: Lease, a: Upload) -> dict[str, Any]:
+        return await self._store(lease, a.path, _b64(a.content_base64, "content_base64"))
+
+    async def _list_files(self, lease: Lease, a: ListFiles) -> dict[str, Any]:
+        async with self.m.provider.channel(lease.sandbox_id, lease.handle, ENVD_PORT) as ch:
+            entries = await envd.list_dir(ch, sandbox_path(a.path), user=SANDBOX_USER,
+                                          depth=a.depth)  # fmt: skip
+        return {"path": sandbox_path(a.path), "entries": entries}
+
+    async def _publish(self, lease: Lease, a: PublishDeliverable) -> dict[str, Any]:
+        # Read through the sandbox (inside its boundary), never from the host's view of the
+        # workspace: a symlink there would point at host files.
+        data = await self._fetch(lease, a.path)
+        name = a.name or posixpath.basename(sandbox_path(a.path))
+        check_id(name, "deliverable name")
+        deliverable_id = uuid.uuid4().hex
+        key = f"{lease.tenant_id}/{lease.session_id}/{deliverable_id}-{name}"
+        ctype = mimetypes.guess_type(name)[0] or "application/octet-stream"
+        url = await self.deliverables.put(key, data, ctype)
+        digest = hashlib.sha256(data).hexdigest()
+        await self.m.db(lambda: self.m.store.add_deliverable(
+            id=deliverable_id, tenant_id=lease.tenant_id, session_id=lease.session_id,
+            name=name, source_path=sandbox_path(a.path), size=len(data), sha256=digest,
+            storage=self.deliverables.kind, key=key, url=url, created_at=time.time(),
+        ))  # fmt: skip
+        return {"id": deliverable_id, "name": name, "url": url, "size": len(data),
+                "sha256": digest, "storage": self.deliverables.kind}  # fmt: skip
+
+
+def _precheck(args: Args) -> None:
+    """Everything about the arguments that can be refused before the session is touched."""
+    for path in (getattr(args, "path", None), getattr(args, "cwd", None)):
+        if path is not None:
+            sandbox_path(path)
+    if isinstance(args, Upload):
+        _b64(args.content_base64, "content_base64")
+    if isinstance(args, WriteFile) and args.encoding == "base64":
+        _b64(args.content, "content")
+    if isinstance(args, PublishDeliverable) and args.name is not None:
+        check_id(args.name, "deliverable name")
+
+
+def _command_result(out: envd.CommandOutput) -> dict[str, Any]:
+    return {
+        "exit_code": out.exit_code,
+        "stdout": out.stdout.decode(errors="replace"),
+        "stderr": out.stderr.decode(errors="replace"),
+        "pid": out.pid,
+        "error": out.error,
+        "truncated": out.truncated,
+        "_bytes_out": len(out.stdout) + len(out.stderr),
+    }
+
+
+def _bytes_in(args: Args) -> int:
+    total = 0
+    for field in ("code", "command", "content", "content_base64"):
+        value = getattr(args, field, None)
+        if isinstance(value, str):
+            total += len(value.encode())
+    return total
+
+
+def tool_schemas() -> list[dict[str, Any]]:
+    return [
+        {"name": name, "description": DESCRIPTIONS[name], "input_schema": model.model_json_schema()}
+        for name, model in MODELS.items()
+    ]

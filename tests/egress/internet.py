@@ -1,0 +1,230 @@
+"""A private "internet" for egress tests and the bench: a network namespace reached from the
+host over a veth pair, in the benchmark range 198.18.0.0/15 (never an address outside this
+machine), running ``servers.py`` (HTTP, HTTPS with a test CA, DNS) on three addresses:
+
+- ``.2``: ``api.example.test``, ``other.example.test``, ``cdn.example.test`` (and the DNS server)
+- ``.3``: ``evil.test`` (must never receive anything in the attack tests)
+- ``.4``: ``plain.example.test``
+
+and names that resolve to internal addresses (``rebind.example.test`` → 127.0.0.1, etc.).
+Everything it creates is removed by ``close()``: the servers, the namespace and the veth.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import json
+import os
+import secrets
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+REPO = Path(__file__).resolve().parents[2]
+NAMES = (
+    "api.example.test",
+    "other.example.test",
+    "cdn.example.test",
+    "evil.test",
+    "plain.example.test",
+)
+
+
+def _run(*argv: str) -> str:
+    return subprocess.run(argv, check=True, capture_output=True, text=True).stdout
+
+
+def _used_subnets() -> set[int]:
+    used = set()
+    for link in json.loads(_run("ip", "-j", "addr", "show")):
+        for a in link.get("addr_info", []):
+            if a.get("local", "").startswith("198.18."):
+                used.add(int(a["local"].split(".")[2]))
+    return used
+
+
+def make_ca(directory: Path) -> tuple[Path, Path, Path]:
+    """A test CA and a server certificate for every test name; returns (ca, cert, key)."""
+    now = dt.datetime.now(dt.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "sandhold test internet CA")])
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(days=1))
+        .not_valid_after(now + dt.timedelta(days=30))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(True, False, False, False, False, True, True, False, False), critical=True
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    sans: list[x509.GeneralName] = [x509.DNSName(n) for n in NAMES]
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, NAMES[0])]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(days=1))
+        .not_valid_after(now + dt.timedelta(days=30))
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    paths = directory / "ca.pem", directory / "server.pem", directory / "server.key"
+    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths[1].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    paths[2].write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return paths
+
+
+class Internet:
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+        self.dir.mkdir(parents=True, exist_ok=True)
+        tag = secrets.token_hex(3)
+        self.ns = f"shnet-{tag}"
+        self.veth_host = f"shh{tag}"
+        self.veth_ns = f"shn{tag}"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log = self.dir / "requests.jsonl"
+        self.log.touch()
+        self.ca, self.cert, self.key = make_ca(self.dir)
+        free = [n for n in range(16, 250) if n not in _used_subnets()]
+        self.net = secrets.choice(free)
+        self.host_ip = f"198.18.{self.net}.1"
+        self.api_ip = f"198.18.{self.net}.2"
+        self.evil_ip = f"198.18.{self.net}.3"
+        self.plain_ip = f"198.18.{self.net}.4"
+        self.names = {
+            "api.example.test": self.api_ip,
+            "other.example.test": self.api_ip,
+            "cdn.example.test": self.api_ip,
+            "evil.test": self.evil_ip,
+            "plain.example.test": self.plain_ip,
+            "rebind.example.test": "127.0.0.1",
+            "metadata.example.test": "169.254.169.254",
+            "private.example.test": "10.1.2.3",
+            "hostaddr.example.test": self.host_ip,
+            "spoofed.example.test": self.evil_ip,
+        }
+        try:
+            self._up()
+        except BaseException:
+            self.close()
+            raise
+
+    def _up(self) -> None:
+        _run("ip", "netns", "add", self.ns)
+        _run(
+            "ip",
+            "link",
+            "add",
+            self.veth_host,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            self.veth_ns,
+            "netns",
+            self.ns,
+        )
+        _run("ip", "addr", "add", f"{self.host_ip}/24", "dev", self.veth_host)
+        _run("ip", "link", "set", self.veth_host, "up")
+        for ip in (self.api_ip, self.evil_ip, self.plain_ip):
+            _run("ip", "-n", self.ns, "addr", "add", f"{ip}/24", "dev", self.veth_ns)
+        _run("ip", "-n", self.ns, "link", "set", self.veth_ns, "up")
+        _run("ip", "-n", self.ns, "link", "set", "lo", "up")
+        cfg = {
+            "addrs": [self.api_ip, self.evil_ip, self.plain_ip],
+            "cert": str(self.cert),
+            "key": str(self.key),
+            "log": str(self.log),
+            "names": self.names,
+        }
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        self.proc = subprocess.Popen(
+            [
+                "ip",
+                "netns",
+                "exec",
+                self.ns,
+                sys.executable,
+                "-m",
+                "tests.egress.servers",
+                json.dumps(cfg),
+            ],
+            stdout=subprocess.PIPE,
+            env=env,
+            cwd=REPO,
+        )
+        assert self.proc.stdout is not None
+        if self.proc.stdout.readline().strip() != b"ready":
+            raise RuntimeError("the test internet's servers did not start")
+
+    def settings(self) -> dict[str, object]:
+        """Settings that point the egress proxy at this internet."""
+        return {
+            "egress_dns_servers": [self.api_ip],
+            "egress_upstream_ca_file": self.ca,
+            "egress_sandbox_ca_files": [self.ca],
+        }
+
+    def requests(self) -> list[dict[str, object]]:
+        return [json.loads(line) for line in self.log.read_text().splitlines() if line]
+
+    def mark(self) -> int:
+        return len(self.requests())
+
+    def since(self, mark: int) -> list[dict[str, object]]:
+        return self.requests()[mark:]
+
+    def close(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            self.proc = None
+        subprocess.run(["ip", "link", "del", self.veth_host], capture_output=True)
+        subprocess.run(["ip", "netns", "del", self.ns], capture_output=True)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and self.exists():
+            time.sleep(0.05)
+
+    def exists(self) -> bool:
+        return self.ns in _run("ip", "netns", "list") or bool(
+            subprocess.run(["ip", "link", "show", self.veth_host], capture_output=True).returncode
+            == 0
+        )
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+        return True
+    except ValueError:
+        return False

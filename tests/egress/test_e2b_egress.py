@@ -1,0 +1,106 @@
+"""The E2B surface of egress, driven by the official e2b SDK against a real `sandhold serve`
+whose egress proxy uses the test internet."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+
+import pytest
+from e2b import Sandbox, SandboxException
+from e2b.sandbox.network import ALL_TRAFFIC
+
+from sandhold.egress.secrets import open_store
+from tests.e2b.conftest import KEY_A, Server, new_server
+from tests.egress.fixtures import daemon_pids
+from tests.egress.internet import Internet
+
+GET = "curl -s -o /dev/null -w '%{{http_code}}' --max-time 10 {url} || true"
+TOKEN = "e2b-team-token-9f8e7d6c"
+
+
+@pytest.fixture(scope="module")
+def egress_server(tmp_path_factory: pytest.TempPathFactory, internet: Internet) -> Iterator[Server]:
+    srv = new_server(
+        tmp_path_factory.mktemp("e2b-egress"),
+        egress_e2b_enabled="true",
+        egress_dns_servers=json.dumps([internet.api_ip]),
+        egress_upstream_ca_file=str(internet.ca),
+        egress_sandbox_ca_files=json.dumps([str(internet.ca)]),
+    )
+    srv.start()
+    open_store(srv.data_dir, [], None).set("team-a", "token", TOKEN, ["api.example.test"])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("E2B_API_URL", srv.url)
+        mp.setenv("E2B_SANDBOX_URL", srv.url)
+        mp.setenv("E2B_API_KEY", KEY_A)
+        mp.setenv("NO_PROXY", "127.0.0.1,localhost")
+        yield srv
+    srv.destroy()
+    assert not daemon_pids(srv.data_dir)
+
+
+def code(sbx: Sandbox, url: str) -> str:
+    return sbx.commands.run(GET.format(url=url)).stdout
+
+
+def test_allow_internet_access_opens_public_hosts_only(egress_server: Server) -> None:
+    sbx = Sandbox.create(timeout=120, allow_internet_access=True)
+    try:
+        assert code(sbx, "https://evil.test/") == "200"
+        assert code(sbx, "http://rebind.example.test/") == "403"
+        assert sbx.get_info().allow_internet_access is True
+    finally:
+        sbx.kill()
+
+
+def test_allow_out_is_an_allow_list_and_injects_the_team_credential(egress_server) -> None:
+    sbx = Sandbox.create(
+        timeout=120, network={"allow_out": ["api.example.test"], "deny_out": [ALL_TRAFFIC]}
+    )
+    try:
+        r = sbx.commands.run("curl -sS --max-time 10 https://api.example.test/auth")
+        assert r.stdout == "auth-sha256=" + hashlib.sha256(f"Bearer {TOKEN}".encode()).hexdigest()
+        assert code(sbx, "https://other.example.test/") == "000"  # CONNECT refused: 403
+        assert code(sbx, "http://other.example.test/") == "403"
+        assert TOKEN not in sbx.commands.run("env").stdout
+    finally:
+        sbx.kill()
+
+
+def test_update_network_on_a_running_sandbox(egress_server: Server) -> None:
+    sbx = Sandbox.create(timeout=120)  # the server's default: no egress, but updatable
+    try:
+        assert code(sbx, "http://other.example.test/") == "403"
+        sbx.update_network({"allow_out": ["other.example.test"], "deny_out": [ALL_TRAFFIC]})
+        assert code(sbx, "http://other.example.test/") == "200"
+        assert code(sbx, "http://api.example.test/") == "403"
+        assert sbx.get_info().network["allow_out"] == ["other.example.test"]  # type: ignore[index]
+        sbx.update_network({"allow_internet_access": False})
+        assert code(sbx, "http://other.example.test/") == "403"
+    finally:
+        sbx.kill()
+
+
+def test_bad_network_options_are_refused_and_change_nothing(egress_server: Server) -> None:
+    with pytest.raises(SandboxException, match=r"network\.allowOut: egress rule 'http://x'"):
+        Sandbox.create(timeout=60, network={"allow_out": ["http://x"]})
+    with pytest.raises(SandboxException, match=r"network\.rules"):
+        Sandbox.create(
+            timeout=60,
+            network={
+                "allow_out": ["a.test"],
+                "rules": {"a.test": [{"transform": {"headers": {"X": "y"}}}]},
+            },
+        )
+    sbx = Sandbox.create(timeout=60, network={"allow_out": ["api.example.test"]})
+    try:
+        with pytest.raises(SandboxException, match="not a valid"):
+            sbx.update_network({"allow_out": ["bad..name"]})
+        assert code(sbx, "http://api.example.test/") == "200"
+    finally:
+        sbx.kill()
+    with egress_server.api() as api:
+        r = api.put("/sandboxes/nosuchsandbox0000000/network", json={"allowOut": []})
+        assert r.status_code == 404 and r.json()["code"] == 404

@@ -1,0 +1,230 @@
+"""Real gateways (`sandhold gateway serve` processes) over real providers: the runtime in the
+gateway's process (``local``) or a real `sandhold serve` reached over HTTP (``e2b``)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from sandhold.config import Settings
+from sandhold.runtime import cgroups, mounts
+from sandhold.runtime.runtime import Runtime
+from tests.e2b.conftest import KEY_A, Server, free_port, new_server
+
+ADMIN_KEY = "gateway-test-admin-key"
+TENANT_KEY = "gateway-test-tenant-key-a"
+OTHER_KEY = "gateway-test-tenant-key-b"
+# Short lifecycle: keep-alive then pause after 2 s idle, reclaim 2 s after the pause.
+FAST_POLICY = {"keep_alive_s": 2, "retention_s": 2, "max_command_timeout_s": 120}
+
+
+def scratch_dir(prefix: str) -> Path:
+    d = Path(tempfile.mkdtemp(prefix=prefix, dir="/var/tmp"))
+    d.chmod(0o755)  # sandboxes' unprivileged owner traverses it to the workspace binds
+    return d
+
+
+def destroy_runtime_dir(data_dir: Path) -> list[str]:
+    """Kill every sandbox under a runtime data dir and remove it; returns what went wrong."""
+    settings = Settings(data_dir=data_dir)
+    errors: list[str] = []
+    try:
+        rt = Runtime(settings)
+        for info in rt.list():
+            try:
+                asyncio.run(rt.kill(info.id))
+            except Exception as e:
+                errors.append(f"kill {info.id}: {e!r}")
+    finally:
+        for target in mounts.mounts_under(data_dir):
+            mounts.umount(Path(target))
+            errors.append(f"left mounted: {target}")
+        cgroups.remove_parent(settings.cgroup_group)
+        shutil.rmtree(data_dir, ignore_errors=True)
+    return errors
+
+
+class Gateway:
+    """One `sandhold gateway serve` process; can be stopped, killed and started again."""
+
+    def __init__(self, data_dir: Path, env: dict[str, str], log: Path) -> None:
+        self.data_dir = data_dir
+        self.env = env
+        self.port = free_port()
+        self.log = log
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.workspaces = Path(env["SANDHOLD_GATEWAY_WORKSPACE_ROOT"])
+        self.server: Server | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def sandbox_metadata(self, sandbox_id: str) -> dict[str, str]:
+        """What the provider stores with a sandbox (asked directly, not through the gateway)."""
+        if self.server is None:
+            return Runtime(Settings(data_dir=self.data_dir)).get(sandbox_id).metadata
+        with self.server.api() as api:
+            return api.get(f"/sandboxes/{sandbox_id}").json()["metadata"]
+
+    def start(self) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SANDHOLD_")}
+        env.update(self.env, SANDHOLD_GATEWAY_PORT=str(self.port), NO_PROXY="127.0.0.1,localhost")
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "sandhold.cli", "gateway", "serve"],
+                env=env, stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"gateway exited: {self.log.read_text()[-3000:]}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"gateway did not start: {self.log.read_text()[-3000:]}")
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def client(self, key: str = TENANT_KEY) -> httpx.Client:
+        return httpx.Client(
+            base_url=self.url, headers={"Authorization": f"Bearer {key}"}, timeout=120
+        )
+
+    def admin(self) -> httpx.Client:
+        return self.client(ADMIN_KEY)
+
+
+def gateway_env(
+    data_dir: Path, provider: str, server: Server | None, name: str, **extra: Any
+) -> dict[str, str]:
+    tenants = {
+        "acme": {"api_key": TENANT_KEY, "policy": FAST_POLICY},
+        "globex": {"api_key": OTHER_KEY, "policy": FAST_POLICY},
+    }
+    env = {
+        "SANDHOLD_DATA_DIR": str(data_dir),
+        "SANDHOLD_GATEWAY_PROVIDER": provider,
+        "SANDHOLD_GATEWAY_NAME": name,
+        "SANDHOLD_GATEWAY_ADMIN_KEY": ADMIN_KEY,
+        "SANDHOLD_GATEWAY_TENANTS": json.dumps(tenants),
+        "SANDHOLD_GATEWAY_RECLAIM_INTERVAL_S": "0.5",
+        "SANDHOLD_GATEWAY_WORKSPACE_ROOT": str(data_dir / "workspaces"),
+        "SANDHOLD_LIFECYCLE_INTERVAL_S": "0.2",
+        "SANDHOLD_PREBUILD_TEMPLATES": "[]",
+    }
+    if provider == "e2b":
+        assert server is not None
+        env.update(
+            SANDHOLD_GATEWAY_E2B_API_URL=server.url,
+            SANDHOLD_GATEWAY_E2B_SANDBOX_URL=server.url,
+            SANDHOLD_GATEWAY_E2B_API_KEY=KEY_A,
+        )
+    env.update({f"SANDHOLD_{k.upper()}": str(v) for k, v in extra.items()})
+    return env
+
+
+WORKSPACES = Path("/var/tmp/sandhold-gateway-workspaces")
+
+
+@pytest.fixture(scope="session")
+def workspace_root() -> Iterator[Path]:
+    """Every test gateway keeps workspaces under one root, which the e2b server may bind."""
+    root = scratch_dir("sandhold-gw-ws-")
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def e2b_server(tmp_path_factory: pytest.TempPathFactory, workspace_root: Path) -> Iterator[Server]:
+    srv = new_server(
+        tmp_path_factory.mktemp("gw-e2b"),
+        host_mount_roots=json.dumps([str(workspace_root)]),
+        lifecycle_interval_s="0.2",
+        prebuild_templates="[]",
+    )
+    srv.start()
+    yield srv
+    srv.destroy()
+
+
+def kill_tagged(server: Server, name: str) -> int:
+    """Kill what a gateway named ``name`` left on the e2b server; returns how many."""
+    with server.api() as api:
+        listed = api.get("/v2/sandboxes", params={"metadata": f"sandhold.gateway={name}"}).json()
+        for s in listed:
+            api.delete(f"/sandboxes/{s['sandboxID']}")
+    return len(listed)
+
+
+@pytest.fixture
+def make_gateway(
+    request: pytest.FixtureRequest, tmp_path: Path, workspace_root: Path
+) -> Iterator[Callable[..., Gateway]]:
+    """Start gateways for one test (provider ``local`` or ``e2b``); at the end stop them and
+    kill every sandbox they created."""
+    made: list[tuple[Gateway, str, Server | None]] = []
+
+    def make(provider: str = "local", **extra: Any) -> Gateway:
+        server = request.getfixturevalue("e2b_server") if provider == "e2b" else None
+        data_dir = scratch_dir("sandhold-gw-")
+        name = f"t{uuid.uuid4().hex[:10]}"
+        extra.setdefault("gateway_workspace_root", workspace_root / name)
+        env = gateway_env(data_dir, provider, server, name, **extra)
+        gw = Gateway(data_dir, env, tmp_path / f"gateway-{name}.log")
+        gw.server = server
+        made.append((gw, name, server))
+        gw.start()
+        return gw
+
+    yield make
+    problems: list[str] = []
+    for gw, name, server in made:
+        gw.stop()
+        if server is not None:
+            kill_tagged(server, name)
+        problems += destroy_runtime_dir(gw.data_dir)
+    assert not problems, problems
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 30, interval: float = 0.1) -> Any:
+    """Poll until ``predicate`` returns something truthy (waiting is not asserting speed)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout} s")
+        time.sleep(interval)
+
+
+def tool(client: httpx.Client, session: str, tool_name: str, /, **args: Any) -> dict[str, Any]:
+    r = client.post(f"/v1/sessions/{session}/tools/{tool_name}", json=args)
+    assert r.status_code == 200, r.text
+    return r.json()

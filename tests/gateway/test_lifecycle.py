@@ -1,0 +1,93 @@
+"""The three-stage lifecycle end to end, with the `local` provider and with the `e2b` provider
+against a real `sandhold serve`: first call creates, idle pauses, the next call resumes with a
+file and a running background process intact, long idle reclaims, the next call recreates
+over the same workspace, and the timeline tells that story."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from tests.gateway.conftest import Gateway, tool, wait_for
+
+PROVIDERS = ["local", "e2b"]
+
+
+def sandbox(gw: Gateway, session: str) -> dict | None:
+    with gw.client() as c:
+        return c.get(f"/v1/sessions/{session}").json()["sandbox"]
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_three_stages(make_gateway: Callable[..., Gateway], provider: str) -> None:
+    gw = make_gateway(provider)
+    s = "conv-1"
+    with gw.client() as c:
+        # No session and no sandbox before the first execution.
+        assert c.get(f"/v1/sessions/{s}").status_code == 404
+
+        # 1. create on the first call, tagged, with the workspace at /workspace
+        r = tool(c, s, "run_command", command="echo kept > notes.txt; pwd")
+        assert r["exit_code"] == 0 and r["stdout"].strip() == "/workspace"
+        first = sandbox(gw, s)
+        assert first is not None and first["state"] == "running"
+        tool(c, s, "run_command", command="echo in-memory > /tmp/scratch; cd /tmp")
+        bg = tool(c, s, "run_command", command="exec sleep 600", background=True)
+        assert bg["pid"] > 0
+
+        # 2. idle: the provider pauses it (keep-alive 2 s); status never resumes it
+        wait_for(lambda: (sandbox(gw, s) or {}).get("state") == "paused")
+        # ... and the next call resumes the same sandbox, /tmp and the process intact
+        r = tool(c, s, "run_command", command=f"cat /tmp/scratch notes.txt; kill -0 {bg['pid']}")
+        assert r["exit_code"] == 0, r
+        assert r["stdout"].split() == ["in-memory", "kept"]
+        assert sandbox(gw, s)["id"] == first["id"]
+
+        # 3. paused longer than the retention: reclaimed (the workspace stays)
+        wait_for(lambda: sandbox(gw, s) is None)
+        r = tool(c, s, "run_command", command="cat notes.txt; ls /tmp/scratch")
+        assert r["stdout"].strip() == "kept"  # same workspace ...
+        assert r["exit_code"] != 0  # ... fresh sandbox: /tmp is new
+        second = sandbox(gw, s)
+        assert second["id"] != first["id"]
+
+        events = c.get(f"/v1/sessions/{s}/timeline").json()["events"]
+    kinds = [e["kind"] for e in events if e["kind"] != "tool_call"]
+    assert kinds[:2] == ["session_opened", "sandbox_created"]
+    story = [k for k in kinds if k in ("sandbox_created", "sandbox_paused", "sandbox_resumed",
+                                        "sandbox_reclaimed")]  # fmt: skip
+    # created, paused, resumed, (paused again), reclaimed, created
+    assert story[:3] == ["sandbox_created", "sandbox_paused", "sandbox_resumed"]
+    assert story[-2:] == ["sandbox_reclaimed", "sandbox_created"]
+    reclaimed = next(e for e in events if e["kind"] == "sandbox_reclaimed")
+    assert reclaimed["sandbox_id"] == first["id"]
+    assert reclaimed["provider_state"]["state"] == "paused"
+    assert "retention" in reclaimed["reason"]
+    calls = [e for e in events if e["kind"] == "tool_call"]
+    assert len(calls) == 5 and all(e["tool"] == "run_command" for e in calls)
+    assert all("duration_ms" in e and "bytes_in" in e for e in calls)
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_tags_workspace_and_close(make_gateway: Callable[..., Gateway], provider: str) -> None:
+    gw = make_gateway(provider, gateway_tag_prefix="lea.")
+    with gw.client() as c:
+        tool(c, "conv-2", "write_file", path="report.txt", content="done")
+        sbx = sandbox(gw, "conv-2")
+        assert sbx is not None
+        meta = gw.sandbox_metadata(sbx["id"])
+        assert meta["lea.session_id"] == "conv-2" and meta["lea.tenant_id"] == "acme"
+        assert "host-mount" not in meta  # the server keeps it out of user-visible metadata
+        # the workspace is the host directory <root>/<tenant>/<session>
+        assert (gw.workspaces / "acme" / "conv-2" / "report.txt").read_text() == "done"
+
+        closed = c.delete("/v1/sessions/conv-2").json()
+        assert closed["sandbox_killed"] == sbx["id"] and not closed["workspace_deleted"]
+        assert sandbox(gw, "conv-2") is None
+        r = c.post("/v1/sessions/conv-2/tools/run_command", json={"command": "true"})
+        assert r.status_code == 409 and r.json()["code"] == "session_closed"
+        events = c.get("/v1/sessions/conv-2/timeline").json()["events"]
+    assert [e["kind"] for e in events][-2:] == ["session_closed", "tool_call"]
+    assert events[-1]["error"].startswith("session_closed")
+    assert (gw.workspaces / "acme" / "conv-2" / "report.txt").exists()  # policy: keep
