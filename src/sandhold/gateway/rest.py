@@ -235,7 +235,8 @@ def openapi_schema() -> dict[str, Any]:
     err = {"$ref": "#/components/schemas/Error"}
     responses = {
         s: {"description": d, "content": {"application/json": {"schema": err}}}
-        for s, d in (("400", "invalid arguments"), ("401", "bad API key"), ("404", "not found"),
+        for s, d in (("400", "invalid arguments"), ("401", "bad API key"),
+                     ("403", "outside the session's file view"), ("404", "not found"),
                      ("409", "session closed"), ("413", "payload too large"),
                      ("429", "quota exceeded"), ("502", "provider failure"),
                      ("503", "session busy"))

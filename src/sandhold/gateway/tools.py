@@ -3,6 +3,11 @@
 Arguments are validated (unknown keys refused) before anything happens: a bad call opens no
 session and creates no sandbox. No argument reaches policy: template, limits, network, mounts
 and the sandbox's existence come from the tenant's configuration only.
+
+Every path a file tool touches (and ``run_command``'s ``cwd``) is authorized against the
+session's file view (``views.py``) before the session is touched; writes and deliverables are
+checked again on the path as the sandbox resolves it (symlinks followed, inside the sandbox).
+Allowed and denied paths are recorded in the timeline (``reason`` of the ``tool_call`` event).
 """
 
 from __future__ import annotations
@@ -25,9 +30,10 @@ from sandhold.gateway import envd
 from sandhold.gateway.deliverables import DeliverableStore
 from sandhold.gateway.errors import PayloadTooLarge
 from sandhold.gateway.policy import SESSION_ID_RE, check_id
-from sandhold.gateway.providers.base import ProviderError
+from sandhold.gateway.providers.base import Channel, ProviderError
 from sandhold.gateway.sessions import Lease, SandboxSessionManager
 from sandhold.gateway.timeline import Timeline
+from sandhold.gateway.views import RULES, Access, ViewDenied, allowed, authorize, normalize
 
 ENVD_PORT = 49983
 SANDBOX_USER = "user"
@@ -130,9 +136,24 @@ def describe(e: ValidationError) -> str:
 
 
 def sandbox_path(raw: str) -> str:
-    if not raw or "\0" in raw:
-        raise InvalidSpec("path must be a non-empty string without NUL bytes")
-    return posixpath.normpath(posixpath.join(WORKSPACE, raw))
+    return normalize(raw)
+
+
+# What each file tool does to its path (run_command: its cwd).
+ACCESS: dict[str, Access] = {
+    "read_file": "read", "download": "read", "list_files": "read", "publish_deliverable": "read",
+    "run_command": "read", "write_file": "write", "upload": "write",
+}  # fmt: skip
+
+
+def view_path(tool: str, args: Args) -> tuple[str, Access] | None:
+    """The path a tool call touches and how, or None (run_code: no path)."""
+    access = ACCESS.get(tool)
+    if access is None:
+        return None
+    if isinstance(args, RunCommand):
+        return args.cwd or WORKSPACE, access
+    return str(getattr(args, "path")), access  # noqa: B009 - every other file tool has a path
 
 
 def _b64(value: str, what: str) -> bytes:
@@ -186,6 +207,19 @@ class Tools:
         if tool == "close_session":
             return await self.m.close(tenant_id, sid)
         _precheck(args)
+        touched = view_path(tool, args)
+        reason = None
+        if touched is not None:
+            raw, access = touched
+            try:
+                path = authorize(tool, raw, access)
+            except ViewDenied as e:
+                await self.timeline.record(
+                    tenant_id, sid, "tool_call", tool=tool, bytes_in=_bytes_in(args),
+                    error=f"{e.code}: {e.message}", reason=f"view: {access} {e.path} denied",
+                )  # fmt: skip
+                raise
+            reason = f"view: {access} {path} allowed"
         policy = await self.m.policy(tenant_id)
         budget = float(getattr(args, "timeout_s", 60))
         if budget > policy.max_command_timeout_s:
@@ -208,6 +242,10 @@ class Tools:
         except envd.PortClosed as e:
             error = ProviderError(str(e))
             raise error from None
+        except ViewDenied as e:
+            error = e
+            reason = f"view: {ACCESS[tool]} {e.path} denied"
+            raise
         except SandholdError as e:
             error = e
             raise
@@ -215,18 +253,18 @@ class Tools:
             error = ProviderError(f"{tool} failed: {type(e).__name__}: {e}")
             raise error from e
         finally:
-            await self._record(tenant_id, sid, tool, sandbox_id, t0, args, result, error)
+            await self._record(tenant_id, sid, tool, sandbox_id, t0, args, result, error, reason)
 
     async def _record(
         self, tenant_id: str, sid: str, tool: str, sandbox_id: str | None, t0: float,
-        args: Args, result: dict[str, Any], error: SandholdError | None,
+        args: Args, result: dict[str, Any], error: SandholdError | None, reason: str | None,
     ) -> None:  # fmt: skip
         fields = {
             "sandbox_id": sandbox_id, "tool": tool,
             "duration_ms": round((time.monotonic() - t0) * 1000, 2),
             "exit_code": result.get("exit_code"), "bytes_in": _bytes_in(args),
             "bytes_out": result.pop("_bytes_out", None),
-            "error": f"{error.code}: {error.message}" if error else None,
+            "error": f"{error.code}: {error.message}" if error else None, "reason": reason,
         }  # fmt: skip
         await self.timeline.record(tenant_id, sid, "tool_call", **fields)
         if error is not None and error.http_status >= 500:  # ours or the provider's fault
@@ -299,20 +337,46 @@ class Tools:
                 ch, sandbox_path(path), user=SANDBOX_USER, max_bytes=self.max_payload
             )
 
-    async def _store(self, lease: Lease, path: str, data: bytes) -> dict[str, Any]:
+    async def _store(self, lease: Lease, tool: str, path: str, data: bytes) -> dict[str, Any]:
         if len(data) > self.max_payload:
             raise PayloadTooLarge(f"the file is larger than {self.max_payload} bytes")
         target = sandbox_path(path)
         async with self.m.provider.channel(lease.sandbox_id, lease.handle, ENVD_PORT) as ch:
+            await self._resolved(ch, tool, target, "write", must_exist=False)
             await envd.write_file(ch, target, data, user=SANDBOX_USER)
         return {"path": target, "size": len(data)}
 
+    async def _resolved(
+        self, ch: Channel, tool: str, path: str, access: Access, *, must_exist: bool
+    ) -> str:
+        """``path`` as the sandbox resolves it (symlinks followed, inside the sandbox), which
+        must be in the view too: a symlink in the workspace cannot turn a write into one to
+        /skills or /etc, nor a deliverable into a file outside the view. (The read-only binds
+        enforce it regardless: this makes the refusal clear and recorded.)"""
+        out = await envd.run(
+            ch, f"realpath {'-e' if must_exist else '-m'} -- {shlex.quote(path)}",
+            user=SANDBOX_USER, cwd="/", env={}, timeout_s=30, background=False,
+            max_output=64 * 1024,
+        )  # fmt: skip
+        real = out.stdout.decode(errors="replace").rstrip("\n")
+        if out.exit_code != 0 or not real.startswith("/") or "\n" in real:
+            why = out.stderr.decode(errors="replace").strip() or "cannot resolve the path"
+            raise InvalidSpec(f"{tool}: {path}: {why}")
+        if not allowed(real, access):
+            raise ViewDenied(
+                f"{tool}: {access} of {path} resolves (through a symlink) to {real}, outside "
+                f"the session's file view: {RULES[access]}",
+                real,
+            )
+        return real
+
     async def _write_file(self, lease: Lease, a: WriteFile) -> dict[str, Any]:
         data = a.content.encode() if a.encoding == "utf-8" else _b64(a.content, "content")
-        return await self._store(lease, a.path, data)
+        return await self._store(lease, "write_file", a.path, data)
 
     async def _upload(self, lease: Lease, a: Upload) -> dict[str, Any]:
-        return await self._store(lease, a.path, _b64(a.content_base64, "content_base64"))
+        data = _b64(a.content_base64, "content_base64")
+        return await self._store(lease, "upload", a.path, data)
 
     async def _list_files(self, lease: Lease, a: ListFiles) -> dict[str, Any]:
         async with self.m.provider.channel(lease.sandbox_id, lease.handle, ENVD_PORT) as ch:
@@ -322,8 +386,13 @@ class Tools:
 
     async def _publish(self, lease: Lease, a: PublishDeliverable) -> dict[str, Any]:
         # Read through the sandbox (inside its boundary), never from the host's view of the
-        # workspace: a symlink there would point at host files.
-        data = await self._fetch(lease, a.path)
+        # workspace: a symlink there would point at host files. The file read is the one the
+        # sandbox resolved, and it must be in the view.
+        async with self.m.provider.channel(lease.sandbox_id, lease.handle, ENVD_PORT) as ch:
+            real = await self._resolved(
+                ch, "publish_deliverable", sandbox_path(a.path), "read", must_exist=True
+            )
+            data = await envd.read_file(ch, real, user=SANDBOX_USER, max_bytes=self.max_payload)
         name = a.name or posixpath.basename(sandbox_path(a.path))
         check_id(name, "deliverable name")
         deliverable_id = uuid.uuid4().hex
