@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -159,3 +162,19 @@ async def test_parallel_creates(make_sandbox):
     assert len({b.id for b in boxes}) == 8
     results = await asyncio.gather(*(sh(b, "hostname; id -un") for b in boxes))
     assert all(r.text.split() == ["sandbox", "user"] for r in results)
+
+
+async def test_operator_mounts_appear_at_new_paths_read_only(make_sandbox, runtime, tmp_path):
+    hidden = tmp_path / "skill"  # under pytest's 0700 tmp dir: unreachable for the sandbox
+    hidden.mkdir()
+    with pytest.raises(InvalidSpec, match="not searchable by others"):
+        await runtime.create({"mounts": [{"source": str(hidden), "target": "/skills/demo"}]})
+    src = Path(tempfile.mkdtemp(dir="/var/tmp"))
+    src.chmod(0o755)
+    (src / "SKILL.md").write_text("how to\n")
+    sbx = await make_sandbox(mounts=[{"source": str(src), "target": "/skills/demo"}])
+    r = await sh(sbx, "cat /skills/demo/SKILL.md; touch /skills/demo/x 2>&1; echo rc=$?",
+                 user="root")  # fmt: skip
+    assert r.text.startswith("how to\n") and "rc=1" in r.text
+    assert sorted(p.name for p in src.iterdir()) == ["SKILL.md"]
+    shutil.rmtree(src)

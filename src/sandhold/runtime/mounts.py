@@ -25,6 +25,10 @@ def _check(rc: int, what: str) -> None:
 def mount_overlay(lower: Path, upper: Path, work: Path, target: Path) -> None:
     for d in (upper, work, target):
         d.mkdir(parents=True, exist_ok=True)
+    # The merged root takes its owner from the upper dir: make it the template root's owner (the
+    # sandbox's root), so that bwrap, running as that user, can create mount points in it.
+    st = lower.stat()
+    os.chown(upper, st.st_uid, st.st_gid)
     opts = f"lowerdir={lower},upperdir={upper},workdir={work}".encode()
     _check(_libc.mount(b"overlay", str(target).encode(), b"overlay", 0, opts), f"overlay {target}")
 

@@ -257,6 +257,8 @@ class Runtime:
         if shutil.which("bwrap") is None:
             raise HostUnsupported("bubblewrap is not installed (apt-get install bubblewrap)")
         template = self.templates.get(spec.template)
+        for m in spec.mounts:
+            _check_traversable(m.source)
         sandbox_id = new_sandbox_id()
         d = self.sandboxes_dir / sandbox_id
         d.mkdir()
@@ -571,6 +573,17 @@ def _session_of(metadata: dict[str, str]) -> str | None:
         if key == "session_id" or key.endswith(".session_id"):
             return value
     return None
+
+
+def _check_traversable(path: Path) -> None:
+    """bwrap runs as the unprivileged uid_base: every parent of a bound directory must let
+    others through, or the sandbox would fail to start with a less helpful message."""
+    for parent in [*reversed(path.parents), path]:
+        if not parent.stat().st_mode & 0o001:
+            raise InvalidSpec(
+                f"mount source {path} is not reachable by the sandbox's unprivileged owner: "
+                f"{parent} is not searchable by others (chmod o+x)"
+            )
 
 
 def _parent_of(pid: int) -> int | None:
