@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import json
 import platform
-import shlex
 import shutil
 import statistics
 import tempfile
@@ -28,7 +27,6 @@ from pathlib import Path
 
 from sandhold.config import Settings
 from sandhold.interpreter.template import (
-    SERVICE,
     SERVICE_PORT,
     TEMPLATE_NAME,
     build_code_interpreter_template,
@@ -91,26 +89,18 @@ def pss_kib(pids: list[int]) -> int:
     return total
 
 
-def service_command() -> str:
-    env = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in dict(SERVICE["env"]).items())  # type: ignore[call-overload]
-    argv = " ".join(shlex.quote(str(a)) for a in SERVICE["argv"])  # type: ignore[attr-defined]
-    return f"cd {SERVICE['cwd']} && env {env} setsid nohup {argv} >/tmp/interp.log 2>&1 &"
-
-
 async def one_sandbox(rt: Runtime, iterations: int) -> dict[str, object]:
     t0 = time.time()
     info = await rt.create({"template": TEMPLATE_NAME, "limits": {"memory_mb": 1024}})
     created = time.time()
     try:
         async with AgentClient(info.agent_socket, timeout=300) as agent:
-            await agent.run(service_command(), user=str(SERVICE["user"]))
             r = await agent.run_argv(
                 ["/usr/bin/python3", "-c", CLIENT, str(SERVICE_PORT), str(iterations)],
                 user="user",
             )
             if r.exit_code != 0:
-                log = await agent.read_file("/tmp/interp.log")
-                raise RuntimeError(f"client failed: {r.stderr.decode()[-2000:]} {log[-2000:]!r}")
+                raise RuntimeError(f"client failed: {r.stderr.decode()[-2000:]}")
             out = json.loads(r.stdout)
             await asyncio.sleep(2.0)  # let the interpreter go idle before measuring memory
             pids = CgroupSet(info.id, rt.settings.cgroup_group).pids()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import uvicorn
 
 from sandhold.config import Settings
@@ -33,4 +35,9 @@ def build_config(settings: Settings) -> uvicorn.Config:
 
 
 def run(settings: Settings) -> None:
+    # Sandhold's own warnings (a sandbox that exited on its own, a failed expiry) go to stderr
+    # next to uvicorn's lines.
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     uvicorn.Server(build_config(settings)).run()

@@ -18,6 +18,7 @@ import shutil
 import string
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -132,7 +133,9 @@ def _dir_size(path: Path) -> int:
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_suffix(".tmp")
+    # A temporary name of its own per writer: two writers (threads, processes) must never
+    # share one and tear each other's record.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
 
@@ -530,6 +533,17 @@ class Runtime:
         except SandboxNotFound:
             pass
 
+    def _mark_paused(self, sandbox_id: str) -> None:
+        """A crash between freezing and recording left a frozen sandbox marked running."""
+        try:
+            with self._locked(sandbox_id) as d:
+                info = self._load(d)
+                if info.state != "paused" and self._cg(sandbox_id).freezer_state() == "FROZEN":
+                    info.state = "paused"
+                    self._save(info)
+        except SandboxNotFound:
+            pass
+
     def reconcile(self) -> None:
         """Re-attach to live sandboxes and clean up what a crash or a failed create left behind."""
         for d in list(self.sandboxes_dir.iterdir()):
@@ -553,8 +567,7 @@ class Runtime:
             if not self._alive(info):
                 self._reap(info)
             elif self._cg(info.id).freezer_state() == "FROZEN" and info.state != "paused":
-                info.state = "paused"
-                self._save(info)
+                self._mark_paused(info.id)
         if any((d / "egress.json").exists() for d in self.sandboxes_dir.iterdir()):
             try:
                 self.egress.sync()  # re-attach: the daemon serves every egress sandbox again
