@@ -19,7 +19,6 @@ import platform
 import shutil
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -31,22 +30,13 @@ import httpx
 from e2b import AsyncSandbox, Sandbox
 from e2b.api.metadata import package_version
 
+from benchstats import summary
 from sandhold.config import Settings
 from sandhold.runtime import cgroups
 from sandhold.runtime.client import AgentClient
 from sandhold.runtime.runtime import Runtime
 
 API_KEY = "bench-key"
-
-
-def pct(values: list[float], p: float) -> float:
-    s = sorted(values)
-    return round(s[min(len(s) - 1, round(p / 100 * (len(s) - 1)))], 2)
-
-
-def summary(values: list[float]) -> dict[str, float]:
-    return {"p50": pct(values, 50), "p95": pct(values, 95), "min": round(min(values), 2),
-            "mean": round(statistics.fmean(values), 2), "n": len(values)}  # fmt: skip
 
 
 def timed(fn: Callable[[], object]) -> float:

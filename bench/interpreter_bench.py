@@ -20,11 +20,11 @@ import asyncio
 import json
 import platform
 import shutil
-import statistics
 import tempfile
 import time
 from pathlib import Path
 
+from benchstats import pss_kib, summary
 from sandhold.config import Settings
 from sandhold.interpreter.template import (
     SERVICE_PORT,
@@ -65,28 +65,6 @@ for _ in range(iterations):
     rtts.append((time.perf_counter() - t) * 1000)
 print(json.dumps({"first_result_at": first, "rtt_ms": rtts}))
 """
-
-
-def pct(values: list[float], p: float) -> float:
-    s = sorted(values)
-    return round(s[min(len(s) - 1, round(p / 100 * (len(s) - 1)))], 2)
-
-
-def summary(values: list[float]) -> dict[str, float]:
-    return {"p50": pct(values, 50), "p95": pct(values, 95), "min": round(min(values), 2),
-            "mean": round(statistics.mean(values), 2), "n": len(values)}  # fmt: skip
-
-
-def pss_kib(pids: list[int]) -> int:
-    total = 0
-    for pid in pids:
-        try:
-            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-                if line.startswith("Pss:"):
-                    total += int(line.split()[1])
-        except OSError:
-            pass
-    return total
 
 
 async def one_sandbox(rt: Runtime, iterations: int) -> dict[str, object]:

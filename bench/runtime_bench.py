@@ -18,21 +18,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchstats import pss_kib, summary
 from sandhold.config import Settings
 from sandhold.runtime import cgroups
 from sandhold.runtime.cgroups import CgroupSet
 from sandhold.runtime.client import AgentClient
 from sandhold.runtime.runtime import Runtime
-
-
-def pct(values: list[float], p: float) -> float:
-    s = sorted(values)
-    return round(s[min(len(s) - 1, round(p / 100 * (len(s) - 1)))], 2)
-
-
-def summary(values: list[float]) -> dict[str, float]:
-    return {"p50": pct(values, 50), "p95": pct(values, 95), "min": round(min(values), 2),
-            "n": len(values)}  # fmt: skip
 
 
 def timed_cmd(argv: list[str], n: int) -> list[float]:
@@ -42,18 +33,6 @@ def timed_cmd(argv: list[str], n: int) -> list[float]:
         subprocess.run(argv, check=True)
         out.append((time.perf_counter() - t) * 1000)
     return out
-
-
-def pss_kib(pids: list[int]) -> int:
-    total = 0
-    for pid in pids:
-        try:
-            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-                if line.startswith("Pss:"):
-                    total += int(line.split()[1])
-        except OSError:
-            pass
-    return total
 
 
 async def main() -> dict[str, object]:

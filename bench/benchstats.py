@@ -1,0 +1,36 @@
+"""What every benchmark script shares: percentiles, summaries, PSS of a set of processes.
+
+The scripts run as ``python bench/<name>.py``, so this module is importable as ``benchstats``."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+
+def pct(values: list[float], p: float) -> float:
+    s = sorted(values)
+    return round(s[min(len(s) - 1, round(p / 100 * (len(s) - 1)))], 2)
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {
+        "p50": pct(values, 50),
+        "p95": pct(values, 95),
+        "min": round(min(values), 2),
+        "mean": round(statistics.fmean(values), 2),
+        "n": len(values),
+    }
+
+
+def pss_kib(pids: list[int]) -> int:
+    """Proportional set size of these processes: shared pages are split among their users."""
+    total = 0
+    for pid in pids:
+        try:
+            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    total += int(line.split()[1])
+        except OSError:
+            pass
+    return total
