@@ -6,13 +6,7 @@ The agent starts the interpreter at boot (the template's ``services``).
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
-import signal
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -25,32 +19,18 @@ from e2b_code_interpreter import Sandbox
 from sandhold.config import Settings
 from sandhold.interpreter.template import SERVICE_PORT, build_code_interpreter_template
 from sandhold.runtime.templates import TemplateStore
+from tests.e2b.conftest import KEY_A, Server, free_port
 
-API_KEY = "sandhold-interpreter-test-key"
+API_KEY = KEY_A  # the e2b suite's server configuration: key -> team-a
 # Wheels and the installed package tree survive test sessions (each session has a fresh data
 # dir): only the very first run on a machine downloads and installs.
 CACHE_DIR = Path(os.environ.get("SANDHOLD_TEST_CACHE", "/var/tmp/sandhold-cache")) / "interpreter"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class InterpreterServer:
+class InterpreterServer(Server):
     """`sandhold serve` over a data dir holding the code-interpreter template."""
 
-    def __init__(self, data_dir: Path, log: Path) -> None:
-        self.data_dir = data_dir
-        self.port = free_port()
-        self.log = log
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.build_seconds = 0.0
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+    build_seconds = 0.0
 
     @property
     def sandbox_url(self) -> str:
@@ -63,56 +43,6 @@ class InterpreterServer:
         )
         build_code_interpreter_template(store, cache_dir=CACHE_DIR)
         self.build_seconds = time.monotonic() - t0
-
-    def start(self) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SANDHOLD_")}
-        env.update(
-            SANDHOLD_DATA_DIR=str(self.data_dir),
-            SANDHOLD_PREBUILD_TEMPLATES="[]",
-            SANDHOLD_API_KEYS=json.dumps({API_KEY: "interpreter-tests"}),
-            NO_PROXY="127.0.0.1,localhost",
-        )
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "sandhold.cli", "serve", "--port", str(self.port)],
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited: {self.log.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.05)
-        raise RuntimeError(f"server did not start: {self.log.read_text()[-3000:]}")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-    def destroy(self) -> None:
-        import asyncio
-
-        from sandhold.runtime import cgroups
-        from sandhold.runtime.runtime import Runtime
-
-        self.stop()
-        settings = Settings(data_dir=self.data_dir)
-        rt = Runtime(settings)
-        for info in rt.list():
-            asyncio.run(rt.kill(info.id))
-        cgroups.remove_parent(settings.cgroup_group)
-        shutil.rmtree(self.data_dir, ignore_errors=True)
 
     # -- per sandbox ------------------------------------------------------------------------
     def _health(self, sbx: Sandbox, base: str) -> bool:
@@ -136,7 +66,7 @@ class InterpreterServer:
 def interp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InterpreterServer]:
     data_dir = Path(tempfile.mkdtemp(prefix="sandhold-interp-", dir="/var/tmp"))
     data_dir.chmod(0o755)  # the sandboxes' unprivileged owner must traverse it
-    srv = InterpreterServer(data_dir, tmp_path_factory.mktemp("interp") / "server.log")
+    srv = InterpreterServer(data_dir, free_port(), tmp_path_factory.mktemp("interp") / "server.log")
     try:
         srv.build_template()
         srv.start()
