@@ -173,8 +173,10 @@ async def test_operator_mounts_appear_at_new_paths_read_only(make_sandbox, runti
     src.chmod(0o755)
     (src / "SKILL.md").write_text("how to\n")
     sbx = await make_sandbox(mounts=[{"source": str(src), "target": "/skills/demo"}])
-    r = await sh(sbx, "cat /skills/demo/SKILL.md; touch /skills/demo/x 2>&1; echo rc=$?",
-                 user="root")  # fmt: skip
-    assert r.text.startswith("how to\n") and "rc=1" in r.text
+    for user in ("user", "root"):  # a new mount point is visible to both, writable by neither
+        r = await sh(sbx, "cat /skills/demo/SKILL.md; touch /skills/demo/x 2>&1; echo rc=$?",
+                     user=user)  # fmt: skip
+        assert r.text.startswith("how to\n") and "rc=1" in r.text, r.text
+
     assert sorted(p.name for p in src.iterdir()) == ["SKILL.md"]
     shutil.rmtree(src)

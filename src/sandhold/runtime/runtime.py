@@ -284,6 +284,7 @@ class Runtime:
             if workspace:
                 binds.append((str(workspace), "/workspace", False))
             for m in spec.mounts:
+                _make_mount_point(root, m.target, self.uid_base)
                 binds.append((str(m.source), m.target, m.read_only))
             egress_env: dict[str, str] = {}
             egress_agent: dict[str, object] | None = None
@@ -586,6 +587,20 @@ def _session_of(metadata: dict[str, str]) -> str | None:
         if key == "session_id" or key.endswith(".session_id"):
             return value
     return None
+
+
+def _make_mount_point(root: Path, target: str, owner: int) -> None:
+    """Create a bind target in the sandbox's root as sandbox root, mode 0755 (bwrap would make
+    missing ones 0700, hiding the mount from `user`). Never through a symlink of the template:
+    as host root that could create directories outside the sandbox."""
+    path = root
+    for part in target.strip("/").split("/"):
+        path = path / part
+        if path.is_symlink():
+            raise InvalidSpec(f"mount target {target} goes through a symlink in the template")
+        if not path.exists():
+            path.mkdir(mode=0o755)
+            os.lchown(path, owner, owner)
 
 
 def _check_traversable(path: Path) -> None:
