@@ -206,6 +206,12 @@ class Settings(BaseSettings):
         default_factory=dict,
         description="Tenants written to the store at start: id -> {api_key, policy}.",
     )
+    gateway_view_roots: list[Path] = Field(
+        default_factory=list,
+        description="Host directories under which a tenant policy's `skills` and `references` "
+        "(read-only views at /skills/<name>, /reference/<name>) may lie, symlinks resolved; "
+        "empty allows none. The e2b provider's server needs them in its host_mount_roots.",
+    )
 
     @property
     def gateway_workspace_root_path(self) -> Path:

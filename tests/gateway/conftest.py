@@ -176,7 +176,9 @@ def e2b_server(tmp_path_factory: pytest.TempPathFactory, workspace_root: Path) -
 def kill_tagged(server: Server, name: str) -> int:
     """Kill what a gateway named ``name`` left on the e2b server; returns how many."""
     with server.api() as api:
-        listed = api.get("/v2/sandboxes", params={"metadata": f"sandhold.gateway={name}"}).json()
+        r = api.get("/v2/sandboxes", params={"metadata": f"sandhold.gateway={name}"})
+        assert r.status_code == 200, r.text
+        listed = r.json()
         for s in listed:
             api.delete(f"/sandboxes/{s['sandboxID']}")
     return len(listed)

@@ -179,4 +179,7 @@ async def test_operator_mounts_appear_at_new_paths_read_only(make_sandbox, runti
         assert r.text.startswith("how to\n") and "rc=1" in r.text, r.text
 
     assert sorted(p.name for p in src.iterdir()) == ["SKILL.md"]
+    # The operator removes the directory while the sandbox runs: its record still loads.
     shutil.rmtree(src)
+    assert runtime.get(sbx.id).spec.mounts[0].target == "/skills/demo"
+    assert sbx.id in [i.id for i in runtime.list()]

@@ -16,6 +16,7 @@ from sandhold.gateway.providers import make_provider
 from sandhold.gateway.sessions import SandboxSessionManager
 from sandhold.gateway.timeline import Timeline
 from sandhold.gateway.tools import Tools
+from sandhold.gateway.views import view_mounts
 from sandhold.store.db import Store
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,7 @@ class Gateway:
         for tenant_id, spec in self.settings.gateway_tenants.items():
             check_id(tenant_id, "tenant id", ID_RE)
             policy = TenantPolicy.model_validate(spec.get("policy") or {})
+            view_mounts(policy.skills, policy.references, self.settings)
             self.store.put_tenant(tenant_id, policy.model_dump(), spec.get("api_key"))
 
     @contextlib.asynccontextmanager

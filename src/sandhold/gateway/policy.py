@@ -1,12 +1,15 @@
 """Per-tenant policy: everything about a session's sandbox that the operator decides and a tool
-argument can never change (template, limits, network, keep-alive, retention, quotas)."""
+argument can never change (template, limits, network, keep-alive, retention, quotas, the
+read-only skills and references of the session's file view: see ``views.py``)."""
 
 from __future__ import annotations
 
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+from sandhold.gateway.views import check_view_entry
 
 ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 SESSION_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -34,12 +37,29 @@ class TenantPolicy(BaseModel):
     workspace_on_close: Literal["keep", "delete"] = Field(
         "keep", description="What close_session does with the session's workspace."
     )
+    skills: dict[str, str] = Field(
+        default_factory=dict,
+        description="Read-only host directories shown at /skills/<name> (name -> absolute host "
+        "path under gateway_view_roots).",
+    )
+    references: dict[str, str] = Field(
+        default_factory=dict,
+        description="Read-only host directories shown at /reference/<name> (name -> absolute "
+        "host path under gateway_view_roots).",
+    )
 
     @field_validator("template")
     @classmethod
     def _template(cls, v: str) -> str:
         if not ID_RE.match(v):
             raise ValueError(f"template name {v!r} is not valid")
+        return v
+
+    @field_validator("skills", "references")
+    @classmethod
+    def _views(cls, v: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        for name, host_path in v.items():
+            check_view_entry(str(info.field_name), name, host_path)
         return v
 
 

@@ -29,6 +29,7 @@ from sandhold.gateway.mcp_server import SESSION_HEADER, build_mcp
 from sandhold.gateway.policy import ID_RE, TenantPolicy, check_id
 from sandhold.gateway.timeline import event_json
 from sandhold.gateway.tools import DESCRIPTIONS, MODELS, tool_schemas
+from sandhold.gateway.views import view_mounts
 
 MAX_JSON_OVERHEAD = 64 * 1024
 
@@ -149,6 +150,7 @@ class Api:
         key = body.get("api_key")
         if key is not None and (not isinstance(key, str) or len(key) < 16):
             raise InvalidSpec("api_key must be a string of at least 16 characters")
+        await self.gw.manager.db(view_mounts, policy.skills, policy.references, self.gw.settings)
         await self.gw.manager.db(self.gw.store.put_tenant, tenant_id, policy.model_dump(), key)
         return JSONResponse({"tenant_id": tenant_id, "policy": policy.model_dump()})
 

@@ -43,6 +43,7 @@ from sandhold.gateway.providers.base import (
     SandboxGone,
 )
 from sandhold.gateway.timeline import Timeline
+from sandhold.gateway.views import view_mounts
 from sandhold.store.db import SessionRow, Store
 
 T = TypeVar("T")
@@ -249,6 +250,8 @@ class SandboxSessionManager:
                 f"tenant {row.tenant_id!r} already has {live} live sandboxes "
                 f"(max_live_sandboxes={policy.max_live_sandboxes}); close or wait for idle ones"
             )
+        # The view is checked against the host again: it may have changed since the policy was.
+        views = await self.db(view_mounts, policy.skills, policy.references, self.settings)
         workspace = None
         if self.provider.capabilities.mount_workspace:
             workspace = self.workspace_dir(row.tenant_id, row.session_id)
@@ -258,7 +261,7 @@ class SandboxSessionManager:
             CreateRequest(
                 template=policy.template, timeout_s=timeout, metadata=tags, env=policy.env,
                 workspace_dir=workspace, memory_mb=policy.memory_mb, cpu=policy.cpu,
-                pids=policy.pids,
+                pids=policy.pids, views=[(v.source, v.target) for v in views],
             )
         )  # fmt: skip
         if not await self.db(self.store.set_sandbox, row.pk, token, sbx.id, handle):

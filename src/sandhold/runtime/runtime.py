@@ -98,7 +98,7 @@ class SandboxInfo:
             id=str(d["id"]),
             template=str(d["template"]),
             state=d["state"],  # type: ignore[arg-type]
-            spec=SandboxSpec.model_validate(d["spec"]),
+            spec=SandboxSpec.model_validate(d["spec"], context={"stored": True}),
             created_at=float(d["created_at"]),  # type: ignore[arg-type]
             pid=int(d["pid"]),  # type: ignore[call-overload]
             init_pid=int(d["init_pid"]),  # type: ignore[call-overload]

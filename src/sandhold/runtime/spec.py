@@ -7,7 +7,14 @@ import posixpath
 import re
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from sandhold.egress.policy import EgressPolicy
 
@@ -65,7 +72,9 @@ class Mount(BaseModel):
 
     @field_validator("source")
     @classmethod
-    def _source(cls, v: Path) -> Path:
+    def _source(cls, v: Path, info: ValidationInfo) -> Path:
+        if info.context and info.context.get("stored"):
+            return v  # a record of a running sandbox: the host may have changed since, fine
         if not v.is_absolute():
             raise ValueError(f"mount source {str(v)!r} must be an absolute host path")
         real = v.resolve()
@@ -126,8 +135,8 @@ class SandboxSpec(BaseModel):
 
     @field_validator("workspace_dir")
     @classmethod
-    def _workspace_dir(cls, v: Path | None) -> Path | None:
-        if v is None:
+    def _workspace_dir(cls, v: Path | None, info: ValidationInfo) -> Path | None:
+        if v is None or (info.context and info.context.get("stored")):
             return v
         if not v.is_absolute():
             raise ValueError(f"workspace_dir {str(v)!r} must be an absolute host path")

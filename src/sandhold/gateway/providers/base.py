@@ -77,6 +77,8 @@ class CreateRequest:
     memory_mb: int
     cpu: float
     pids: int
+    # Read-only host directories of the session's view: (real host path, sandbox path).
+    views: list[tuple[Path, str]] = field(default_factory=list)
 
 
 @dataclass

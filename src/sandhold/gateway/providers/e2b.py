@@ -119,11 +119,18 @@ class E2bProvider(Provider):
 
     async def create(self, req: CreateRequest) -> tuple[ProviderSandbox, dict[str, Any]]:
         metadata = dict(req.metadata)
+        binds = [{"hostPath": str(src), "mountPath": dst, "readOnly": True}
+                 for src, dst in req.views]  # fmt: skip
+        if binds and not self.capabilities.mount_workspace:
+            raise ProviderError(
+                f"the {self.flavor} flavor cannot mount host directories, so the tenant's "
+                "skills and references cannot be shown"
+            )
         if req.workspace_dir is not None:
-            metadata[HOST_MOUNT_KEY] = json.dumps(
-                [{"hostPath": str(req.workspace_dir), "mountPath": "/workspace",
-                  "readOnly": False}]
-            )  # fmt: skip
+            binds.insert(0, {"hostPath": str(req.workspace_dir), "mountPath": "/workspace",
+                             "readOnly": False})  # fmt: skip
+        if binds:
+            metadata[HOST_MOUNT_KEY] = json.dumps(binds)
         body: dict[str, Any] = {
             "templateID": req.template,
             "timeout": req.timeout_s,

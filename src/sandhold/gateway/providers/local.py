@@ -109,7 +109,8 @@ class LocalProvider(Provider):
     )
 
     def __init__(self, settings: Settings) -> None:
-        roots = [*settings.host_mount_roots, settings.gateway_workspace_root_path]
+        roots = [*settings.host_mount_roots, settings.gateway_workspace_root_path,
+                 *settings.gateway_view_roots]  # fmt: skip
         self.settings = settings.model_copy(update={"host_mount_roots": roots})
         self.runtime = Runtime(self.settings)
         self.sandboxes = Sandboxes(self.runtime, self.settings, VolumeStore(self.settings))
@@ -125,10 +126,12 @@ class LocalProvider(Provider):
 
     async def create(self, req: CreateRequest) -> tuple[ProviderSandbox, dict[str, Any]]:
         metadata = dict(req.metadata)
+        binds = [{"hostPath": str(src), "mountPath": dst, "readOnly": True}
+                 for src, dst in req.views]  # fmt: skip
         if req.workspace_dir is not None:
-            metadata[HOST_MOUNT_KEY] = json.dumps(
-                [{"hostPath": str(req.workspace_dir), "mountPath": "/workspace"}]
-            )
+            binds.insert(0, {"hostPath": str(req.workspace_dir), "mountPath": "/workspace"})
+        if binds:
+            metadata[HOST_MOUNT_KEY] = json.dumps(binds)
         body = NewSandbox(
             templateID=req.template,
             timeout=req.timeout_s,
