@@ -9,13 +9,14 @@ import concurrent.futures
 import hashlib
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 from e2b import Sandbox, TimeoutException
 
-from tests.e2b.conftest import KEY_A, Server, server  # noqa: F401  (the session server fixture)
+from tests.e2b.conftest import KEY_A, Server, new_server
 
 GIB = 1 << 30
 
@@ -39,9 +40,20 @@ def _agent_pid(srv: Server, sandbox_id: str) -> int:
 
 
 @pytest.fixture(scope="module")
-def pair(server: Server):  # noqa: F811
-    a = Sandbox.create(timeout=900)
-    b = Sandbox.create(timeout=900)
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A server of this module's own, addressed explicitly: the attacks must not disturb the
+    e2b suite's server, and no process-wide E2B_* variables are set."""
+    srv = new_server(tmp_path_factory.mktemp("attacks"))
+    srv.start()
+    yield srv
+    srv.destroy()
+
+
+@pytest.fixture(scope="module")
+def pair(server: Server) -> Iterator[tuple[Sandbox, Sandbox]]:
+    opts = {"api_url": server.url, "sandbox_url": server.url, "api_key": KEY_A}
+    a = Sandbox.create(timeout=900, **opts)
+    b = Sandbox.create(timeout=900, **opts)
     yield a, b
     a.kill()
     b.kill()
@@ -54,7 +66,7 @@ def _sandbox_headers(sbx: Sandbox, token: str | None, port: int = 49983) -> dict
     return h
 
 
-def test_one_sandboxs_token_does_not_open_another(server: Server, pair) -> None:  # noqa: F811
+def test_one_sandboxs_token_does_not_open_another(server: Server, pair) -> None:
     a, b = pair
     b.files.write("/home/user/b-secret", "only b")
     token_a = a._envd_access_token
@@ -70,7 +82,7 @@ def test_one_sandboxs_token_does_not_open_another(server: Server, pair) -> None:
         assert r.status_code in (401, 403)
 
 
-def test_forged_and_replayed_file_signatures_are_refused(server: Server, pair) -> None:  # noqa: F811
+def test_forged_and_replayed_file_signatures_are_refused(server: Server, pair) -> None:
     a, b = pair
     b.files.write("/home/user/b-secret", "only b")
 
@@ -88,7 +100,7 @@ def test_forged_and_replayed_file_signatures_are_refused(server: Server, pair) -
         assert b"only b" not in r.content
 
 
-def test_request_flood_is_survived(server: Server, pair) -> None:  # noqa: F811
+def test_request_flood_is_survived(server: Server, pair) -> None:
     a, _ = pair
     headers = {"X-API-KEY": KEY_A}
 
@@ -104,7 +116,7 @@ def test_request_flood_is_survived(server: Server, pair) -> None:  # noqa: F811
     assert a.commands.run("echo still serving").stdout == "still serving\n"
 
 
-def test_slow_clients_do_not_block_others(server: Server, pair) -> None:  # noqa: F811
+def test_slow_clients_do_not_block_others(server: Server, pair) -> None:
     a, _ = pair
     slow = []
     try:
@@ -120,7 +132,7 @@ def test_slow_clients_do_not_block_others(server: Server, pair) -> None:  # noqa
             s.close()
 
 
-def test_a_1_gib_upload_is_streamed_not_buffered(server: Server, pair) -> None:  # noqa: F811
+def test_a_1_gib_upload_is_streamed_not_buffered(server: Server, pair) -> None:
     a, _ = pair
     agent = _agent_pid(server, a.sandbox_id)
     chunk = b"\0" * (1 << 20)
@@ -142,7 +154,7 @@ def test_a_1_gib_upload_is_streamed_not_buffered(server: Server, pair) -> None: 
     a.files.remove("/home/user/big.bin")
 
 
-def test_endless_output_is_bounded(server: Server, pair) -> None:  # noqa: F811
+def test_endless_output_is_bounded(server: Server, pair) -> None:
     a, _ = pair
     agent = _agent_pid(server, a.sandbox_id)
     with pytest.raises(TimeoutException):
@@ -155,7 +167,7 @@ def test_endless_output_is_bounded(server: Server, pair) -> None:  # noqa: F811
     assert a.commands.run("echo calm").stdout == "calm\n"
 
 
-def test_thousands_of_watchers_do_not_exhaust_the_agent(server: Server, pair) -> None:  # noqa: F811
+def test_thousands_of_watchers_do_not_exhaust_the_agent(server: Server, pair) -> None:
     a, _ = pair
     agent = _agent_pid(server, a.sandbox_id)
     a.files.make_dir("/home/user/watched")
