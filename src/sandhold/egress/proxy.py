@@ -23,7 +23,7 @@ import ipaddress
 import logging
 import ssl
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -701,14 +701,14 @@ def redact_header(value: bytes, redact: Redactor) -> bytes:
     return value
 
 
-def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
+def _header(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> str | None:
     for k, v in headers:
         if k.lower() == name:
             return v.decode("latin-1")
     return None
 
 
-def _closes(headers: list[tuple[bytes, bytes]]) -> bool:
+def _closes(headers: Iterable[tuple[bytes, bytes]]) -> bool:
     value = _header(headers, b"connection")
     return value is not None and "close" in value.lower()
 

@@ -10,6 +10,7 @@ decrypt (each ciphertext names its key), and ``rotate`` re-encrypts everything w
 from __future__ import annotations
 
 import base64
+import builtins
 import hashlib
 import json
 import os
@@ -268,7 +269,7 @@ class SecretStore:
             SecretInfo(r[0], r[1], json.loads(r[2]), r[3], r[4], r[5], r[6], r[7]) for r in rows
         ]
 
-    def injections(self, tenant: str, host: str) -> list[Injection]:
+    def injections(self, tenant: str, host: str) -> builtins.list[Injection]:
         """The headers to add to a request from ``tenant``'s sandbox to ``host``."""
         out = []
         with self._db() as db:
@@ -285,7 +286,7 @@ class SecretStore:
             out.append(Injection(f"{tenant}/{name}", header, value, raw))
         return out
 
-    def hosts_of(self, tenant: str) -> list[list[str]]:
+    def hosts_of(self, tenant: str) -> builtins.list[builtins.list[str]]:
         with self._db() as db:
             rows = db.execute("SELECT hosts FROM secrets WHERE tenant=?", (tenant,)).fetchall()
         return [json.loads(r[0]) for r in rows]
