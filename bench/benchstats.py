@@ -4,6 +4,7 @@ The scripts run as ``python bench/<name>.py``, so this module is importable as `
 
 from __future__ import annotations
 
+import json
 import statistics
 from pathlib import Path
 
@@ -34,3 +35,12 @@ def pss_kib(pids: list[int]) -> int:
         except OSError:
             pass
     return total
+
+
+def write_result(path: str, result: dict[str, object]) -> None:
+    """Write the machine-readable result (bench/results/<name>.json) and echo it."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(result, indent=2)
+    out.write_text(text + "\n")
+    print(text)

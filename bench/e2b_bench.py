@@ -30,7 +30,7 @@ import httpx
 from e2b import AsyncSandbox, Sandbox
 from e2b.api.metadata import package_version
 
-from benchstats import summary
+from benchstats import summary, write_result
 from sandhold.config import Settings
 from sandhold.runtime import cgroups
 from sandhold.runtime.client import AgentClient
@@ -180,10 +180,7 @@ def main() -> dict[str, object]:
             asyncio.run(rt.kill(info.id))
         cgroups.remove_parent(settings.cgroup_group)
         shutil.rmtree(data, ignore_errors=True)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+    write_result(args.out, result)
     return result
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import shutil
 import ssl
 import statistics
@@ -29,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.egress.internet import Internet
 from tests.runtime.helpers import py
 
+from benchstats import write_result
 from sandhold.config import Settings
 from sandhold.egress.secrets import open_store
 from sandhold.runtime import cgroups
@@ -189,10 +189,7 @@ async def main() -> dict[str, object]:
         cgroups.remove_parent(settings.cgroup_group)
         net.close()
         shutil.rmtree(tmp, ignore_errors=True)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+    write_result(args.out, result)
     return result
 
 

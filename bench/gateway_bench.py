@@ -30,7 +30,7 @@ from pathlib import Path
 
 import httpx
 
-from benchstats import summary
+from benchstats import summary, write_result
 from sandhold.config import Settings
 from sandhold.gateway.app import Gateway
 from sandhold.runtime import cgroups
@@ -157,10 +157,7 @@ def main() -> dict[str, object]:
             result.update(out if name == "rest" else {name: out})
         finally:
             cleanup(d)
-    out_path = Path(args.out)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+    write_result(args.out, result)
     return result
 
 

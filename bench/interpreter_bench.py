@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchstats import pss_kib, summary
+from benchstats import pss_kib, summary, write_result
 from sandhold.config import Settings
 from sandhold.interpreter.template import (
     SERVICE_PORT,
@@ -135,7 +135,4 @@ if __name__ == "__main__":
     parser.add_argument("--out", default="bench/results/interpreter.json")
     args = parser.parse_args()
     result = asyncio.run(main(args))
-    text = json.dumps(result, indent=2)
-    print(text)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(text + "\n")
+    write_result(args.out, result)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import platform
 import shutil
 import subprocess
@@ -18,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchstats import pss_kib, summary
+from benchstats import pss_kib, summary, write_result
 from sandhold.config import Settings
 from sandhold.runtime import cgroups
 from sandhold.runtime.cgroups import CgroupSet
@@ -128,10 +127,7 @@ async def main() -> dict[str, object]:
             await rt.kill(info.id)
         cgroups.remove_parent(settings.cgroup_group)
         shutil.rmtree(data, ignore_errors=True)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+    write_result(args.out, result)
     return result
 
 

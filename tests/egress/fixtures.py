@@ -17,7 +17,7 @@ from sandhold.config import Settings
 from sandhold.egress.secrets import SecretStore, open_store
 from sandhold.runtime import cgroups, mounts
 from sandhold.runtime.runtime import Runtime, SandboxInfo
-from sandhold.runtime.spec import SandboxSpec
+from tests.conftest import SandboxFactory
 from tests.egress.internet import Internet
 
 SECRET = "sk-test-Zq8vX3nR6yL1pW4t"  # what the tenant stores; sandboxes must never see it
@@ -77,10 +77,8 @@ def secret_store(egress_settings: Settings) -> SecretStore:
     return store
 
 
-class EgressSandboxes:
-    def __init__(self, runtime: Runtime) -> None:
-        self.runtime = runtime
-        self.created: list[str] = []
+class EgressSandboxes(SandboxFactory):
+    """The runtime suite's factory, with the egress policy as arguments."""
 
     async def __call__(
         self,
@@ -91,16 +89,7 @@ class EgressSandboxes:
         **spec: Any,
     ) -> SandboxInfo:
         network = {"mode": mode, "allow": allow or [], "deny": deny or [], "tenant": tenant}
-        info = await self.runtime.create(SandboxSpec.model_validate({"network": network, **spec}))
-        self.created.append(info.id)
-        return info
-
-    async def cleanup(self) -> None:
-        for sid in self.created:
-            try:
-                await self.runtime.kill(sid)
-            except Exception:
-                pass
+        return await super().__call__(network=network, **spec)
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ from urllib.parse import quote, urlencode
 import httpx
 
 from sandhold.config import Settings
+from sandhold.e2b.sandboxes import HOST_MOUNT_KEY
 from sandhold.gateway.providers.base import (
     Capabilities,
     Channel,
@@ -32,7 +33,6 @@ from sandhold.gateway.providers.base import (
 )
 
 ENVD_PORT = 49983
-HOST_MOUNT_KEY = "host-mount"
 PAGE = 100
 BUSY_RETRIES = 5  # CubeSandbox answers 503 + Retry-After while a sandbox is pausing or locked
 
