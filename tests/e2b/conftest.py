@@ -34,6 +34,38 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def start_process(
+    args: list[str], env: dict[str, str], log: Path, url: str
+) -> subprocess.Popen[bytes]:
+    """Start `sandhold <args>` and wait until ``url``/health answers 200."""
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sandhold.cli", *args], env=env, stdout=out,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"sandhold {args[0]} exited: {log.read_text()[-3000:]}")
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return proc
+        except httpx.TransportError:
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"sandhold {args[0]} did not start: {log.read_text()[-3000:]}")
+
+
+def stop_process(proc: subprocess.Popen[bytes] | None, sig: int = signal.SIGTERM) -> None:
+    if proc is not None and proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 class Server:
     """One `sandhold serve` subprocess over a data dir; can be stopped and started again."""
 
@@ -57,33 +89,10 @@ class Server:
             NO_PROXY="127.0.0.1,localhost",
         )
         env.update({f"SANDHOLD_{k.upper()}": v for k, v in self.settings.items()})
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "sandhold.cli", "serve", "--port", str(self.port)],
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited: {self.log.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.05)
-        raise RuntimeError(f"server did not start: {self.log.read_text()[-3000:]}")
+        self.proc = start_process(["serve", "--port", str(self.port)], env, self.log, self.url)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
         self.proc = None
 
     def runtime(self) -> Runtime:

@@ -9,7 +9,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -23,7 +22,7 @@ import pytest
 from sandhold.config import Settings
 from sandhold.runtime import cgroups, mounts
 from sandhold.runtime.runtime import Runtime
-from tests.e2b.conftest import KEY_A, Server, free_port, new_server
+from tests.e2b.conftest import KEY_A, Server, free_port, new_server, start_process, stop_process
 
 ADMIN_KEY = "gateway-test-admin-key"
 TENANT_KEY = "gateway-test-tenant-key-a"
@@ -84,31 +83,10 @@ class Gateway:
     def start(self) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SANDHOLD_")}
         env.update(self.env, SANDHOLD_GATEWAY_PORT=str(self.port), NO_PROXY="127.0.0.1,localhost")
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "sandhold.cli", "gateway", "serve"],
-                env=env, stdout=log, stderr=subprocess.STDOUT,
-            )  # fmt: skip
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"gateway exited: {self.log.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.05)
-        raise RuntimeError(f"gateway did not start: {self.log.read_text()[-3000:]}")
+        self.proc = start_process(["gateway", "serve"], env, self.log, self.url)
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, sig)
         self.proc = None
 
     def client(self, key: str = TENANT_KEY) -> httpx.Client:
