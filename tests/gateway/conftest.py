@@ -170,8 +170,9 @@ def make_gateway(
     kill every sandbox they created."""
     made: list[tuple[Gateway, str, Server | None]] = []
 
-    def make(provider: str = "local", **extra: Any) -> Gateway:
-        server = request.getfixturevalue("e2b_server") if provider == "e2b" else None
+    def make(provider: str = "local", server: Server | None = None, **extra: Any) -> Gateway:
+        if provider == "e2b" and server is None:
+            server = request.getfixturevalue("e2b_server")
         data_dir = scratch_dir("sandhold-gw-")
         name = f"t{uuid.uuid4().hex[:10]}"
         extra.setdefault("gateway_workspace_root", workspace_root / name)

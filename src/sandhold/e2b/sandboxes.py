@@ -33,7 +33,7 @@ from sandhold.e2b.network import egress_policy
 from sandhold.e2b.volumes import VolumeStore
 from sandhold.errors import Conflict, SandboxNotFound, SandholdError
 from sandhold.runtime.runtime import ENVD_VERSION, Runtime, SandboxInfo
-from sandhold.runtime.spec import SandboxSpec
+from sandhold.runtime.spec import NetworkPolicy, SandboxSpec
 
 CLIENT_ID = "6532622b"  # legacy constant the API still returns
 DEFAULT_TIMEOUT_S = 300
@@ -250,11 +250,15 @@ class Sandboxes:
         v1: bool,
         idempotency_key: str | None,
         limits: dict[str, Any] | None = None,
+        network: NetworkPolicy | None = None,
     ) -> Sandbox:
-        """``limits`` (memory_mb, cpu, pids) is for in-process callers such as the gateway's
-        local provider; over the API sandboxes get the server's defaults."""
+        """``limits`` (memory_mb, cpu, pids) and ``network`` (the egress policy, whatever
+        ``egress_e2b_enabled`` says) are for in-process callers that act for the operator, such
+        as the gateway's local provider; over the API sandboxes get the server's defaults."""
         if idempotency_key is None:
-            return await self._create(team, body, v1=v1, idempotency=None, limits=limits)
+            return await self._create(
+                team, body, v1=v1, idempotency=None, limits=limits, network=network
+            )
         digest = hashlib.sha256(body.model_dump_json().encode()).hexdigest()
         key = (team, idempotency_key)
         async with self._locks(key):
@@ -275,6 +279,7 @@ class Sandboxes:
         v1: bool,
         idempotency: tuple[str, str] | None,
         limits: dict[str, Any] | None = None,
+        network: NetworkPolicy | None = None,
     ) -> Sandbox:
         timeout = body.timeout
         if timeout is None:
@@ -283,8 +288,10 @@ class Sandboxes:
         metadata = dict(body.metadata or {})
         check_metadata(metadata)
         workspace_dir, host_mounts = self._host_mounts(metadata.pop(HOST_MOUNT_KEY, None))
-        network = body.network.model_dump(exclude_none=True) if body.network else {}
-        policy = egress_policy(self.settings, team, body.allow_internet_access, network)
+        requested = body.network.model_dump(exclude_none=True) if body.network else {}
+        policy = network or egress_policy(
+            self.settings, team, body.allow_internet_access, requested
+        )
         if body.mcp:
             raise ApiError(400, "mcp is not supported by this server")
         if body.iam:
@@ -320,7 +327,7 @@ class Sandboxes:
             )
         except ValidationError as e:
             raise ApiError(400, describe(e)) from None
-        public = network.get("allowPublicTraffic")
+        public = requested.get("allowPublicTraffic")
         if public is None:
             public = self.settings.public_traffic_default
         state = E2bState(
@@ -333,7 +340,7 @@ class Sandboxes:
             auto_pause_memory=body.autoPauseMemory,
             auto_resume=auto_resume,
             allow_internet_access=body.allow_internet_access,
-            network=network or None,
+            network=requested or None,
             volume_mounts=[m.model_dump() for m in body.volumeMounts or []],
             idempotency_key=idempotency[0] if idempotency else None,
             idempotency_hash=idempotency[1] if idempotency else None,
@@ -499,16 +506,25 @@ class Sandboxes:
                                "egress_e2b_updatable)")  # fmt: skip
             if policy.mode == "none":
                 policy = policy.model_copy(update={"mode": "allowlist"})
-            try:
-                info = await self.off_loop(self.runtime.update_network(sbx.id, policy))
-            except SandholdError as e:
-                raise from_sandhold(e) from None
-            sbx = Sandbox(info, sbx.st)
+            sbx = await self._set_network(sbx, policy)
             sbx.st.allow_internet_access = body.allow_internet_access
             kept = {k: v for k, v in (sbx.st.network or {}).items()
                     if k in ("allowPublicTraffic", "maskRequestHost")}  # fmt: skip
             sbx.st.network = {**kept, **network} or None
             self._save(sbx)
+
+    async def set_network(self, team: str, sandbox_id: str, policy: NetworkPolicy) -> None:
+        """Replace the egress policy for an in-process caller acting for the operator (the
+        gateway's local provider); 409 if the sandbox was created without egress or with."""
+        async with self.lock(sandbox_id):
+            await self._set_network(self.owned(team, sandbox_id), policy)
+
+    async def _set_network(self, sbx: Sandbox, policy: NetworkPolicy) -> Sandbox:
+        try:
+            info = await self.off_loop(self.runtime.update_network(sbx.id, policy))
+        except SandholdError as e:
+            raise from_sandhold(e) from None
+        return Sandbox(info, sbx.st)
 
     async def auto_resume(self, sandbox_id: str) -> Sandbox | None:
         """Traffic reached a paused sandbox: resume it if its owner asked for that."""

@@ -102,13 +102,17 @@ def parse_rule(text: str) -> Rule:
         raise ValueError("an egress rule must be a non-empty string")
     raw = text.strip()
     lowered = raw.lower()
+    if "://" in raw:
+        raise ValueError(
+            f"egress rule {raw!r} must be a domain, *.domain, IP or CIDR (no scheme or port)"
+        )
     if "/" in raw or parse_ip(raw) is not None:
         try:
             net = ipaddress.ip_network(raw.strip("[]"), strict=False)
         except ValueError:
             raise ValueError(f"egress rule {raw!r} is not a valid IP address or CIDR") from None
         return Rule(raw, network=net)
-    if "://" in raw or ":" in raw:
+    if ":" in raw:
         raise ValueError(
             f"egress rule {raw!r} must be a domain, *.domain, IP or CIDR (no scheme or port)"
         )

@@ -9,6 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from sandhold.egress.policy import EgressPolicy
 from sandhold.gateway.views import check_view_entry
 
 ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -22,8 +23,12 @@ class TenantPolicy(BaseModel):
     memory_mb: int = Field(512, ge=16, description="RAM of a sandbox (local provider).")
     cpu: float = Field(1.0, gt=0, description="CPU quota in cores (local provider).")
     pids: int = Field(512, ge=16, description="Max processes and threads (local provider).")
-    network: Literal["none"] = Field(
-        "none", description="Sandbox network: none (loopback only) is the only mode so far."
+    network: EgressPolicy = Field(
+        default_factory=EgressPolicy,
+        description="Egress of the tenant's sandboxes (docs/egress.md): mode none (loopback "
+        "only, the default), allowlist or open, with allow/deny rules (domains, *.domains, IPs, "
+        "CIDRs). The egress proxy injects the tenant's secrets. A change reaches live sandboxes "
+        "at their next tool call.",
     )
     env: dict[str, str] = Field(default_factory=dict, description="Non-secret sandbox env vars.")
     keep_alive_s: int = Field(900, ge=1, le=86400, description="Idle time before auto-pause.")
@@ -47,6 +52,11 @@ class TenantPolicy(BaseModel):
         description="Read-only host directories shown at /reference/<name> (name -> absolute "
         "host path under gateway_view_roots).",
     )
+
+    @field_validator("network", mode="before")
+    @classmethod
+    def _network_mode(cls, v: object) -> object:
+        return {"mode": v} if isinstance(v, str) else v  # "open" is short for {"mode": "open"}
 
     @field_validator("template")
     @classmethod

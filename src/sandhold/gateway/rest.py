@@ -146,12 +146,21 @@ class Api:
         try:
             policy = TenantPolicy.model_validate(body.get("policy") or {})
         except ValidationError as e:
-            raise InvalidSpec(f"invalid policy: {e.errors(include_url=False)}") from None
+            problems = [f"{'.'.join(map(str, err['loc'])) or 'policy'}: "
+                        f"{err['msg'].removeprefix('Value error, ')}"
+                        for err in e.errors(include_url=False)]  # fmt: skip
+            raise InvalidSpec("invalid policy: " + "; ".join(problems)) from None
         key = body.get("api_key")
         if key is not None and (not isinstance(key, str) or len(key) < 16):
             raise InvalidSpec("api_key must be a string of at least 16 characters")
         await self.gw.manager.db(view_mounts, policy.skills, policy.references, self.gw.settings)
         await self.gw.manager.db(self.gw.store.put_tenant, tenant_id, policy.model_dump(), key)
+        return JSONResponse({"tenant_id": tenant_id, "policy": policy.model_dump()})
+
+    async def get_tenant(self, request: Request) -> Response:
+        self.admin(request)
+        tenant_id = request.path_params["tenant_id"]
+        policy = await self.gw.manager.policy(tenant_id)
         return JSONResponse({"tenant_id": tenant_id, "policy": policy.model_dump()})
 
     async def reclaim(self, request: Request) -> Response:
@@ -178,6 +187,7 @@ def routes(api: Api) -> list[Route]:
         Route("/v1/stats", api.stats, methods=["GET"]),
         Route("/v1/deliverables/{id}", api.deliverable, methods=["GET"]),
         Route("/v1/admin/tenants/{tenant_id}", api.put_tenant, methods=["PUT"]),
+        Route("/v1/admin/tenants/{tenant_id}", api.get_tenant, methods=["GET"]),
         Route("/v1/admin/tenants/{tenant_id}/stats", api.tenant_stats, methods=["GET"]),
         Route("/v1/admin/reclaim", api.reclaim, methods=["POST"]),
     ]

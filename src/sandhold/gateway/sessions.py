@@ -38,6 +38,7 @@ from sandhold.gateway.errors import QuotaExceeded, SessionBusy, SessionClosed, S
 from sandhold.gateway.policy import SESSION_ID_RE, TenantPolicy, check_id
 from sandhold.gateway.providers.base import (
     CreateRequest,
+    NeedsNewSandbox,
     Provider,
     ProviderSandbox,
     SandboxGone,
@@ -194,9 +195,19 @@ class SandboxSessionManager:
                             sandbox_id=sandbox_id, duration_ms=_ms(t0),
                             reason="tool call on a paused sandbox", provider_state=before.public(),
                         )  # fmt: skip
-                    return sandbox_id, {**(row.sandbox_handle or {}), **fresh}
+                    handle = {**(row.sandbox_handle or {}), **fresh}
+                    return sandbox_id, await self._apply_network(row, token, policy, handle)
                 except SandboxGone:
                     pass
+                except NeedsNewSandbox as e:
+                    await self.provider.kill(sandbox_id)
+                    await self.timeline.record(
+                        row.tenant_id, row.session_id, "sandbox_replaced", sandbox_id=sandbox_id,
+                        reason=f"the tenant's network policy changed: {e.message}",
+                    )  # fmt: skip
+                    if not await self.db(self.store.set_sandbox, row.pk, token, None, None):
+                        raise SessionBusy("lost the session lock; retry") from None
+                    return await self._create(row, token, policy, timeout)
             await self.timeline.record(
                 row.tenant_id, row.session_id, "failure", sandbox_id=sandbox_id,
                 reason="the session's sandbox no longer exists at the provider; creating anew",
@@ -204,6 +215,25 @@ class SandboxSessionManager:
             if not await self.db(self.store.set_sandbox, row.pk, token, None, None):
                 raise SessionBusy("lost the session lock; retry")
         return await self._create(row, token, policy, timeout)
+
+    async def _apply_network(
+        self, row: SessionRow, token: str, policy: TenantPolicy, handle: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Bring a live sandbox's egress rules up to the tenant's policy (the handle remembers
+        what the sandbox has; sessions from before egress policies had none)."""
+        wanted = policy.network.model_dump()
+        if handle.get("network", {"mode": "none", "allow": [], "deny": []}) == wanted:
+            return handle
+        t0 = time.monotonic()
+        await self.provider.update_network(row.sandbox_id or "", row.tenant_id, policy.network)
+        handle = {**handle, "network": wanted}
+        if not await self.db(self.store.set_handle, row.pk, token, handle):
+            raise SessionBusy("lost the session lock; retry")
+        await self.timeline.record(
+            row.tenant_id, row.session_id, "sandbox_network_updated", sandbox_id=row.sandbox_id,
+            duration_ms=_ms(t0), reason=f"the tenant's network policy is now {wanted}",
+        )  # fmt: skip
+        return handle
 
     async def _record_pause(self, row: SessionRow, sbx: ProviderSandbox) -> None:
         if sbx.state != "paused" or sbx.end_at is None:
@@ -234,14 +264,16 @@ class SandboxSessionManager:
                 await self.provider.kill(extra.id)
             try:
                 await self.provider.connect(keep.id, timeout)
-                if not await self.db(self.store.set_sandbox, row.pk, token, keep.id, {}):
+                # Created moments ago by a replica that read the same policy.
+                handle = {"network": policy.network.model_dump()}
+                if not await self.db(self.store.set_sandbox, row.pk, token, keep.id, handle):
                     raise SessionBusy("lost the session lock; retry")
                 await self.timeline.record(
                     row.tenant_id, row.session_id, "sandbox_adopted", sandbox_id=keep.id,
                     reason="found at the provider with the session's tags but not in the store",
                     provider_state=keep.public(),
                 )  # fmt: skip
-                return keep.id, {}
+                return keep.id, handle
             except SandboxGone:
                 pass
         live = await self.db(self.store.count_live_sandboxes, row.tenant_id)
@@ -262,8 +294,10 @@ class SandboxSessionManager:
                 template=policy.template, timeout_s=timeout, metadata=tags, env=policy.env,
                 workspace_dir=workspace, memory_mb=policy.memory_mb, cpu=policy.cpu,
                 pids=policy.pids, views=[(v.source, v.target) for v in views],
+                tenant=row.tenant_id, network=policy.network,
             )
         )  # fmt: skip
+        handle = {**handle, "network": policy.network.model_dump()}
         if not await self.db(self.store.set_sandbox, row.pk, token, sbx.id, handle):
             # Our lease ran out mid-create and another replica may have acted: do not leak.
             await self.provider.kill(sbx.id)

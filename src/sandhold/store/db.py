@@ -217,6 +217,16 @@ class Store:
             )
             return res.rowcount == 1  # type: ignore[attr-defined]
 
+    def set_handle(self, pk: int, token: str, handle: dict[str, Any]) -> bool:
+        """Update what is remembered of the session's sandbox (same fencing as set_sandbox)."""
+        with self.db.begin() as db:
+            res = db.execute(
+                update(Session)
+                .where(Session.id == pk, Session.lock_owner == token)
+                .values(sandbox_handle=handle)
+            )
+            return res.rowcount == 1  # type: ignore[attr-defined]
+
     def mark_closed(self, pk: int, token: str) -> bool:
         with self.db.begin() as db:
             res = db.execute(

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 import httpx
 
+from sandhold.egress.policy import EgressPolicy
 from sandhold.errors import SandholdError
 
 State = Literal["running", "paused", "pausing"]
@@ -37,6 +38,14 @@ class PreconditionFailed(ProviderError):
 
     code = "precondition_failed"
     http_status = 412
+
+
+class NeedsNewSandbox(ProviderError):
+    """The sandbox cannot take the change (e.g. egress added to a sandbox created without any):
+    only a new sandbox can have it."""
+
+    code = "needs_new_sandbox"
+    http_status = 409
 
 
 @dataclass(frozen=True)
@@ -77,6 +86,8 @@ class CreateRequest:
     memory_mb: int
     cpu: float
     pids: int
+    tenant: str  # whose secrets the egress proxy injects (where the provider lets us choose)
+    network: EgressPolicy = field(default_factory=EgressPolicy)
     # Read-only host directories of the session's view: (real host path, sandbox path).
     views: list[tuple[Path, str]] = field(default_factory=list)
 
@@ -114,6 +125,11 @@ class Provider(abc.ABC):
     @abc.abstractmethod
     async def set_timeout(self, sandbox_id: str, timeout_s: int) -> None:
         """Set the sandbox's remaining time (its keep-alive); a gone sandbox is ignored."""
+
+    @abc.abstractmethod
+    async def update_network(self, sandbox_id: str, tenant: str, network: EgressPolicy) -> None:
+        """Replace a live sandbox's egress rules (its next connection is judged by them).
+        Raises SandboxGone, or NeedsNewSandbox when the sandbox cannot take them."""
 
     @abc.abstractmethod
     async def get(self, sandbox_id: str) -> ProviderSandbox | None:

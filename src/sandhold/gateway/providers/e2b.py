@@ -20,11 +20,14 @@ from urllib.parse import quote, urlencode
 import httpx
 
 from sandhold.config import Settings
+from sandhold.e2b.network import ALL_TRAFFIC
 from sandhold.e2b.sandboxes import HOST_MOUNT_KEY
+from sandhold.egress.policy import EgressPolicy
 from sandhold.gateway.providers.base import (
     Capabilities,
     Channel,
     CreateRequest,
+    NeedsNewSandbox,
     PreconditionFailed,
     Provider,
     ProviderError,
@@ -75,6 +78,18 @@ def _sandbox(d: dict[str, Any]) -> ProviderSandbox:
         started_at=_ts(d.get("startedAt")) or 0.0,
         metadata=dict(d.get("metadata") or {}),
     )
+
+
+def _egress(network: EgressPolicy) -> dict[str, Any]:
+    """The E2B wire form of an egress policy: ``allow_internet_access`` opens everything,
+    ``denyOut`` of all traffic makes ``allowOut`` an allow-list (allow wins over deny)."""
+    rules: dict[str, Any] = {}
+    if network.allow:
+        rules["allowOut"] = network.allow
+    deny = [*network.deny] if network.mode == "open" else [ALL_TRAFFIC[0], *network.deny]
+    if deny:
+        rules["denyOut"] = deny
+    return {"allow_internet_access": network.mode == "open", "network": rules}
 
 
 def _message(r: httpx.Response) -> str:
@@ -139,6 +154,9 @@ class E2bProvider(Provider):
             "metadata": metadata,
             "envVars": req.env,
         }
+        # The secrets injected are those of the team behind gateway_e2b_api_key (req.tenant
+        # cannot be chosen over this API).
+        body.update(_egress(req.network))
         path = "/v2/sandboxes"
         if self.flavor == "cube":
             # CubeAPI has no v2 create and, before v0.7, dropped the flattened fields: send both.
@@ -178,6 +196,17 @@ class E2bProvider(Provider):
         )
         if r.status_code not in (204, 404):
             raise ProviderError(f"set_timeout failed ({r.status_code}): {_message(r)}")
+
+    async def update_network(self, sandbox_id: str, tenant: str, network: EgressPolicy) -> None:
+        wire = _egress(network)
+        body = {**wire["network"], "allow_internet_access": wire["allow_internet_access"]}
+        r = await self._call("PUT", f"/sandboxes/{sandbox_id}/network", json=body)
+        if r.status_code == 404:
+            raise SandboxGone(f"sandbox {sandbox_id} no longer exists")
+        if r.status_code == 409:
+            raise NeedsNewSandbox(_message(r))
+        if r.status_code != 204:
+            raise ProviderError(f"update_network failed ({r.status_code}): {_message(r)}")
 
     async def get(self, sandbox_id: str) -> ProviderSandbox | None:
         r = await self._call("GET", f"/sandboxes/{sandbox_id}")

@@ -22,10 +22,12 @@ from sandhold.e2b.lifecycle import Lifecycle
 from sandhold.e2b.models import AutoResume, NewSandbox
 from sandhold.e2b.sandboxes import HOST_MOUNT_KEY, Sandbox, Sandboxes
 from sandhold.e2b.volumes import VolumeStore
+from sandhold.egress.policy import EgressPolicy
 from sandhold.gateway.providers.base import (
     Capabilities,
     Channel,
     CreateRequest,
+    NeedsNewSandbox,
     PreconditionFailed,
     Provider,
     ProviderError,
@@ -33,6 +35,7 @@ from sandhold.gateway.providers.base import (
     SandboxGone,
 )
 from sandhold.runtime.runtime import Runtime
+from sandhold.runtime.spec import NetworkPolicy
 
 ENVD_PORT = 49983
 TEAM = "gateway"
@@ -143,8 +146,9 @@ class LocalProvider(Provider):
         limits = {"memory_mb": req.memory_mb, "cpu": req.cpu, "pids": req.pids}
         try:
             sbx = await self.sandboxes.create(
-                TEAM, body, v1=False, idempotency_key=None, limits=limits
-            )
+                TEAM, body, v1=False, idempotency_key=None, limits=limits,
+                network=_network(req.tenant, req.network),
+            )  # fmt: skip
         except ApiError as e:
             raise _error(e) from None
         return _listed(sbx), {}
@@ -162,6 +166,14 @@ class LocalProvider(Provider):
         except ApiError as e:
             if e.status != 404:
                 raise _error(e, sandbox_id) from None
+
+    async def update_network(self, sandbox_id: str, tenant: str, network: EgressPolicy) -> None:
+        try:
+            await self.sandboxes.set_network(TEAM, sandbox_id, _network(tenant, network))
+        except ApiError as e:
+            if e.status == 409:
+                raise NeedsNewSandbox(e.message) from None
+            raise _error(e, sandbox_id) from None
 
     async def get(self, sandbox_id: str) -> ProviderSandbox | None:
         sbx = self.sandboxes.get(sandbox_id)
@@ -202,6 +214,11 @@ class LocalProvider(Provider):
             transport = TunnelTransport(sock)
         async with httpx.AsyncClient(transport=transport, timeout=None) as client:
             yield Channel(client, f"http://127.0.0.1:{port}", {})
+
+
+def _network(tenant: str, network: EgressPolicy) -> NetworkPolicy:
+    """The tenant's egress, with the tenant's secrets (sandboxes all belong to TEAM here)."""
+    return NetworkPolicy(**network.model_dump(), tenant=tenant)
 
 
 async def _warm(runtime: Runtime) -> None:
