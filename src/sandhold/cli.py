@@ -480,5 +480,33 @@ def secret_new_key() -> None:
     print(new_key())
 
 
+@app.command()
+def audit(
+    log: Annotated[str, typer.Argument(help="files (the E2B file API) or egress")],
+    sandbox: Annotated[str | None, typer.Option(help="only this sandbox")] = None,
+    session: Annotated[str | None, typer.Option(help="only this session")] = None,
+    decision: Annotated[
+        str | None, typer.Option(help="allowed, denied, failed (files); allow, deny (egress)")
+    ] = None,
+    since: Annotated[float, typer.Option(help="only the last N seconds")] = 86400.0,
+    limit: Annotated[int, typer.Option(help="at most N records, the latest")] = 1000,
+) -> None:
+    """Print an audit log as JSON lines (oldest first)."""
+    import time
+
+    from sandhold import audit as logs
+    from sandhold.config import get_settings
+
+    dirs = {"files": logs.files_dir, "egress": logs.egress_dir}
+    if log not in dirs:
+        console.print(f"[red]error[/red]: unknown audit log {log!r}: use files or egress")
+        raise typer.Exit(2)
+    directory = dirs[log](get_settings().data_dir)
+    records = logs.query(directory, since=time.time() - since, limit=limit,
+                         sandbox=sandbox, session=session, decision=decision)  # fmt: skip
+    for rec in records:
+        print(json.dumps(rec))
+
+
 if __name__ == "__main__":
     app()

@@ -10,8 +10,8 @@ import signal
 
 import pytest
 
+from sandhold import audit
 from sandhold.config import Settings
-from sandhold.egress import audit
 from sandhold.errors import Conflict, InvalidSpec
 from sandhold.runtime.runtime import Runtime
 from tests.egress.fixtures import SECRET, TENANT, daemon_pids
@@ -126,7 +126,7 @@ async def test_every_request_is_audited_without_secrets(egress_sandbox, egress_s
         "curl -s --max-time 10 https://api.example.test/auth?x=1; "
         "curl -s --max-time 10 https://evil.test/",
     )
-    recs = audit.query(egress_settings.data_dir, sandbox=sbx.id)
+    recs = audit.query(audit.egress_dir(egress_settings.data_dir), sandbox=sbx.id)
     mitm = [r for r in recs if r["kind"] == "mitm"]
     assert mitm and mitm[0]["host"] == "api.example.test" and mitm[0]["path"] == "/auth?x=1"
     assert mitm[0]["status"] == 200 and mitm[0]["injected"] == [f"{TENANT}/api-token"]

@@ -13,7 +13,10 @@ from typing import Any
 
 import httpx
 import pytest
+from e2b import Sandbox
 
+from sandhold import audit
+from tests.e2b.conftest import KEY_A
 from tests.gateway.conftest import FAST_POLICY, Gateway, scratch_dir, tool
 
 
@@ -167,3 +170,33 @@ def test_views_over_the_e2b_provider(
         assert (skill / "a.txt").read_text() == "skill a\n"
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_the_session_view_binds_the_e2b_file_api_too(
+    make_gateway: Callable[..., Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A session's sandbox on a Sandhold server carries the view: the E2B file API (here the
+    official SDK, as anyone holding the API key could use it) is authorized against it and every
+    operation is recorded in the server's file audit with the session."""
+    gw = make_gateway("e2b")
+    assert gw.server is not None
+    with gw.client() as c:
+        tool(c, "fa", "write_file", path="/workspace/a.txt", content="from the gateway\n")
+        sandbox_id = c.get("/v1/sessions/fa").json()["sandbox"]["id"]
+    for name, value in (("E2B_API_URL", gw.server.url), ("E2B_SANDBOX_URL", gw.server.url),
+                        ("E2B_API_KEY", KEY_A), ("NO_PROXY", "127.0.0.1,localhost")):  # fmt: skip
+        monkeypatch.setenv(name, value)
+    sbx = Sandbox.connect(sandbox_id)
+    assert sbx.files.read("/workspace/a.txt") == "from the gateway\n"
+    for attempt in (lambda: sbx.files.read("/etc/passwd"),
+                    lambda: sbx.files.write("/usr/local/x", "x"),
+                    lambda: sbx.files.list("/")):  # fmt: skip
+        with pytest.raises(Exception, match="outside the sandbox's file view"):
+            attempt()
+    recs = audit.query(audit.files_dir(gw.server.data_dir), sandbox=sandbox_id)
+    assert {r["session"] for r in recs} == {"fa"}
+    seen = {(r["op"], r["path"], r["decision"]) for r in recs}
+    expected = {("upload", "/workspace/a.txt", "allowed"),  # the gateway's own write_file
+                ("download", "/workspace/a.txt", "allowed"), ("download", "/etc/passwd", "denied"),
+                ("upload", "/usr/local/x", "denied"), ("ListDir", "/", "denied")}  # fmt: skip
+    assert expected <= seen, seen

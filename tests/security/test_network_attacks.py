@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from sandhold.egress import audit
+from sandhold import audit
 from tests.egress.internet import Internet
 from tests.runtime.helpers import py, sh
 
@@ -217,7 +217,7 @@ async def test_tls_server_name_that_differs_from_the_tunnel_is_refused(
     assert r.text.splitlines()[0] == "HTTP/1.1 200 Connection established"
     assert r.text.splitlines()[1].startswith("failed"), r.text
     assert [x for x in internet.since(mark) if x["kind"] != "dns"] == []
-    recs = audit.query(egress_settings.data_dir, sandbox=sbx.id, decision="deny")
+    recs = audit.query(audit.egress_dir(egress_settings.data_dir), sandbox=sbx.id, decision="deny")
     assert recs and recs[-1]["rule"] == "sni"
 
 

@@ -53,6 +53,7 @@ class E2bApp:
                 task.cancel()
             await self.lifecycle.stop()
             await self.sandboxes.drain()
+            self.data_plane.file_audit.close()
 
     async def _prebuild(self, name: str) -> None:
         try:

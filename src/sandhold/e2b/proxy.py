@@ -25,6 +25,7 @@ import h11
 
 from sandhold.e2b.auth import ENVD_PORT, check_envd_access, check_traffic_access, signature_valid
 from sandhold.e2b.errors import ApiError
+from sandhold.e2b.file_audit import FileAudit, FileOpRecord, file_op
 from sandhold.e2b.sandboxes import Sandbox, Sandboxes
 
 Scope = dict[str, Any]
@@ -122,11 +123,22 @@ async def send_json(send: Send, status: int, body: dict[str, Any]) -> None:
 class DataPlane:
     def __init__(self, sandboxes: Sandboxes) -> None:
         self.sandboxes = sandboxes
+        self.file_audit = FileAudit(sandboxes.settings.data_dir)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, target: Target) -> None:
         try:
             sbx = await self._admit(scope, target)
-            await self._forward(scope, receive, send, sbx, target.port)
+            op = file_op(scope["method"], scope["path"]) if target.port == ENVD_PORT else None
+            if op is None:
+                await self._forward(scope, receive, send, sbx, target.port)
+                return
+            record = FileOpRecord(scope, sbx, op)
+            try:
+                await self._forward(
+                    *_observed(scope, receive, send, record, self.file_audit), sbx, target.port
+                )
+            finally:
+                self.file_audit.write(record)  # once: a no-op if the response completed
         except ProxyError as e:
             await send_json(send, e.status, e.body)
 
@@ -272,3 +284,27 @@ class DataPlane:
             pump.cancel()
             with contextlib.suppress(BaseException):
                 await pump
+
+
+def _observed(
+    scope: Scope, receive: Receive, send: Send, record: FileOpRecord, file_audit: FileAudit
+) -> tuple[Scope, Receive, Send]:
+    """``receive`` and ``send`` that show the file operation's bytes to its audit record, which
+    is written before the client sees the end of the response."""
+
+    async def observed_receive() -> Message:
+        msg: Message = await receive()
+        if msg["type"] == "http.request":
+            record.request_body(msg.get("body", b""))
+        return msg
+
+    async def observed_send(msg: Message) -> None:
+        if msg["type"] == "http.response.start":
+            record.response_start(msg["status"], msg.get("headers", []))
+        elif msg["type"] == "http.response.body" and record.response_body(
+            msg.get("body", b""), msg.get("more_body", False)
+        ):
+            file_audit.write(record)
+        await send(msg)
+
+    return scope, observed_receive, observed_send

@@ -178,6 +178,8 @@ class KeyedLocks:
 
 
 HOST_MOUNT_KEY = "host-mount"  # CubeSandbox's reserved metadata key for host binds
+# Sandhold's: {"read": [...], "write": [...]}, what the file API may touch (runtime FileView)
+FILE_VIEW_KEY = "sandhold.file-view"
 
 
 class Sandboxes:
@@ -288,6 +290,7 @@ class Sandboxes:
         metadata = dict(body.metadata or {})
         check_metadata(metadata)
         workspace_dir, host_mounts = self._host_mounts(metadata.pop(HOST_MOUNT_KEY, None))
+        file_view = _file_view(metadata.pop(FILE_VIEW_KEY, None))
         requested = body.network.model_dump(exclude_none=True) if body.network else {}
         policy = network or egress_policy(
             self.settings, team, body.allow_internet_access, requested
@@ -323,6 +326,7 @@ class Sandboxes:
                     "mounts": mounts,
                     "workspace_dir": workspace_dir,
                     "network": policy.model_dump(),
+                    "file_view": file_view,
                 }
             )
         except ValidationError as e:
@@ -596,3 +600,18 @@ class Sandboxes:
 
 def public_sample(sample: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in sample.items() if not k.startswith("_")}
+
+
+def _file_view(raw: str | None) -> dict[str, Any]:
+    """The ``sandhold.file-view`` metadata: a JSON object ``{read, write}`` of sandbox paths."""
+    if raw is None:
+        return {}
+    try:
+        view = json.loads(raw)
+    except ValueError:
+        view = None
+    if not isinstance(view, dict):
+        raise ApiError(
+            400, f"metadata {FILE_VIEW_KEY!r} must be a JSON object {{read: [...], write: [...]}}"
+        )
+    return view

@@ -26,7 +26,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from sandhold.egress.audit import AuditLog
+from sandhold.audit import EGRESS_FIELDS, AuditLog
 from sandhold.egress.ca import DeploymentCA
 from sandhold.egress.config import EgressConfig
 from sandhold.egress.policy import CompiledPolicy, EgressPolicy, Guard
@@ -94,7 +94,7 @@ class Daemon:
         self.shared = Shared(
             guard=Guard(cfg.open_cidrs, host_addresses()),
             resolver=Resolver(cfg.hosts, cfg.dns_servers),
-            audit=old_audit or AuditLog(self.root / "audit"),
+            audit=old_audit or AuditLog(self.root / "audit", EGRESS_FIELDS),
             upstream_tls=upstream,
             ca_factory=lambda: DeploymentCA(self.root / "ca"),
             secrets=store,

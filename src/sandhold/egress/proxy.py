@@ -30,8 +30,8 @@ from urllib.parse import urlsplit
 
 import h11
 
+from sandhold.audit import AuditLog
 from sandhold.egress import dns
-from sandhold.egress.audit import AuditLog
 from sandhold.egress.ca import DeploymentCA
 from sandhold.egress.policy import CompiledPolicy, Decision, Guard, IPAddress, parse_ip
 from sandhold.egress.resolver import ResolveError, Resolver

@@ -44,7 +44,7 @@ from sandhold.gateway.providers.base import (
     SandboxGone,
 )
 from sandhold.gateway.timeline import Timeline
-from sandhold.gateway.views import view_mounts
+from sandhold.gateway.views import READ_ROOTS, WRITE_ROOTS, view_mounts
 from sandhold.store.db import SessionRow, Store
 
 T = TypeVar("T")
@@ -295,6 +295,7 @@ class SandboxSessionManager:
                 workspace_dir=workspace, memory_mb=policy.memory_mb, cpu=policy.cpu,
                 pids=policy.pids, views=[(v.source, v.target) for v in views],
                 tenant=row.tenant_id, network=policy.network,
+                file_view={"read": list(READ_ROOTS), "write": list(WRITE_ROOTS)},
             )
         )  # fmt: skip
         handle = {**handle, "network": policy.network.model_dump()}

@@ -292,7 +292,7 @@ class Runtime:
                 from sandhold.egress import control as egress
 
                 binds += self.egress.prepare(d, spec.network, spec.network.tenant,
-                                             _session_of(spec.metadata))  # fmt: skip
+                                             session_of(spec.metadata))  # fmt: skip
                 self.egress.sync()  # the sandbox's socket listens before the sandbox starts
                 egress_env, egress_agent = egress.sandbox_env(), egress.agent_config()
             env = {**template.env, **egress_env, **spec.env}
@@ -305,6 +305,11 @@ class Runtime:
                 "envd_version": ENVD_VERSION,
                 "services": template.services,
                 "egress": egress_agent,
+                "file_view": {
+                    **spec.file_view.model_dump(),
+                    "read_only": [dst for _src, dst, ro in binds if ro]
+                    + [dst for _src, dst in template.ro_binds],
+                },
             }
             (run_dir / "agent.json").write_text(json.dumps(agent_cfg))
             launch = Launch(
@@ -467,7 +472,7 @@ class Runtime:
             info.spec = info.spec.model_copy(update={"network": network})
             self._save(info)
             if network.mode != "none":
-                self.egress.write_policy(d, network, network.tenant, _session_of(info.metadata))
+                self.egress.write_policy(d, network, network.tenant, session_of(info.metadata))
                 self.egress.sync()
             return info
 
@@ -581,7 +586,7 @@ class Runtime:
                 self._cg(name).remove()
 
 
-def _session_of(metadata: dict[str, str]) -> str | None:
+def session_of(metadata: dict[str, str]) -> str | None:
     """The session a sandbox serves, for the egress audit log (the gateway's tag)."""
     for key, value in metadata.items():
         if key == "session_id" or key.endswith(".session_id"):

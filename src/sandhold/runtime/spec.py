@@ -97,6 +97,33 @@ class NetworkPolicy(EgressPolicy):
     )
 
 
+MAX_VIEW_ROOTS = 32
+
+
+class FileView(BaseModel):
+    """What the sandbox's file API (envd's ``/files`` and Filesystem service, served by the
+    agent) may read and write: directories inside the sandbox. Paths are checked as given and as
+    the sandbox resolves them; writes under a read-only mount are refused too. The default is
+    the whole sandbox. It binds the file API, not the sandbox's own processes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    read: list[str] = Field(default_factory=lambda: ["/"], description="readable roots")
+    write: list[str] = Field(default_factory=lambda: ["/"], description="writable roots")
+
+    @field_validator("read", "write")
+    @classmethod
+    def _roots(cls, v: list[str], info: ValidationInfo) -> list[str]:
+        if len(v) > MAX_VIEW_ROOTS:
+            raise ValueError(f"a file view has at most {MAX_VIEW_ROOTS} {info.field_name} roots")
+        for root in v:
+            if not isinstance(root, str) or not root.startswith("/") or "\0" in root:
+                raise ValueError(f"file view root {root!r} must be an absolute path")
+            if any(part == ".." for part in root.split("/")) or posixpath.normpath(root) != root:
+                raise ValueError(f"file view root {root!r} must be normalized (no '..', '//')")
+        return v
+
+
 class SandboxSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -114,6 +141,7 @@ class SandboxSpec(BaseModel):
     )
     mounts: list[Mount] = Field(default_factory=list)
     network: NetworkPolicy = Field(default_factory=NetworkPolicy)
+    file_view: FileView = Field(default_factory=FileView)
     user: str | None = Field(None, description="Default user of processes; the template's if unset")
     workdir: str | None = None
 

@@ -90,6 +90,9 @@ class CreateRequest:
     network: EgressPolicy = field(default_factory=EgressPolicy)
     # Read-only host directories of the session's view: (real host path, sandbox path).
     views: list[tuple[Path, str]] = field(default_factory=list)
+    # What the sandbox's own file API may touch, {"read": [...], "write": [...]} (where the
+    # provider can enforce it: the runtime's FileView).
+    file_view: dict[str, list[str]] | None = None
 
 
 @dataclass

@@ -21,7 +21,7 @@ import httpx
 
 from sandhold.config import Settings
 from sandhold.e2b.network import ALL_TRAFFIC
-from sandhold.e2b.sandboxes import HOST_MOUNT_KEY
+from sandhold.e2b.sandboxes import FILE_VIEW_KEY, HOST_MOUNT_KEY
 from sandhold.egress.policy import EgressPolicy
 from sandhold.gateway.providers.base import (
     Capabilities,
@@ -146,6 +146,8 @@ class E2bProvider(Provider):
                              "readOnly": False})  # fmt: skip
         if binds:
             metadata[HOST_MOUNT_KEY] = json.dumps(binds)
+        if req.file_view is not None and self.flavor == "sandhold":
+            metadata[FILE_VIEW_KEY] = json.dumps(req.file_view)
         body: dict[str, Any] = {
             "templateID": req.template,
             "timeout": req.timeout_s,

@@ -20,7 +20,7 @@ from sandhold.config import Settings
 from sandhold.e2b.errors import ApiError
 from sandhold.e2b.lifecycle import Lifecycle
 from sandhold.e2b.models import AutoResume, NewSandbox
-from sandhold.e2b.sandboxes import HOST_MOUNT_KEY, Sandbox, Sandboxes
+from sandhold.e2b.sandboxes import FILE_VIEW_KEY, HOST_MOUNT_KEY, Sandbox, Sandboxes
 from sandhold.e2b.volumes import VolumeStore
 from sandhold.egress.policy import EgressPolicy
 from sandhold.gateway.providers.base import (
@@ -135,6 +135,8 @@ class LocalProvider(Provider):
             binds.insert(0, {"hostPath": str(req.workspace_dir), "mountPath": "/workspace"})
         if binds:
             metadata[HOST_MOUNT_KEY] = json.dumps(binds)
+        if req.file_view is not None:
+            metadata[FILE_VIEW_KEY] = json.dumps(req.file_view)
         body = NewSandbox(
             templateID=req.template,
             timeout=req.timeout_s,

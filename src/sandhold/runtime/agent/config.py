@@ -20,6 +20,8 @@ class AgentConfig:
     services: list[dict[str, Any]] = field(default_factory=list)
     # {"socket", "proxy_port", "dns_port"} when the sandbox has egress (see egress.py)
     egress: dict[str, Any] | None = None
+    # {"read": [...], "write": [...], "read_only": [...]}: what the file API may touch (view.py)
+    file_view: dict[str, Any] | None = None
 
     @classmethod
     def load(cls, path: str) -> AgentConfig:
@@ -49,4 +51,5 @@ class AgentConfig:
             envd_version=str(raw.get("envd_version") or "0.6.13"),
             services=services,
             egress=raw.get("egress") if isinstance(raw.get("egress"), dict) else None,
+            file_view=raw.get("file_view") if isinstance(raw.get("file_view"), dict) else None,
         )

@@ -20,6 +20,7 @@ from .config import AgentConfig
 from .fsutil import ensure_dirs, write_metadata
 from .http import HttpError, Request, Response, percent_decode, percent_encode
 from .users import User, UserError, fs_identity, lookup_user, resolve_path
+from .view import Access, ViewGuard
 
 CHUNK = 256 << 10
 MAX_PART_HEADERS = 16 << 10
@@ -55,6 +56,7 @@ _CONTENT_TYPES = {
 class FilesHandler:
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
+        self.view = ViewGuard.from_config(config.file_view)
 
     def _user(self, req: Request) -> User:
         name = req.query.get("username") or self.config.default_user
@@ -63,17 +65,21 @@ class FilesHandler:
             raise HttpError(401, f"error looking up user '{name}': user: unknown user {name}")
         return user
 
-    def _resolve(self, raw: str, user: User) -> str:
+    def _resolve(self, raw: str, user: User, access: Access) -> str:
         try:
-            return resolve_path(raw, user, self.config.default_workdir)
+            path = resolve_path(raw, user, self.config.default_workdir)
         except ValueError as e:
             raise HttpError(400, f"error resolving path: {e}") from None
+        denial = self.view.denial(path, access)
+        if denial:
+            raise HttpError(403, denial)
+        return path
 
     # -- download -------------------------------------------------------------------------------
     async def download(self, req: Request, resp: Response) -> None:
         user = self._user(req)
         raw = req.query.get("path", "")
-        path = self._resolve(raw, user)
+        path = self._resolve(raw, user, "read")
         try:
             with fs_identity(user):
                 st = os.stat(path)
@@ -134,7 +140,7 @@ class FilesHandler:
             raw = req.query.get("path")
             if raw is None:
                 raise HttpError(400, "path query parameter is required for raw body upload")
-            path = self._resolve(raw, user)
+            path = self._resolve(raw, user, "write")
             writer = _FileWriter.open(path, user, metadata)
             try:
                 while chunk := await req.read_chunk():
@@ -204,7 +210,7 @@ class FilesHandler:
         raw = query_path if query_path is not None else disp.get("filename")
         if raw is None:
             raise HttpError(400, "error getting multipart custom part file name: no filename")
-        path = self._resolve(raw, user)
+        path = self._resolve(raw, user, "write")
         if path in seen:
             raise HttpError(
                 400,

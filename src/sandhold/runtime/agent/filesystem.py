@@ -14,6 +14,7 @@ from .config import AgentConfig
 from .connect import Call, Message, RpcError, get_bool, get_int, get_str
 from .fsutil import ensure_dirs, entry_info, os_error, remove_all
 from .users import User, UserError, fs_identity, resolve_path
+from .view import Access, ViewGuard
 
 if TYPE_CHECKING:
     from .watch import DirWatcher
@@ -25,18 +26,23 @@ STREAM_QUEUE = 10_000
 class FilesystemService:
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
+        self.view = ViewGuard.from_config(config.file_view)
         self.watchers: dict[str, _PolledWatcher] = {}
 
-    def _path(self, raw: str, user: User) -> str:
+    def _path(self, raw: str, user: User, access: Access, follow_last: bool = True) -> str:
         try:
-            return resolve_path(raw, user, self.config.default_workdir)
+            path = resolve_path(raw, user, self.config.default_workdir)
         except ValueError as e:
             raise RpcError("invalid_argument", str(e)) from None
+        denial = self.view.denial(path, access, follow_last=follow_last)
+        if denial:
+            raise RpcError("permission_denied", denial)
+        return path
 
     # -- unary ----------------------------------------------------------------------------------
     async def stat(self, msg: Message, call: Call) -> Message:
         user = call.user
-        path = self._path(get_str(msg, "path"), user)
+        path = self._path(get_str(msg, "path"), user, "read")
         try:
             with fs_identity(user):
                 return {"entry": entry_info(path)}
@@ -49,7 +55,7 @@ class FilesystemService:
 
     async def make_dir(self, msg: Message, call: Call) -> Message:
         user = call.user
-        path = self._path(get_str(msg, "path"), user)
+        path = self._path(get_str(msg, "path"), user, "write")
         try:
             with fs_identity(user):
                 try:
@@ -71,8 +77,8 @@ class FilesystemService:
 
     async def move(self, msg: Message, call: Call) -> Message:
         user = call.user
-        source = self._path(get_str(msg, "source"), user)
-        destination = self._path(get_str(msg, "destination"), user)
+        source = self._path(get_str(msg, "source"), user, "write", follow_last=False)
+        destination = self._path(get_str(msg, "destination"), user, "write", follow_last=False)
         try:
             with fs_identity(user):
                 ensure_dirs(posixpath.dirname(destination))
@@ -91,7 +97,7 @@ class FilesystemService:
     async def list_dir(self, msg: Message, call: Call) -> Message:
         user = call.user
         depth = get_int(msg, "depth") or 1  # envd: 0 means the directory's own entries
-        requested = self._path(get_str(msg, "path"), user)
+        requested = self._path(get_str(msg, "path"), user, "read")
         try:
             with fs_identity(user):
                 try:
@@ -115,7 +121,7 @@ class FilesystemService:
 
     async def remove(self, msg: Message, call: Call) -> Message:
         user = call.user
-        path = self._path(get_str(msg, "path"), user)
+        path = self._path(get_str(msg, "path"), user, "write", follow_last=False)
         try:
             with fs_identity(user):
                 remove_all(path)
@@ -127,7 +133,7 @@ class FilesystemService:
 
     # -- watching -------------------------------------------------------------------------------
     def _watch_root(self, msg: Message, user: User) -> str:
-        path = self._path(get_str(msg, "path"), user)
+        path = self._path(get_str(msg, "path"), user, "read")
         try:
             with fs_identity(user):
                 st = os.stat(path)

@@ -1,6 +1,11 @@
-"""The egress audit log: one JSON line per request, tunnel or DNS question, in a file per UTC
-day under ``data_dir/egress/audit``. Records name hosts, methods, paths, statuses, byte counts
-and the rule that decided; never header values or secrets."""
+"""Audit logs: one JSON line per event, in a file per UTC day under a directory, written with a
+single ``write`` on an ``O_APPEND`` descriptor (lines never interleave, even across processes).
+
+Two logs use it: the egress log (``data_dir/egress/audit``: requests, tunnels and DNS questions
+of sandboxes, see docs/egress.md) and the file-API log (``data_dir/audit/files``: every file
+operation that reaches a sandbox through the E2B data plane, see docs/security.md). Records
+never hold header values, file contents or secrets.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-FIELDS = (
+EGRESS_FIELDS = (
     "ts",
     "sandbox",
     "tenant",
@@ -31,6 +36,22 @@ FIELDS = (
     "injected",
     "duration_ms",
 )
+FILE_FIELDS = (
+    "ts",
+    "sandbox",
+    "team",
+    "session",
+    "op",
+    "path",
+    "destination",
+    "user",
+    "status",
+    "decision",
+    "reason",
+    "bytes_in",
+    "bytes_out",
+    "duration_ms",
+)
 
 
 def _day(ts: float) -> str:
@@ -38,8 +59,9 @@ def _day(ts: float) -> str:
 
 
 class AuditLog:
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, fields: tuple[str, ...]) -> None:
         self.dir = directory
+        self.fields = fields
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._day = ""
         self._fd = -1
@@ -57,7 +79,7 @@ class AuditLog:
             )
             self._day = day
         line = json.dumps(
-            {k: record[k] for k in FIELDS if record.get(k) is not None}, separators=(",", ":")
+            {k: record[k] for k in self.fields if record.get(k) is not None}, separators=(",", ":")
         )
         os.write(self._fd, line.encode() + b"\n")  # one write: lines never interleave
 
@@ -84,27 +106,32 @@ def _lines(directory: Path, since: float | None, until: float | None) -> Iterato
 
 
 def query(
-    data_dir: Path,
+    directory: Path,
     *,
-    sandbox: str | None = None,
-    tenant: str | None = None,
-    decision: str | None = None,
-    host: str | None = None,
     since: float | None = None,
     until: float | None = None,
     limit: int = 1000,
+    **match: str | None,
 ) -> list[dict[str, Any]]:
-    """Audit records (oldest first, at most ``limit``, the latest ones) matching every filter."""
+    """Records (oldest first, at most ``limit``, the latest ones) whose fields equal every
+    ``match`` value that is not None."""
+    wanted = {k: v for k, v in match.items() if v is not None}
     out: list[dict[str, Any]] = []
-    for rec in _lines(data_dir / "egress" / "audit", since, until):
+    for rec in _lines(directory, since, until):
         ts = rec.get("ts", 0)
         if (since is not None and ts < since) or (until is not None and ts > until):
             continue
-        if (sandbox and rec.get("sandbox") != sandbox) or (tenant and rec.get("tenant") != tenant):
-            continue
-        if (decision and rec.get("decision") != decision) or (host and rec.get("host") != host):
+        if any(rec.get(k) != v for k, v in wanted.items()):
             continue
         out.append(rec)
         if len(out) > limit:
             out.pop(0)
     return out
+
+
+def egress_dir(data_dir: Path) -> Path:
+    return data_dir / "egress" / "audit"
+
+
+def files_dir(data_dir: Path) -> Path:
+    return data_dir / "audit" / "files"
