@@ -8,6 +8,7 @@ Errors are JSON ``{"code": <status>, "message": ...}``.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import posixpath
@@ -89,6 +90,15 @@ class FilesHandler:
                     # A FIFO or device could block the agent or never end.
                     raise HttpError(400, f"path '{path}' is not a regular file")
                 fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+                st = os.fstat(fd)  # what was opened, not what the path showed a moment ago
+            denial = (
+                self.view.opened_denial(fd, path, "read")
+                if stat.S_ISREG(st.st_mode)
+                else (f"path '{path}' is not a regular file")
+            )
+            if denial:
+                os.close(fd)
+                raise HttpError(403, denial)
         except FileNotFoundError:
             raise HttpError(404, f"path '{path}' does not exist") from None
         except PermissionError as e:
@@ -141,7 +151,7 @@ class FilesHandler:
             if raw is None:
                 raise HttpError(400, "path query parameter is required for raw body upload")
             path = self._resolve(raw, user, "write")
-            writer = _FileWriter.open(path, user, metadata)
+            writer = _FileWriter.open(path, user, metadata, self.view)
             try:
                 while chunk := await req.read_chunk():
                     writer.write(decoder.feed(chunk))
@@ -218,7 +228,7 @@ class FilesHandler:
                 "request, only the first specified file was uploaded",
             )
         seen.add(path)
-        return _FileWriter.open(path, user, metadata)
+        return _FileWriter.open(path, user, metadata, self.view)
 
 
 class _FileWriter:
@@ -228,7 +238,7 @@ class _FileWriter:
         self.metadata = metadata
 
     @classmethod
-    def open(cls, path: str, user: User, metadata: dict[str, str]) -> _FileWriter:
+    def open(cls, path: str, user: User, metadata: dict[str, str], view: ViewGuard) -> _FileWriter:
         try:
             with fs_identity(user):
                 ensure_dirs(posixpath.dirname(path))
@@ -238,8 +248,20 @@ class _FileWriter:
                 except FileNotFoundError:
                     pass
                 # O_NONBLOCK: a FIFO without a reader fails instead of stalling the agent.
-                flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NONBLOCK
-                fd = os.open(path, flags, 0o666)
+                # Truncated only once the open file is known to be inside the view.
+                flags = os.O_WRONLY | os.O_CLOEXEC | os.O_NONBLOCK
+                try:
+                    fd, created = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o666), True
+                except FileExistsError:  # a file, or a symlink (maybe dangling) to follow
+                    fd, created = os.open(path, flags | os.O_CREAT, 0o666), False
+                denial = view.opened_denial(fd, path, "write")
+                if denial:
+                    if created:  # an empty file the race made outside: take it back
+                        with contextlib.suppress(OSError):
+                            os.unlink(os.readlink(f"/proc/self/fd/{fd}"))
+                    os.close(fd)
+                    raise HttpError(403, denial)
+                os.ftruncate(fd, 0)
                 if metadata:
                     write_metadata(fd, metadata)  # best effort: also returned in the response
         except UserError as e:

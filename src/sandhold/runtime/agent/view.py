@@ -58,3 +58,12 @@ class ViewGuard:
                 shown = path if candidate == path else f"{path} (resolves to {candidate})"
                 return f"{access} of {shown} is {DENIED_MARK}: {self.rule(access)}"
         return None
+
+    def opened_denial(self, fd: int, path: str, access: Access) -> str | None:
+        """Why the file open at ``fd`` (opened through ``path``) is outside the view, or None.
+        Checked on the open file itself, so swapping a symlink between the path check and the
+        ``open`` gains nothing."""
+        real = os.readlink(f"/proc/self/fd/{fd}").removesuffix(" (deleted)")
+        if real == path or self.denial(real, access, follow_last=False) is None:
+            return None
+        return f"{access} of {path} (opened as {real}) is {DENIED_MARK}: {self.rule(access)}"
