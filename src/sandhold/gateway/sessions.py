@@ -116,13 +116,6 @@ class SandboxSessionManager:
             raise SessionNotFound(f"session {session_id!r} does not exist")
         return row
 
-    async def open(self, tenant_id: str, session_id: str) -> SessionRow:
-        check_id(session_id, "session id", SESSION_ID_RE)
-        row, created = await self.db(self.store.open_session, tenant_id, session_id)
-        if created:
-            await self.timeline.record(tenant_id, session_id, "session_opened")
-        return row
-
     @contextlib.asynccontextmanager
     async def locked(self, pk: int) -> AsyncIterator[str]:
         """Hold the session's lease lock (waiting for it at most two lease times)."""
@@ -141,41 +134,66 @@ class SandboxSessionManager:
                 await self.db(self.store.unlock, pk, token)
 
     # -- a tool call's lease --------------------------------------------------------------------
+    # A warm call costs three store transactions: open-and-lock, add-use-and-unlock, and
+    # end-use-and-lock (+ unlock) around the keep-alive; each round trip counts on PostgreSQL.
+    async def _open_locked(self, tenant_id: str, session_id: str) -> tuple[SessionRow, str]:
+        """The session's row (created on first use) with its lease lock held."""
+        check_id(session_id, "session id", SESSION_ID_RE)
+        ttl = self.settings.gateway_lock_ttl_s
+        deadline = time.monotonic() + 2 * ttl
+        delay = LOCK_POLL_S[0]
+        while True:
+            row, token, created = await self.db(self.store.open_and_lock, tenant_id, session_id,
+                                                ttl)  # fmt: skip
+            if created:
+                await self.timeline.record(tenant_id, session_id, "session_opened")
+            if token is not None:
+                return row, token
+            if time.monotonic() > deadline:
+                raise SessionBusy("the session is busy (its sandbox is being changed); retry")
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, LOCK_POLL_S[1])
+
     @contextlib.asynccontextmanager
     async def use(
-        self, tenant_id: str, session_id: str, tool: str, budget_s: float
-    ) -> AsyncIterator[Lease]:
+        self, tenant_id: str, session_id: str, tool: str, budget_s: float,
+        policy: TenantPolicy | None = None,
+    ) -> AsyncIterator[Lease]:  # fmt: skip
         """Make sure the session has a running sandbox and hold it for one tool call."""
-        policy = await self.policy(tenant_id)
-        row = await self.open(tenant_id, session_id)
+        policy = policy or await self.policy(tenant_id)
         budget = math.ceil(budget_s) + USE_MARGIN_S
-        async with self.locked(row.pk) as token:
-            fresh = await self.db(self.store.session_by_pk, row.pk)
-            assert fresh is not None
-            row = fresh
-            if row.state == "closed":
-                raise SessionClosed(f"session {session_id!r} is closed")
-            sandbox_id, handle = await self._ensure(row, token, policy, budget)
-            use_id = await self.db(
-                self.store.add_use, row.pk, sandbox_id, self.replica, tool, budget
-            )
+        async with self._local((tenant_id, session_id)):
+            row, token = await self._open_locked(tenant_id, session_id)
+            try:
+                if row.state == "closed":
+                    raise SessionClosed(f"session {session_id!r} is closed")
+                sandbox_id, handle = await self._ensure(row, token, policy, budget)
+                use_id = await self.db(self.store.add_use_and_unlock, row.pk, token, sandbox_id,
+                                       self.replica, tool, budget)  # fmt: skip
+            except BaseException:
+                await self.db(self.store.unlock, row.pk, token)
+                raise
         try:
             yield Lease(tenant_id, session_id, row.pk, sandbox_id, handle, policy)
         finally:
-            await self.db(self.store.end_use, use_id)
-            await self._restore_keep_alive(row.pk, sandbox_id, policy)
+            await self._restore_keep_alive(use_id, row.pk, sandbox_id, policy)
 
-    async def _restore_keep_alive(self, pk: int, sandbox_id: str, policy: TenantPolicy) -> None:
+    async def _restore_keep_alive(
+        self, use_id: str, pk: int, sandbox_id: str, policy: TenantPolicy
+    ) -> None:
         """The call is over: idle time counts from now. Under the lock, so that no other call's
-        connect (which extends the timeout for its own run) slips between reading the uses
-        and setting the timeout."""
+        connect (which extends the timeout for its own run) slips between reading the uses and
+        setting the timeout. If the lock is taken, the holder sets the timeout after us:
+        leaving the longer one is the safe side."""
+        ttl = self.settings.gateway_lock_ttl_s
+        token, live = await self.db(self.store.end_use_and_lock, use_id, pk, ttl)
+        if token is None:
+            return
         try:
-            async with self.locked(pk):
-                remaining = [t - time.time() for t in await self.db(self.store.live_uses, pk)]
-                timeout = max([policy.keep_alive_s, *(math.ceil(r) for r in remaining)])
-                await self.provider.set_timeout(sandbox_id, timeout)
-        except SessionBusy:
-            pass  # leaving the longer timeout is the safe side
+            remaining = [math.ceil(t - time.time()) for t in live]
+            await self.provider.set_timeout(sandbox_id, max([policy.keep_alive_s, *remaining]))
+        finally:
+            await self.db(self.store.unlock, pk, token)
 
     async def _ensure(
         self, row: SessionRow, token: str, policy: TenantPolicy, budget: int

@@ -232,7 +232,7 @@ class Tools:
         result: dict[str, Any] = {}
         error: SandholdError | None = None
         try:
-            async with self.m.use(tenant_id, sid, tool, budget) as lease:
+            async with self.m.use(tenant_id, sid, tool, budget, policy) as lease:
                 sandbox_id = lease.sandbox_id
                 result = await self._handlers[tool](lease, args)
             return result

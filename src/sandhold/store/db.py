@@ -135,24 +135,6 @@ class Store:
             s = db.get(Session, pk)
             return SessionRow.of(s) if s else None
 
-    def open_session(self, tenant_id: str, session_id: str) -> tuple[SessionRow, bool]:
-        """The session's row, inserted if new; returns (row, whether this call created it).
-        Two replicas opening the same session at once both end up with the one row."""
-        row = self.get_session(tenant_id, session_id)
-        if row is not None:
-            return row, False
-        try:
-            with self.db.begin() as db:
-                s = Session(tenant_id=tenant_id, session_id=session_id, state="open",
-                            generation=0, created_at=time.time())  # fmt: skip
-                db.add(s)
-                db.flush()
-                return SessionRow.of(s), True
-        except IntegrityError:
-            row = self.get_session(tenant_id, session_id)
-            assert row is not None
-            return row, False
-
     def sessions(self, tenant_id: str | None = None, limit: int = 1000) -> list[SessionRow]:
         q = select(Session).order_by(Session.id).limit(limit)
         if tenant_id is not None:
@@ -190,6 +172,82 @@ class Store:
                 .values(lock_owner=token, lock_until=now + ttl_s)
             )
             return token if res.rowcount == 1 else None  # type: ignore[attr-defined]
+
+    def open_and_lock(
+        self, tenant_id: str, session_id: str, ttl_s: float
+    ) -> tuple[SessionRow, str | None, bool]:
+        """A tool call's first transaction: the session's row (inserted if new) with its lease
+        lock taken if free or expired. Returns (row, token or None, whether this created it)."""
+        token = uuid.uuid4().hex
+        created = False
+        for _attempt in range(2):
+            try:
+                with self.db.begin() as db:
+                    now = time.time()
+                    where = (Session.tenant_id == tenant_id, Session.session_id == session_id)
+                    s = db.scalars(select(Session).where(*where)).first()
+                    if s is None:
+                        s = Session(tenant_id=tenant_id, session_id=session_id, state="open",
+                                    generation=0, created_at=now)  # fmt: skip
+                        db.add(s)
+                        db.flush()
+                        created = True
+                    res = db.execute(
+                        update(Session)
+                        .where(Session.id == s.id,
+                               or_(Session.lock_owner.is_(None), Session.lock_until < now))
+                        .values(lock_owner=token, lock_until=now + ttl_s)
+                        .execution_options(synchronize_session=False)
+                    )  # fmt: skip
+                    got = res.rowcount == 1  # type: ignore[attr-defined]
+                    db.refresh(s)
+                    return SessionRow.of(s), token if got else None, created
+            except IntegrityError:
+                created = False  # another replica inserted it at the same moment: read theirs
+        raise AssertionError("unreachable: the session row exists after an IntegrityError")
+
+    def add_use_and_unlock(
+        self, pk: int, token: str, sandbox_id: str, replica: str, tool: str, ttl_s: float
+    ) -> str:
+        """Register a tool call in flight and release the lease lock, in one transaction."""
+        use_id = uuid.uuid4().hex
+        now = time.time()
+        with self.db.begin() as db:
+            db.add(SessionUse(id=use_id, session_pk=pk, sandbox_id=sandbox_id, replica=replica,
+                              tool=tool, started_at=now, expires_at=now + ttl_s))  # fmt: skip
+            db.execute(
+                update(Session)
+                .where(Session.id == pk, Session.lock_owner == token)
+                .values(lock_owner=None, lock_until=None)
+            )
+        return use_id
+
+    def end_use_and_lock(
+        self, use_id: str, pk: int, ttl_s: float
+    ) -> tuple[str | None, list[float]]:
+        """A tool call ended: forget it, and take the lease lock if free (no waiting) to set the
+        keep-alive. Returns (token or None, expiry times of the calls still in flight)."""
+        token = uuid.uuid4().hex
+        now = time.time()
+        with self.db.begin() as db:
+            db.execute(delete(SessionUse).where(SessionUse.id == use_id))
+            res = db.execute(
+                update(Session)
+                .where(Session.id == pk,
+                       or_(Session.lock_owner.is_(None), Session.lock_until < now))
+                .values(lock_owner=token, lock_until=now + ttl_s)
+            )  # fmt: skip
+            if res.rowcount != 1:  # type: ignore[attr-defined]
+                return None, []
+            db.execute(  # expired uses are debris of a replica that died mid-call
+                delete(SessionUse).where(SessionUse.session_pk == pk, SessionUse.expires_at < now)
+            )
+            live = db.scalars(
+                select(SessionUse.expires_at).where(
+                    SessionUse.session_pk == pk, SessionUse.expires_at >= now
+                )
+            )
+            return token, list(live)
 
     def unlock(self, pk: int, token: str) -> None:
         with self.db.begin() as db:
@@ -254,20 +312,6 @@ class Store:
             return res.rowcount == 1  # type: ignore[attr-defined]
 
     # -- uses -----------------------------------------------------------------------------------
-    def add_use(self, pk: int, sandbox_id: str, replica: str, tool: str, ttl_s: float) -> str:
-        use_id = uuid.uuid4().hex
-        now = time.time()
-        with self.db.begin() as db:
-            db.add(SessionUse(id=use_id, session_pk=pk, sandbox_id=sandbox_id, replica=replica,
-                              tool=tool, started_at=now, expires_at=now + ttl_s))  # fmt: skip
-        return use_id
-
-    def end_use(self, use_id: str) -> None:
-        with self.db.begin() as db:
-            u = db.get(SessionUse, use_id)
-            if u is not None:
-                db.delete(u)
-
     def live_uses(self, pk: int) -> list[float]:
         """Expiry times of the session's tool calls still in flight."""
         now = time.time()
