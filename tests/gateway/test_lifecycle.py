@@ -5,11 +5,13 @@ over the same workspace, and the timeline tells that story."""
 
 from __future__ import annotations
 
+import concurrent.futures
 from collections.abc import Callable
 
+import httpx
 import pytest
 
-from tests.gateway.conftest import Gateway, tool, wait_for
+from tests.gateway.conftest import FAST_POLICY, Gateway, tool, wait_for
 
 PROVIDERS = ["local", "e2b"]
 
@@ -91,3 +93,28 @@ def test_tags_workspace_and_close(make_gateway: Callable[..., Gateway], provider
     assert [e["kind"] for e in events][-2:] == ["session_closed", "tool_call"]
     assert events[-1]["error"].startswith("session_closed")
     assert (gw.workspaces / "acme" / "conv-2" / "report.txt").exists()  # policy: keep
+
+
+def test_concurrent_first_calls_do_not_overshoot_the_quota(
+    make_gateway: Callable[..., Gateway],
+) -> None:
+    """Eight sessions' first calls at once against max_live_sandboxes=2: two sandboxes, six
+    clear refusals (each create sees the creates in flight that locked before it)."""
+    gw = make_gateway("local")
+    policy = {**FAST_POLICY, "keep_alive_s": 300, "max_live_sandboxes": 2}
+    with gw.admin() as admin:
+        assert admin.put("/v1/admin/tenants/acme", json={"policy": policy}).status_code == 200
+
+    def first_call(i: int) -> httpx.Response:
+        with gw.client() as c:
+            return c.post(f"/v1/sessions/q{i}/tools/run_command", json={"command": "true"})
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(first_call, range(8)))
+    ok = [r for r in answers if r.status_code == 200]
+    refused = [r for r in answers if r.status_code == 429]
+    assert len(ok) == 2 and len(refused) == 6, [(r.status_code, r.text) for r in answers]
+    assert all(r.json()["code"] == "quota_exceeded" for r in refused)
+    with gw.admin() as admin:
+        stats = admin.get("/v1/admin/tenants/acme/stats").json()
+    assert stats["live_sandboxes"] == 2, stats

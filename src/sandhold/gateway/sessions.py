@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 
 from sandhold.config import Settings
 from sandhold.e2b.sandboxes import KeyedLocks
+from sandhold.egress.policy import EgressPolicy
 from sandhold.errors import NotFound
 from sandhold.gateway.errors import QuotaExceeded, SessionBusy, SessionClosed, SessionNotFound
 from sandhold.gateway.policy import SESSION_ID_RE, TenantPolicy, check_id
@@ -240,7 +241,7 @@ class SandboxSessionManager:
         """Bring a live sandbox's egress rules up to the tenant's policy (the handle remembers
         what the sandbox has; sessions from before egress policies had none)."""
         wanted = policy.network.model_dump()
-        if handle.get("network", {"mode": "none", "allow": [], "deny": []}) == wanted:
+        if handle.get("network", EgressPolicy().model_dump()) == wanted:
             return handle
         t0 = time.monotonic()
         await self.provider.update_network(row.sandbox_id or "", row.tenant_id, policy.network)
@@ -294,7 +295,7 @@ class SandboxSessionManager:
                 return keep.id, handle
             except SandboxGone:
                 pass
-        live = await self.db(self.store.count_live_sandboxes, row.tenant_id)
+        live = await self.db(self.store.count_live_sandboxes, row.tenant_id, row)
         if live >= policy.max_live_sandboxes:
             raise QuotaExceeded(
                 f"tenant {row.tenant_id!r} already has {live} live sandboxes "

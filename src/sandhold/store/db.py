@@ -17,7 +17,19 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, and_, create_engine, delete, event, func, or_, select, text, update
+from sqlalchemy import (
+    ColumnElement,
+    Engine,
+    and_,
+    create_engine,
+    delete,
+    event,
+    func,
+    or_,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import sessionmaker
 
@@ -147,16 +159,24 @@ class Store:
             rows = db.scalars(select(Session).where(Session.sandbox_id.is_not(None)))
             return {s.sandbox_id: SessionRow.of(s) for s in rows if s.sandbox_id}
 
-    def count_live_sandboxes(self, tenant_id: str) -> int:
+    def count_live_sandboxes(self, tenant_id: str, creator: SessionRow | None = None) -> int:
+        """The tenant's sandboxes. With ``creator`` (a session about to create one, holding its
+        lease lock) also the creates in flight that started before it: sessions without a
+        sandbox whose lock was taken earlier (a create holds its session's lock until the
+        sandbox is recorded). Concurrent first calls thus see each other in lock order, on
+        every replica, and cannot overshoot the quota together."""
+        held: ColumnElement[bool] = Session.sandbox_id.is_not(None)
+        if creator is not None and creator.lock_until is not None:
+            mine = creator.lock_until
+            earlier = or_(Session.lock_until < mine,
+                          and_(Session.lock_until == mine, Session.id < creator.pk))  # fmt: skip
+            creating = and_(Session.sandbox_id.is_(None), Session.state == "open",
+                            Session.id != creator.pk, Session.lock_until > time.time(),
+                            earlier)  # fmt: skip
+            held = or_(held, creating)
         with self.db() as db:
-            return int(
-                db.scalar(
-                    select(func.count()).where(
-                        Session.tenant_id == tenant_id, Session.sandbox_id.is_not(None)
-                    )
-                )
-                or 0
-            )
+            count = db.scalar(select(func.count()).where(Session.tenant_id == tenant_id, held))
+            return int(count or 0)
 
     def try_lock(self, pk: int, ttl_s: float) -> str | None:
         """Take the session's lease lock if it is free or expired; returns the token or None."""
