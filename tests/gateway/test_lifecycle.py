@@ -118,3 +118,38 @@ def test_concurrent_first_calls_do_not_overshoot_the_quota(
     with gw.admin() as admin:
         stats = admin.get("/v1/admin/tenants/acme/stats").json()
     assert stats["live_sandboxes"] == 2, stats
+
+
+def test_prepare_readies_the_sandbox_before_the_first_call(
+    make_gateway: Callable[..., Gateway],
+) -> None:
+    gw = make_gateway("local")
+    with gw.client() as c:
+        r = c.post("/v1/sessions/p1/prepare")
+        assert r.status_code == 200, r.text
+        sandbox = r.json()["sandbox"]
+        assert sandbox["state"] == "running"
+        created = [e for e in c.get("/v1/sessions/p1/timeline").json()["events"]
+                   if e["kind"] == "sandbox_created"]  # fmt: skip
+        assert [e["reason"] for e in created] == ["first prepare call of the session"]
+        # the first tool call finds it ready: same sandbox, nothing created
+        assert tool(c, "p1", "run_command", command="true")["exit_code"] == 0
+        events = c.get("/v1/sessions/p1/timeline").json()["events"]
+        assert [e["kind"] for e in events].count("sandbox_created") == 1
+        assert c.get("/v1/sessions/p1").json()["sandbox"]["id"] == sandbox["id"]
+
+        # without waiting: 202 at once, the sandbox follows
+        r = c.post("/v1/sessions/p2/prepare", params={"wait": "false"})
+        assert r.status_code == 202 and r.json() == {"session_id": "p2", "preparing": True}
+        wait_for(lambda: (c.get("/v1/sessions/p2").json().get("sandbox") or {}).get("state")
+                 == "running")  # fmt: skip
+
+        # bad input and closed sessions get clear errors and change nothing
+        r = c.post("/v1/sessions/p3/prepare", params={"wait": "maybe"})
+        assert r.status_code == 400 and "wait" in r.json()["message"]
+        assert c.get("/v1/sessions/p3").status_code == 404
+        r = c.post("/v1/sessions/bad id!/prepare")
+        assert r.status_code == 400 and r.json()["code"] == "invalid_argument"
+        assert c.delete("/v1/sessions/p1").status_code == 200
+        r = c.post("/v1/sessions/p1/prepare")
+        assert r.status_code == 409 and r.json()["code"] == "session_closed"

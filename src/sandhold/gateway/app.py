@@ -58,6 +58,7 @@ class Gateway:
             yield self
         finally:
             await self.reclaimer.stop()
+            await self.manager.stop()
             await self.provider.close()
             self.store.close()
 

@@ -90,6 +90,18 @@ class Api:
         tenant = await self.tenant(request)
         return JSONResponse(await self.gw.manager.status(tenant, request.path_params["session_id"]))
 
+    async def prepare(self, request: Request) -> Response:
+        tenant = await self.tenant(request)
+        session_id = request.path_params["session_id"]
+        wait = request.query_params.get("wait", "true")
+        if wait not in ("true", "false"):
+            raise InvalidSpec("wait must be true or false")
+        if wait == "false":
+            await self.gw.manager.policy(tenant)  # an unknown tenant fails now, not later
+            self.gw.manager.prepare_in_background(tenant, session_id)
+            return JSONResponse({"session_id": session_id, "preparing": True}, status_code=202)
+        return JSONResponse(await self.gw.manager.prepare(tenant, session_id))
+
     async def close(self, request: Request) -> Response:
         tenant = await self.tenant(request)
         return JSONResponse(await self.gw.manager.close(tenant, request.path_params["session_id"]))
@@ -183,6 +195,7 @@ def routes(api: Api) -> list[Route]:
         Route("/v1/sessions/{session_id}", api.status, methods=["GET"]),
         Route("/v1/sessions/{session_id}", api.close, methods=["DELETE"]),
         Route("/v1/sessions/{session_id}/timeline", api.timeline, methods=["GET"]),
+        Route("/v1/sessions/{session_id}/prepare", api.prepare, methods=["POST"]),
         Route("/v1/sessions/{session_id}/tools/{tool}", api.call_tool, methods=["POST"]),
         Route("/v1/stats", api.stats, methods=["GET"]),
         Route("/v1/deliverables/{id}", api.deliverable, methods=["GET"]),
@@ -279,6 +292,12 @@ def openapi_schema() -> dict[str, Any]:
         ("/v1/sessions/{session_id}", "get", "session status (never resumes the sandbox)"),
         ("/v1/sessions/{session_id}", "delete", "close the session"),
         ("/v1/sessions/{session_id}/timeline", "get", "the session's timeline"),
+        (
+            "/v1/sessions/{session_id}/prepare",
+            "post",
+            "create or resume the session's sandbox "
+            "now, before its first tool call (?wait=false: 202, in the background)",
+        ),
     ):
         paths.setdefault(path, {})[method] = {
             "summary": summary, "parameters": [session],

@@ -2,7 +2,9 @@
 
 Lifecycle (the three stages):
 
-- **create** on the session's first tool call, never earlier: tagged with the session, tenant
+- **create** on the session's first tool call (or its ``prepare``, which a platform sends when
+  the session starts, so that the sandbox is ready by the first call), never earlier: tagged
+  with the session, tenant
   and gateway tags, the session's workspace bound at ``/workspace``, ``timeout`` = keep-alive,
   ``on_timeout=pause`` and ``auto_resume``;
 - **keep-alive, then auto-pause**: each call extends the timeout (keep-alive + the call's own
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import os
 import shutil
@@ -34,7 +37,7 @@ from typing import Any, TypeVar
 from sandhold.config import Settings
 from sandhold.e2b.sandboxes import KeyedLocks
 from sandhold.egress.policy import EgressPolicy
-from sandhold.errors import NotFound
+from sandhold.errors import NotFound, SandholdError
 from sandhold.gateway.errors import QuotaExceeded, SessionBusy, SessionClosed, SessionNotFound
 from sandhold.gateway.policy import SESSION_ID_RE, TenantPolicy, check_id
 from sandhold.gateway.providers.base import (
@@ -49,9 +52,11 @@ from sandhold.gateway.views import READ_ROOTS, WRITE_ROOTS, view_mounts
 from sandhold.store.db import SessionRow, Store
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 USE_MARGIN_S = 30  # a use outlives its call's budget by this much before it counts as debris
 LOCK_POLL_S = (0.01, 0.2)  # first and longest wait between attempts at a taken session lock
+PREPARE = "prepare"  # the tool name a prepare's use and events carry
 
 
 @dataclass
@@ -81,6 +86,7 @@ class SandboxSessionManager:
         self.tag_gateway = prefix + "gateway"
         self.workspace_root = settings.gateway_workspace_root_path
         self._local = KeyedLocks()  # fewer DB round trips when one replica gets a burst
+        self._background: set[asyncio.Task[None]] = set()
 
     async def db(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.to_thread(fn, *args)
@@ -161,6 +167,7 @@ class SandboxSessionManager:
         policy: TenantPolicy | None = None,
     ) -> AsyncIterator[Lease]:  # fmt: skip
         """Make sure the session has a running sandbox and hold it for one tool call."""
+        cause = "prepare call" if tool == PREPARE else "tool call"
         policy = policy or await self.policy(tenant_id)
         budget = math.ceil(budget_s) + USE_MARGIN_S
         async with self._local((tenant_id, session_id)):
@@ -168,7 +175,7 @@ class SandboxSessionManager:
             try:
                 if row.state == "closed":
                     raise SessionClosed(f"session {session_id!r} is closed")
-                sandbox_id, handle = await self._ensure(row, token, policy, budget)
+                sandbox_id, handle = await self._ensure(row, token, policy, budget, cause)
                 use_id = await self.db(self.store.add_use_and_unlock, row.pk, token, sandbox_id,
                                        self.replica, tool, budget)  # fmt: skip
             except BaseException:
@@ -197,7 +204,7 @@ class SandboxSessionManager:
             await self.db(self.store.unlock, pk, token)
 
     async def _ensure(
-        self, row: SessionRow, token: str, policy: TenantPolicy, budget: int
+        self, row: SessionRow, token: str, policy: TenantPolicy, budget: int, cause: str
     ) -> tuple[str, dict[str, Any]]:
         timeout = policy.keep_alive_s + budget
         if row.sandbox_id:
@@ -212,7 +219,7 @@ class SandboxSessionManager:
                         await self.timeline.record(
                             row.tenant_id, row.session_id, "sandbox_resumed",
                             sandbox_id=sandbox_id, duration_ms=_ms(t0),
-                            reason="tool call on a paused sandbox", provider_state=before.public(),
+                            reason=f"{cause} on a paused sandbox", provider_state=before.public(),
                         )  # fmt: skip
                     handle = {**(row.sandbox_handle or {}), **fresh}
                     return sandbox_id, await self._apply_network(row, token, policy, handle)
@@ -226,14 +233,14 @@ class SandboxSessionManager:
                     )  # fmt: skip
                     if not await self.db(self.store.set_sandbox, row.pk, token, None, None):
                         raise SessionBusy("lost the session lock; retry") from None
-                    return await self._create(row, token, policy, timeout)
+                    return await self._create(row, token, policy, timeout, cause)
             await self.timeline.record(
                 row.tenant_id, row.session_id, "failure", sandbox_id=sandbox_id,
                 reason="the session's sandbox no longer exists at the provider; creating anew",
             )  # fmt: skip
             if not await self.db(self.store.set_sandbox, row.pk, token, None, None):
                 raise SessionBusy("lost the session lock; retry")
-        return await self._create(row, token, policy, timeout)
+        return await self._create(row, token, policy, timeout, cause)
 
     async def _apply_network(
         self, row: SessionRow, token: str, policy: TenantPolicy, handle: dict[str, Any]
@@ -265,7 +272,7 @@ class SandboxSessionManager:
             )  # fmt: skip
 
     async def _create(
-        self, row: SessionRow, token: str, policy: TenantPolicy, timeout: int
+        self, row: SessionRow, token: str, policy: TenantPolicy, timeout: int, cause: str
     ) -> tuple[str, dict[str, Any]]:
         tags = {
             **self.gateway_tags(),
@@ -324,11 +331,42 @@ class SandboxSessionManager:
             raise SessionBusy("lost the session lock while creating its sandbox; retry")
         await self.timeline.record(
             row.tenant_id, row.session_id, "sandbox_created", sandbox_id=sbx.id,
-            duration_ms=_ms(t0), reason="first tool call of the session" if row.generation == 0
-            else "tool call after the previous sandbox was reclaimed or lost (same workspace)",
+            duration_ms=_ms(t0), reason=f"first {cause} of the session" if row.generation == 0
+            else f"{cause} after the previous sandbox was reclaimed or lost (same workspace)",
             provider_state=sbx.public(),
         )  # fmt: skip
         return sbx.id, handle
+
+    # -- prepare ----------------------------------------------------------------------------------
+    async def prepare(self, tenant_id: str, session_id: str) -> dict[str, Any]:
+        """Make the session's sandbox ready now (create or resume it, like a tool call that runs
+        nothing), so that the first tool call does not wait for it; then the keep-alive runs."""
+        async with self.use(tenant_id, session_id, PREPARE, 0):
+            pass
+        return await self.status(tenant_id, session_id)
+
+    def prepare_in_background(self, tenant_id: str, session_id: str) -> None:
+        """``prepare`` without waiting; a failure is logged and recorded in the timeline."""
+        check_id(session_id, "session id", SESSION_ID_RE)
+
+        async def run() -> None:
+            try:
+                await self.prepare(tenant_id, session_id)
+            except Exception as e:
+                log.warning("prepare of session %s failed: %s", session_id, e)
+                error = f"{e.code}: {e.message}" if isinstance(e, SandholdError) else repr(e)
+                await self.timeline.record(tenant_id, session_id, "failure", tool=PREPARE,
+                                           error=error, reason="prepare failed")  # fmt: skip
+
+        task = asyncio.create_task(run())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def stop(self) -> None:
+        """Cancel background prepares (a half-done one is finished by the next call)."""
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
 
     # -- status and close -----------------------------------------------------------------------
     async def status(self, tenant_id: str, session_id: str) -> dict[str, Any]:
