@@ -6,6 +6,8 @@ over the same workspace, and the timeline tells that story."""
 from __future__ import annotations
 
 import concurrent.futures
+import json
+import sqlite3
 from collections.abc import Callable
 
 import httpx
@@ -153,3 +155,30 @@ def test_prepare_readies_the_sandbox_before_the_first_call(
         assert c.delete("/v1/sessions/p1").status_code == 200
         r = c.post("/v1/sessions/p1/prepare")
         assert r.status_code == 409 and r.json()["code"] == "session_closed"
+
+
+def test_provider_tokens_are_sealed_at_rest(make_gateway: Callable[..., Gateway]) -> None:
+    """The e2b provider's envd token (full control of the sandbox) never lies in the store in
+    the clear, and a sealed handle copied onto another session's row does not open there."""
+    gw = make_gateway("e2b")
+    assert gw.server is not None
+    with gw.client() as c:
+        tool(c, "t1", "run_command", command="true")
+        tool(c, "t2", "run_command", command="true")
+        sandbox_id = c.get("/v1/sessions/t1").json()["sandbox"]["id"]
+    envd_token = gw.server.runtime().get(sandbox_id).extra["e2b"]["envd_token"]
+    stored = b"".join(f.read_bytes() for f in (gw.data_dir / "gateway").glob("gateway.db*"))
+    assert stored and envd_token.encode() not in stored
+
+    db = sqlite3.connect(gw.data_dir / "gateway" / "gateway.db")
+    with db:
+        (handle,) = db.execute(
+            "SELECT sandbox_handle FROM sessions WHERE session_id='t1'"
+        ).fetchone()
+        assert "sealed" in json.loads(handle) and "envd_token" not in json.loads(handle)
+        db.execute("UPDATE sessions SET sandbox_handle=? WHERE session_id='t2'", (handle,))
+    db.close()
+    with gw.client() as c:
+        r = c.post("/v1/sessions/t2/tools/run_command", json={"command": "true"})
+        assert r.status_code == 502 and "do not open" in r.json()["message"], r.text
+        assert tool(c, "t1", "run_command", command="echo still")["stdout"] == "still\n"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import builtins
+import contextlib
 import hashlib
 import json
 import os
@@ -90,10 +91,16 @@ class KeyRing:
         if configured:
             return cls([_decode_key(k) for k in configured])
         if not key_file.exists():
+            # Written aside, then linked into place: processes starting together (gateway
+            # replicas, the server) never read a half-written file, and only one key wins.
             key_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            tmp = key_file.with_name(f"{key_file.name}.{os.getpid()}.new")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "w") as f:
                 f.write(new_key() + "\n")
+            with contextlib.suppress(FileExistsError):
+                os.link(tmp, key_file)
+            tmp.unlink()
         if key_file.stat().st_mode & 0o077:
             raise SecretKeyError(f"{key_file} must not be readable by group or others (chmod 600)")
         lines = [ln for ln in key_file.read_text().splitlines() if ln.strip()]
@@ -330,7 +337,10 @@ def _validate(tenant: str, name: str, value: str, hosts: list[str], header: str,
         raise InvalidSpec(f"format must contain {PLACEHOLDER} exactly once and no line breaks")
 
 
+def default_key_file(data_dir: Path) -> Path:
+    return data_dir / "egress" / "secrets.key"
+
+
 def open_store(data_dir: Path, configured_keys: list[str], key_file: Path | None) -> SecretStore:
-    root = data_dir / "egress"
-    ring = KeyRing.load(configured_keys, key_file or root / "secrets.key")
-    return SecretStore(root / "secrets.db", ring)
+    ring = KeyRing.load(configured_keys, key_file or default_key_file(data_dir))
+    return SecretStore(data_dir / "egress" / "secrets.db", ring)

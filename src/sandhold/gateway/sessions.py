@@ -39,6 +39,7 @@ from sandhold.e2b.sandboxes import KeyedLocks
 from sandhold.egress.policy import EgressPolicy
 from sandhold.errors import NotFound, SandholdError
 from sandhold.gateway.errors import QuotaExceeded, SessionBusy, SessionClosed, SessionNotFound
+from sandhold.gateway.handles import HandleSealer
 from sandhold.gateway.policy import SESSION_ID_RE, TenantPolicy, check_id
 from sandhold.gateway.providers.base import (
     CreateRequest,
@@ -87,6 +88,7 @@ class SandboxSessionManager:
         self.workspace_root = settings.gateway_workspace_root_path
         self._local = KeyedLocks()  # fewer DB round trips when one replica gets a burst
         self._background: set[asyncio.Task[None]] = set()
+        self.handles = HandleSealer(settings)
 
     async def db(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.to_thread(fn, *args)
@@ -221,7 +223,7 @@ class SandboxSessionManager:
                             sandbox_id=sandbox_id, duration_ms=_ms(t0),
                             reason=f"{cause} on a paused sandbox", provider_state=before.public(),
                         )  # fmt: skip
-                    handle = {**(row.sandbox_handle or {}), **fresh}
+                    handle = {**self._opened(row), **fresh}
                     return sandbox_id, await self._apply_network(row, token, policy, handle)
                 except SandboxGone:
                     pass
@@ -253,13 +255,19 @@ class SandboxSessionManager:
         t0 = time.monotonic()
         await self.provider.update_network(row.sandbox_id or "", row.tenant_id, policy.network)
         handle = {**handle, "network": wanted}
-        if not await self.db(self.store.set_handle, row.pk, token, handle):
+        if not await self.db(self.store.set_handle, row.pk, token, self._sealed(row, handle)):
             raise SessionBusy("lost the session lock; retry")
         await self.timeline.record(
             row.tenant_id, row.session_id, "sandbox_network_updated", sandbox_id=row.sandbox_id,
             duration_ms=_ms(t0), reason=f"the tenant's network policy is now {wanted}",
         )  # fmt: skip
         return handle
+
+    def _opened(self, row: SessionRow) -> dict[str, Any]:
+        return self.handles.unseal(row.sandbox_handle or {}, row.tenant_id, row.session_id)
+
+    def _sealed(self, row: SessionRow, handle: dict[str, Any]) -> dict[str, Any]:
+        return self.handles.seal(handle, row.tenant_id, row.session_id)
 
     async def _record_pause(self, row: SessionRow, sbx: ProviderSandbox) -> None:
         if sbx.state != "paused" or sbx.end_at is None:
@@ -325,7 +333,8 @@ class SandboxSessionManager:
             )
         )  # fmt: skip
         handle = {**handle, "network": policy.network.model_dump()}
-        if not await self.db(self.store.set_sandbox, row.pk, token, sbx.id, handle):
+        if not await self.db(self.store.set_sandbox, row.pk, token, sbx.id,
+                             self._sealed(row, handle)):  # fmt: skip
             # Our lease ran out mid-create and another replica may have acted: do not leak.
             await self.provider.kill(sbx.id)
             raise SessionBusy("lost the session lock while creating its sandbox; retry")

@@ -107,16 +107,21 @@ class Store:
     # -- tenants --------------------------------------------------------------------------------
     def put_tenant(self, tenant_id: str, policy: dict[str, Any], api_key: str | None) -> Tenant:
         now = time.time()
-        with self.db.begin() as db:
-            t = db.get(Tenant, tenant_id)
-            if t is None:
-                t = Tenant(id=tenant_id, created_at=now)
-                db.add(t)
-            t.policy = policy
-            t.updated_at = now
-            if api_key is not None:
-                t.api_key_sha256 = key_digest(api_key)
-            return t
+        values: dict[str, Any] = {"policy": policy, "updated_at": now}
+        if api_key is not None:
+            values["api_key_sha256"] = key_digest(api_key)
+        for _attempt in range(2):
+            try:
+                with self.db.begin() as db:  # a write first: see open_and_lock
+                    res = db.execute(update(Tenant).where(Tenant.id == tenant_id).values(**values))
+                    if res.rowcount == 0:  # type: ignore[attr-defined]
+                        db.add(Tenant(id=tenant_id, created_at=now, **values))
+                    t = db.get(Tenant, tenant_id)
+                    assert t is not None
+                    return t
+            except IntegrityError:
+                pass  # replicas starting together inserted it at the same moment: update it
+        raise AssertionError("unreachable: the tenant row exists after an IntegrityError")
 
     def get_tenant(self, tenant_id: str) -> Tenant | None:
         with self.db() as db:
@@ -197,33 +202,34 @@ class Store:
         self, tenant_id: str, session_id: str, ttl_s: float
     ) -> tuple[SessionRow, str | None, bool]:
         """A tool call's first transaction: the session's row (inserted if new) with its lease
-        lock taken if free or expired. Returns (row, token or None, whether this created it)."""
+        lock taken if free or expired. Returns (row, token or None, whether this created it).
+        It starts with a write, so that SQLite takes its write lock (waiting for it) before any
+        read: upgrading a read transaction fails at once when another writer got in between."""
         token = uuid.uuid4().hex
-        created = False
+        where = (Session.tenant_id == tenant_id, Session.session_id == session_id)
         for _attempt in range(2):
             try:
                 with self.db.begin() as db:
                     now = time.time()
-                    where = (Session.tenant_id == tenant_id, Session.session_id == session_id)
-                    s = db.scalars(select(Session).where(*where)).first()
-                    if s is None:
-                        s = Session(tenant_id=tenant_id, session_id=session_id, state="open",
-                                    generation=0, created_at=now)  # fmt: skip
-                        db.add(s)
-                        db.flush()
-                        created = True
+                    free = or_(Session.lock_owner.is_(None), Session.lock_until < now)
                     res = db.execute(
-                        update(Session)
-                        .where(Session.id == s.id,
-                               or_(Session.lock_owner.is_(None), Session.lock_until < now))
+                        update(Session).where(*where, free)
                         .values(lock_owner=token, lock_until=now + ttl_s)
                         .execution_options(synchronize_session=False)
                     )  # fmt: skip
                     got = res.rowcount == 1  # type: ignore[attr-defined]
-                    db.refresh(s)
+                    s = db.scalars(select(Session).where(*where)).first()
+                    created = s is None
+                    if s is None:
+                        s = Session(tenant_id=tenant_id, session_id=session_id, state="open",
+                                    generation=0, created_at=now, lock_owner=token,
+                                    lock_until=now + ttl_s)  # fmt: skip
+                        db.add(s)
+                        db.flush()
+                        got = True
                     return SessionRow.of(s), token if got else None, created
             except IntegrityError:
-                created = False  # another replica inserted it at the same moment: read theirs
+                pass  # another replica inserted it at the same moment: lock theirs
         raise AssertionError("unreachable: the session row exists after an IntegrityError")
 
     def add_use_and_unlock(
