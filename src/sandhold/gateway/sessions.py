@@ -50,7 +50,7 @@ from sandhold.gateway.providers.base import (
 )
 from sandhold.gateway.timeline import Timeline
 from sandhold.gateway.views import READ_ROOTS, WRITE_ROOTS, view_mounts
-from sandhold.store.db import SessionRow, Store
+from sandhold.store.db import LockLost, SessionRow, Store
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -263,6 +263,25 @@ class SandboxSessionManager:
         )  # fmt: skip
         return handle
 
+    async def _provider_create(
+        self, row: SessionRow, policy: TenantPolicy, timeout: int, tags: dict[str, str]
+    ) -> tuple[ProviderSandbox, dict[str, Any]]:
+        # The view is checked against the host again: it may have changed since the policy was.
+        views = await self.db(view_mounts, policy.skills, policy.references, self.settings)
+        workspace = None
+        if self.provider.capabilities.mount_workspace:
+            workspace = self.workspace_dir(row.tenant_id, row.session_id)
+            await self.db(_make_workspace, workspace)
+        return await self.provider.create(
+            CreateRequest(
+                template=policy.template, timeout_s=timeout, metadata=tags, env=policy.env,
+                workspace_dir=workspace, memory_mb=policy.memory_mb, cpu=policy.cpu,
+                pids=policy.pids, views=[(v.source, v.target) for v in views],
+                tenant=row.tenant_id, network=policy.network,
+                file_view={"read": list(READ_ROOTS), "write": list(WRITE_ROOTS)},
+            )
+        )  # fmt: skip
+
     def _opened(self, row: SessionRow) -> dict[str, Any]:
         return self.handles.unseal(row.sandbox_handle or {}, row.tenant_id, row.session_id)
 
@@ -310,28 +329,24 @@ class SandboxSessionManager:
                 return keep.id, handle
             except SandboxGone:
                 pass
-        live = await self.db(self.store.count_live_sandboxes, row.tenant_id, row)
-        if live >= policy.max_live_sandboxes:
+        quota, ttl = policy.max_live_sandboxes, self.settings.gateway_lock_ttl_s
+        try:
+            taken = await self.db(self.store.reserve_create, row.tenant_id, row.pk, token,
+                                  quota, ttl)  # fmt: skip
+        except LockLost:
+            raise SessionBusy("lost the session lock; retry") from None
+        if taken is not None:
             raise QuotaExceeded(
-                f"tenant {row.tenant_id!r} already has {live} live sandboxes "
-                f"(max_live_sandboxes={policy.max_live_sandboxes}); close or wait for idle ones"
+                f"tenant {row.tenant_id!r} already has {taken} live sandboxes or creates in "
+                f"flight (max_live_sandboxes={policy.max_live_sandboxes}); close or wait for "
+                "idle ones"
             )
-        # The view is checked against the host again: it may have changed since the policy was.
-        views = await self.db(view_mounts, policy.skills, policy.references, self.settings)
-        workspace = None
-        if self.provider.capabilities.mount_workspace:
-            workspace = self.workspace_dir(row.tenant_id, row.session_id)
-            await self.db(_make_workspace, workspace)
         t0 = time.monotonic()
-        sbx, handle = await self.provider.create(
-            CreateRequest(
-                template=policy.template, timeout_s=timeout, metadata=tags, env=policy.env,
-                workspace_dir=workspace, memory_mb=policy.memory_mb, cpu=policy.cpu,
-                pids=policy.pids, views=[(v.source, v.target) for v in views],
-                tenant=row.tenant_id, network=policy.network,
-                file_view={"read": list(READ_ROOTS), "write": list(WRITE_ROOTS)},
-            )
-        )  # fmt: skip
+        try:
+            sbx, handle = await self._provider_create(row, policy, timeout, tags)
+        except BaseException:
+            await self.db(self.store.set_sandbox, row.pk, token, None, None)  # free the slot
+            raise
         handle = {**handle, "network": policy.network.model_dump()}
         if not await self.db(self.store.set_sandbox, row.pk, token, sbx.id,
                              self._sealed(row, handle)):  # fmt: skip

@@ -18,7 +18,6 @@ from typing import Any
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import (
-    ColumnElement,
     Engine,
     and_,
     create_engine,
@@ -37,6 +36,10 @@ from sandhold.store.models import Deliverable, Event, Session, SessionUse, Tenan
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 MIGRATION_LOCK_ID = 0x5A4D_0001  # PostgreSQL advisory lock held while migrating
+
+
+class LockLost(Exception):
+    """A fenced write found the session's lease lock taken by someone else."""
 
 
 def key_digest(api_key: str) -> str:
@@ -164,24 +167,43 @@ class Store:
             rows = db.scalars(select(Session).where(Session.sandbox_id.is_not(None)))
             return {s.sandbox_id: SessionRow.of(s) for s in rows if s.sandbox_id}
 
-    def count_live_sandboxes(self, tenant_id: str, creator: SessionRow | None = None) -> int:
-        """The tenant's sandboxes. With ``creator`` (a session about to create one, holding its
-        lease lock) also the creates in flight that started before it: sessions without a
-        sandbox whose lock was taken earlier (a create holds its session's lock until the
-        sandbox is recorded). Concurrent first calls thus see each other in lock order, on
-        every replica, and cannot overshoot the quota together."""
-        held: ColumnElement[bool] = Session.sandbox_id.is_not(None)
-        if creator is not None and creator.lock_until is not None:
-            mine = creator.lock_until
-            earlier = or_(Session.lock_until < mine,
-                          and_(Session.lock_until == mine, Session.id < creator.pk))  # fmt: skip
-            creating = and_(Session.sandbox_id.is_(None), Session.state == "open",
-                            Session.id != creator.pk, Session.lock_until > time.time(),
-                            earlier)  # fmt: skip
-            held = or_(held, creating)
+    def count_live_sandboxes(self, tenant_id: str) -> int:
         with self.db() as db:
-            count = db.scalar(select(func.count()).where(Session.tenant_id == tenant_id, held))
-            return int(count or 0)
+            live = (Session.tenant_id == tenant_id, Session.sandbox_id.is_not(None))
+            return int(db.scalar(select(func.count()).where(*live)) or 0)
+
+    def reserve_create(
+        self, tenant_id: str, pk: int, token: str, max_live: int, ttl_s: float
+    ) -> int | None:
+        """Hold one of the tenant's ``max_live`` slots for the create the session (locked with
+        ``token``) is about to make; None when reserved, else how many are taken (nothing
+        changes). The tenant's row is written first, which serializes reservations per tenant
+        on PostgreSQL (row lock) and SQLite (write lock), so concurrent first calls on any
+        replica each see the slots the others took. ``set_sandbox`` releases the slot."""
+        now = time.time()
+        with self.db.begin() as db:
+            db.execute(update(Tenant).where(Tenant.id == tenant_id)
+                       .values(updated_at=Tenant.updated_at))  # fmt: skip
+            taken = (
+                db.scalar(
+                    select(func.count()).where(
+                        Session.tenant_id == tenant_id,
+                        Session.id != pk,
+                        or_(Session.sandbox_id.is_not(None), Session.create_reserved_until > now),
+                    )
+                )
+                or 0
+            )
+            if taken >= max_live:
+                return int(taken)
+            res = db.execute(
+                update(Session)
+                .where(Session.id == pk, Session.lock_owner == token)
+                .values(create_reserved_until=now + ttl_s)
+            )
+            if res.rowcount != 1:  # type: ignore[attr-defined]
+                raise LockLost("lost the session lock before reserving a create")
+            return None
 
     def try_lock(self, pk: int, ttl_s: float) -> str | None:
         """Take the session's lease lock if it is free or expired; returns the token or None."""
@@ -296,6 +318,7 @@ class Store:
                     sandbox_id=sandbox_id,
                     sandbox_handle=handle,
                     recorded_pause_end_at=None,
+                    create_reserved_until=None,
                     generation=Session.generation + (1 if sandbox_id else 0),
                 )
             )

@@ -46,6 +46,8 @@ class Session(Base):
     recorded_pause_end_at: Mapped[float | None] = mapped_column(Float)
     lock_owner: Mapped[str | None] = mapped_column(String(80))
     lock_until: Mapped[float | None] = mapped_column(Float)
+    # a slot of the tenant's max_live_sandboxes held for a create in flight (store.reserve_create)
+    create_reserved_until: Mapped[float | None] = mapped_column(Float)
     created_at: Mapped[float] = mapped_column(Float)
     closed_at: Mapped[float | None] = mapped_column(Float)
 
