@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(bubblewrap libseccomp2 python3 python3-pip python3-venv socat nftables debootstrap postgresql
+APT_PACKAGES=(bubblewrap util-linux libseccomp2 python3 python3-pip python3-venv socat nftables debootstrap postgresql
               ca-certificates curl procps iproute2)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do

@@ -25,6 +25,7 @@ ID_RANGE = 65536
 AGENT_LIB = "/opt/sandhold/lib"
 AGENT_RUN = "/run/sandhold"
 AGENT_MAIN = f"{AGENT_LIB}/sandhold/runtime/agent/__main__.py"
+AGENT_SOCKET = f"{AGENT_RUN}/agent.sock"
 # Capabilities the agent keeps (inside the user namespace only) to start processes as `user` and
 # to drop everything, bounding set included, in those processes; and to bind the DNS stub of a
 # sandbox with egress to 127.0.0.1:53 (its processes drop that one too).
@@ -41,7 +42,9 @@ class Launch:
     env: dict[str, str]
 
 
-def bwrap_argv(launch: Launch, *, info_fd: int, block_fd: int, seccomp_fd: int) -> list[str]:
+def bwrap_argv(
+    launch: Launch, *, info_fd: int, block_fd: int, seccomp_fd: int, ready_fd: int
+) -> list[str]:
     argv = [
         "bwrap",
         "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
@@ -71,8 +74,14 @@ def bwrap_argv(launch: Launch, *, info_fd: int, block_fd: int, seccomp_fd: int) 
     for k, v in launch.env.items():
         argv += ["--setenv", k, v]
     argv += ["--chdir", "/", "/usr/bin/python3", "-I", "-S", AGENT_MAIN,
-             "--config", f"{AGENT_RUN}/agent.json"]  # fmt: skip
+             "--config", f"{AGENT_RUN}/agent.json", "--socket", AGENT_SOCKET,
+             "--ready-fd", str(ready_fd)]  # fmt: skip
     return argv
+
+
+SETPRIV = "/usr/bin/setpriv"  # util-linux
+# argv: cgroup.procs files, "--", the command to exec once the shell's pid is in all of them
+JOIN_AND_EXEC = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 97; shift; done; shift; exec "$@"'
 
 
 def _read_info(fd: int, timeout: float) -> dict[str, int]:
@@ -96,26 +105,25 @@ def spawn(
     info_r, info_w = os.pipe()
     block_r, block_w = os.pipe()
     seccomp = filter_fd()
-    argv = bwrap_argv(launch, info_fd=info_w, block_fd=block_r, seccomp_fd=seccomp)
+    argv = bwrap_argv(
+        launch, info_fd=info_w, block_fd=block_r, seccomp_fd=seccomp, ready_fd=ready_w
+    )
 
-    def in_child() -> None:
-        # Between fork and exec: join the sandbox's cgroups before bwrap creates the cgroup
-        # namespace (so the sandbox sees its own group as the root, not the host's paths), then
-        # become the unprivileged owner of the sandbox's user namespace.
-        cgroups.add(0)
-        os.setgroups([])
-        os.setresgid(uid_base, uid_base, uid_base)
-        os.setresuid(uid_base, uid_base, uid_base)
-
+    # Before bwrap creates the cgroup namespace, its process must be in the sandbox's cgroups
+    # (so the sandbox sees its own group as the root, not the host's paths) and be the
+    # unprivileged owner of the sandbox's user namespace. A shell joins the cgroups, setpriv
+    # drops to uid_base, both exec in place (same pid); unlike a Python preexec_fn this lets
+    # Popen vfork, which saved ~5 ms per create.
+    procs = [str(d / "cgroup.procs") for d in cgroups.dirs()]
+    setpriv = [SETPRIV, f"--reuid={uid_base}", f"--regid={uid_base}", "--clear-groups", "--"]
     log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
     try:
         proc = subprocess.Popen(
-            argv,
+            ["/bin/sh", "-c", JOIN_AND_EXEC, "sh", *procs, "--", *setpriv, *argv],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,
             pass_fds=(info_w, block_r, seccomp, ready_w),
-            preexec_fn=in_child,
             start_new_session=True,  # survives the server: no shared session or signals
         )
     finally:

@@ -154,6 +154,7 @@ class Runtime:
                 d.chmod(d.stat().st_mode | 0o711)
         self.templates = TemplateStore(root / "templates", self.settings.uid_base)
         self._agent_lib_root = root / "agentlib"
+        self._agent_lib_cached: tuple[tuple[tuple[str, int, int], ...], Path] | None = None
         self._children: dict[str, subprocess.Popen[bytes]] = {}
         from sandhold.egress.control import EgressControl
 
@@ -206,11 +207,17 @@ class Runtime:
         agent_src = Path(__file__).parent / "agent"
         h11_src = Path(h11.__file__).parent
         files = sorted(agent_src.glob("*.py")) + sorted(h11_src.glob("*.py"))
+        # Hashing the sources on every create cost ~2-4 ms: redo it only when a file changed.
+        stamp = tuple((str(f), st.st_mtime_ns, st.st_size) for f in files for st in [f.stat()])
+        cached = self._agent_lib_cached
+        if cached is not None and cached[0] == stamp and cached[1].exists():
+            return cached[1]
         digest = hashlib.sha256()
         for f in files:
             digest.update(f.name.encode() + f.read_bytes())
         target = self._agent_lib_root / digest.hexdigest()[:16]
         if target.exists():
+            self._agent_lib_cached = (stamp, target)
             return target
         self._agent_lib_root.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(dir=self._agent_lib_root, prefix=".staging-"))
@@ -230,6 +237,7 @@ class Runtime:
             staging.rename(target)
         except OSError:
             shutil.rmtree(staging, ignore_errors=True)  # another process won the race
+        self._agent_lib_cached = (stamp, target)
         return target
 
     def workspace_path(self, workspace_id: str) -> Path:

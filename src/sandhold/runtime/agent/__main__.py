@@ -5,8 +5,8 @@ Started as ``/usr/bin/python3 -I -S /opt/sandhold/lib/sandhold/runtime/agent/__m
 levels up (which holds the ``sandhold`` and ``h11`` packages) goes on sys.path first.
 """
 
+import _socket  # the C module: `socket` alone imports enum and re (~10 ms on a slow core)
 import os
-import socket
 import sys
 
 
@@ -27,16 +27,16 @@ def _bootstrap() -> None:
             os.open(os.devnull, os.O_RDWR)
 
 
-def listen(path: str) -> socket.socket:
-    """Bind and listen on the agent socket (0600 from the first moment)."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+def listen(path: str) -> int:
+    """Bind and listen on the agent socket (0600 from the first moment); returns its fd."""
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     old_umask = os.umask(0o177)
     try:
         sock.bind(path)
     finally:
         os.umask(old_umask)
     sock.listen(1024)
-    return sock
+    return sock.detach()
 
 
 def signal_ready(fd: int | None) -> None:
@@ -47,25 +47,37 @@ def signal_ready(fd: int | None) -> None:
             os.close(fd)
 
 
-def _parse(argv: list[str]) -> str:
-    if len(argv) == 2 and argv[0] == "--config":
-        return argv[1]
-    if len(argv) == 1 and argv[0].startswith("--config="):
-        return argv[0].split("=", 1)[1]
-    sys.stderr.write("usage: __main__.py --config FILE\n")
-    raise SystemExit(2)
+def _parse(argv: list[str]) -> dict[str, str]:
+    """``--config FILE [--socket PATH --ready-fd N]``: with the last two the agent is ready
+    before it imports anything but ``os`` (the host passes what the config file also says)."""
+    opts: dict[str, str] = {}
+    while len(argv) >= 2 and argv[0] in ("--config", "--socket", "--ready-fd"):
+        opts[argv[0][2:]] = argv[1]
+        argv = argv[2:]
+    if argv or "config" not in opts:
+        sys.stderr.write("usage: __main__.py --config FILE [--socket PATH --ready-fd N]\n")
+        raise SystemExit(2)
+    return opts
 
 
 if __name__ == "__main__":
     _bootstrap()
+    opts = _parse(sys.argv[1:])
+    early = "socket" in opts and "ready-fd" in opts
+    if early:
+        # Ready as soon as connections are accepted: they wait in the backlog while the rest of
+        # the agent (json, dataclasses, asyncio: most of its start-up time) is imported.
+        listening = listen(opts["socket"])
+        signal_ready(int(opts["ready-fd"]))
+    import socket
+
     from sandhold.runtime.agent.config import AgentConfig
 
-    config = AgentConfig.load(_parse(sys.argv[1:]))
-    sock = listen(config.socket)
-    # Ready as soon as connections are accepted: they wait in the backlog while the rest of the
-    # agent (asyncio is most of its start-up time) is imported.
-    signal_ready(config.ready_fd)
+    config = AgentConfig.load(opts["config"])
+    if not early:
+        listening = listen(config.socket)
+        signal_ready(config.ready_fd)
     config.ready_fd = None
     from sandhold.runtime.agent.server import main
 
-    raise SystemExit(main(config, sock))
+    raise SystemExit(main(config, socket.socket(fileno=listening)))
