@@ -17,18 +17,7 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import (
-    Engine,
-    and_,
-    create_engine,
-    delete,
-    event,
-    func,
-    or_,
-    select,
-    text,
-    update,
-)
+from sqlalchemy import Engine, and_, create_engine, delete, event, func, or_, select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import sessionmaker
 

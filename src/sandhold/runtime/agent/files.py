@@ -91,11 +91,10 @@ class FilesHandler:
                     raise HttpError(400, f"path '{path}' is not a regular file")
                 fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
                 st = os.fstat(fd)  # what was opened, not what the path showed a moment ago
-            denial = (
-                self.view.opened_denial(fd, path, "read")
-                if stat.S_ISREG(st.st_mode)
-                else (f"path '{path}' is not a regular file")
-            )
+            if stat.S_ISREG(st.st_mode):
+                denial = self.view.opened_denial(fd, path, "read")
+            else:  # swapped for something else since the stat above
+                denial = f"path '{path}' is not a regular file"
             if denial:
                 os.close(fd)
                 raise HttpError(403, denial)
