@@ -20,6 +20,7 @@ from tests.egress.internet import Internet
 from tests.gateway.conftest import FAST_POLICY, OTHER_KEY, Gateway, tool
 
 TOKEN = "sk-gateway-tenant-7Hq2LmZ9"
+TEAM_TOKEN = "sk-whole-team-Vb41xQe0"
 # Long keep-alive: these tests watch one sandbox across policy changes.
 POLICY = {**FAST_POLICY, "keep_alive_s": 300, "retention_s": 600}
 STATUS = "curl -s -o /dev/null -w '%{{http_code}}' --max-time 10 {url} || true"
@@ -140,7 +141,9 @@ def egress_e2b_server(
         **internet_settings(internet),
     )
     srv.start()
-    open_store(srv.data_dir, [], None).set("team-a", "api", TOKEN, ["api.example.test"])
+    store = open_store(srv.data_dir, [], None)
+    store.set("team-a", "api", TEAM_TOKEN, ["api.example.test"])  # the API key's team's own
+    store.set("team-a:acme", "api", TOKEN, ["api.example.test"])  # its gateway tenant acme's
     yield srv
     srv.destroy()
     assert not daemon_pids(srv.data_dir)
@@ -151,13 +154,14 @@ def test_e2b_provider_sends_the_policy_as_e2b_egress_options(
     egress_e2b_server: Server,
 ) -> None:
     """Over the E2B API the policy becomes allow_internet_access / allowOut / denyOut, and rule
-    changes go through PUT /sandboxes/{id}/network; the credentials are the API key's team's."""
+    changes go through PUT /sandboxes/{id}/network; a Sandhold server injects the secrets of
+    "<team>:<gateway tenant>", not the whole team's."""
     gw = make_gateway("e2b", server=egress_e2b_server)
     assert put_network(gw, {"mode": "allowlist", "allow": ["api.example.test"]}).status_code == 200
     with gw.client() as c:
         out = tool(c, "e", "run_command",
                    command="curl -sS --max-time 10 https://api.example.test/auth")  # fmt: skip
-        assert out["stdout"] == auth_of(TOKEN), out
+        assert out["stdout"] == auth_of(TOKEN), out  # acme's, not TEAM_TOKEN
         assert status(c, "e", "http://other.example.test/") == "403"
         sandbox = sandbox_of(c, "e")
         with egress_e2b_server.api() as api:
@@ -169,3 +173,33 @@ def test_e2b_provider_sends_the_policy_as_e2b_egress_options(
         assert status(c, "e", "http://other.example.test/") == "200"
         assert status(c, "e", "http://api.example.test/") == "403"
         assert sandbox_of(c, "e") == sandbox
+        # The rules change, the secrets' scope stays.
+        r = put_network(gw, {"mode": "allowlist", "allow": ["api.example.test"]})
+        assert r.status_code == 200, r.text
+        out = tool(c, "e", "run_command",
+                   command="curl -sS --max-time 10 https://api.example.test/auth")  # fmt: skip
+        assert out["stdout"] == auth_of(TOKEN), out
+
+
+def test_a_secrets_scope_is_validated_and_kept_out_of_the_metadata(
+    egress_e2b_server: Server,
+) -> None:
+    def create(scope: str) -> httpx.Response:
+        body = {"templateID": "base", "timeout": 60, "metadata": {"sandhold.secrets-scope": scope}}
+        return api.post("/sandboxes", json=body)
+
+    with egress_e2b_server.api() as api:
+        r = create("a:b")  # a scope cannot name another team's namespace
+        assert r.status_code == 400 and "secrets-scope" in r.json()["message"], r.text
+        r = create("acme")
+        assert r.status_code == 201, r.text
+        sandbox_id = r.json()["sandboxID"]
+        try:
+            assert (
+                "sandhold.secrets-scope"
+                not in api.get(f"/sandboxes/{sandbox_id}").json()["metadata"]
+            )
+            spec = egress_e2b_server.runtime().get(sandbox_id).spec
+            assert spec.network.tenant == "team-a:acme"
+        finally:
+            api.delete(f"/sandboxes/{sandbox_id}")

@@ -9,6 +9,7 @@ the operator's choice (``egress_e2b_enabled``); without it the options are refus
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from pydantic import ValidationError
@@ -18,12 +19,29 @@ from sandhold.e2b.errors import ApiError
 from sandhold.runtime.spec import NetworkPolicy
 
 ALL_TRAFFIC = ("0.0.0.0/0", "::/0")
+SECRETS_SCOPE_KEY = "sandhold.secrets-scope"
+SCOPE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 # network keys that only make sense with egress
 EGRESS_KEYS = ("allowOut", "dnsServers", "egressProxy", "httpsPorts", "rules")
 
 
+def secrets_tenant(team: str, scope: str | None) -> str:
+    """Whose secrets a team's sandbox gets: the team's, or with a scope (the create's
+    ``sandhold.secrets-scope`` metadata, e.g. a gateway tenant) ``<team>:<scope>``, a namespace
+    of the team's own: no team can name another team's secrets."""
+    if scope is None:
+        return team
+    if not SCOPE_RE.match(scope):
+        raise ApiError(
+            400,
+            f"metadata {SECRETS_SCOPE_KEY!r} must be 1-64 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit",
+        )
+    return f"{team}:{scope}"
+
+
 def egress_policy(
-    settings: Settings, team: str, allow_internet_access: bool | None, network: dict[str, Any]
+    settings: Settings, tenant: str, allow_internet_access: bool | None, network: dict[str, Any]
 ) -> NetworkPolicy:
     allow = list(network.get("allowOut") or [])
     deny = list(network.get("denyOut") or [])
@@ -69,7 +87,7 @@ def egress_policy(
         mode = "none"
     try:
         return NetworkPolicy.model_validate(
-            {"mode": mode, "allow": allow, "deny": deny, "tenant": team}
+            {"mode": mode, "allow": allow, "deny": deny, "tenant": tenant}
         )
     except ValidationError as e:
         err = e.errors(include_url=False)[0]

@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from sandhold.config import Settings
 from sandhold.e2b.errors import ApiError, from_sandhold, not_found
 from sandhold.e2b.models import NetworkUpdate, NewSandbox, check_metadata, describe
-from sandhold.e2b.network import egress_policy
+from sandhold.e2b.network import SECRETS_SCOPE_KEY, egress_policy, secrets_tenant
 from sandhold.e2b.volumes import VolumeStore
 from sandhold.errors import Conflict, SandboxNotFound, SandholdError
 from sandhold.runtime.runtime import ENVD_VERSION, Runtime, SandboxInfo
@@ -292,8 +292,9 @@ class Sandboxes:
         workspace_dir, host_mounts = self._host_mounts(metadata.pop(HOST_MOUNT_KEY, None))
         file_view = _file_view(metadata.pop(FILE_VIEW_KEY, None))
         requested = body.network.model_dump(exclude_none=True) if body.network else {}
+        tenant = secrets_tenant(team, metadata.pop(SECRETS_SCOPE_KEY, None))
         policy = network or egress_policy(
-            self.settings, team, body.allow_internet_access, requested
+            self.settings, tenant, body.allow_internet_access, requested
         )
         if body.mcp:
             raise ApiError(400, "mcp is not supported by this server")
@@ -503,7 +504,8 @@ class Sandboxes:
                 raise ApiError(400, "egress is not enabled on this server: sandboxes have no "
                                "network access unless the operator sets "
                                "egress_e2b_enabled")  # fmt: skip
-            policy = egress_policy(self.settings, team, body.allow_internet_access, network)
+            tenant = sbx.info.spec.network.tenant or team  # as chosen at create
+            policy = egress_policy(self.settings, tenant, body.allow_internet_access, network)
             if sbx.info.spec.network.mode == "none":
                 raise ApiError(409, f"sandbox {sbx.id!r} was created without egress, so its "
                                "network cannot be changed (the operator disabled "

@@ -20,7 +20,7 @@ from urllib.parse import quote, urlencode
 import httpx
 
 from sandhold.config import Settings
-from sandhold.e2b.network import ALL_TRAFFIC
+from sandhold.e2b.network import ALL_TRAFFIC, SECRETS_SCOPE_KEY
 from sandhold.e2b.sandboxes import FILE_VIEW_KEY, HOST_MOUNT_KEY
 from sandhold.egress.policy import EgressPolicy
 from sandhold.gateway.providers.base import (
@@ -146,8 +146,12 @@ class E2bProvider(Provider):
                              "readOnly": False})  # fmt: skip
         if binds:
             metadata[HOST_MOUNT_KEY] = json.dumps(binds)
-        if req.file_view is not None and self.flavor == "sandhold":
-            metadata[FILE_VIEW_KEY] = json.dumps(req.file_view)
+        if self.flavor == "sandhold":
+            # The server enforces the session's file view, and injects the secrets of
+            # "<the API key's team>:<gateway tenant>".
+            if req.file_view is not None:
+                metadata[FILE_VIEW_KEY] = json.dumps(req.file_view)
+            metadata[SECRETS_SCOPE_KEY] = req.tenant
         body: dict[str, Any] = {
             "templateID": req.template,
             "timeout": req.timeout_s,
@@ -156,8 +160,6 @@ class E2bProvider(Provider):
             "metadata": metadata,
             "envVars": req.env,
         }
-        # The secrets injected are those of the team behind gateway_e2b_api_key (req.tenant
-        # cannot be chosen over this API).
         body.update(_egress(req.network))
         path = "/v2/sandboxes"
         if self.flavor == "cube":
