@@ -66,6 +66,10 @@ def _decode_key(text: str) -> bytes:
     return raw
 
 
+class UnknownKey(Exception):
+    """A ciphertext names a key that is not in the ring (any more)."""
+
+
 class KeyRing:
     """Keys newest first; ``key_id`` is a short hash that ciphertexts carry."""
 
@@ -105,6 +109,20 @@ class KeyRing:
             raise SecretKeyError(f"{key_file} must not be readable by group or others (chmod 600)")
         lines = [ln for ln in key_file.read_text().splitlines() if ln.strip()]
         return cls([_decode_key(k) for k in lines], key_file)
+
+    def seal(self, plaintext: bytes, aad: bytes) -> tuple[str, bytes, bytes]:
+        """AES-256-GCM under the newest key: (key id, nonce, ciphertext)."""
+        key_id, key = self.current
+        nonce = os.urandom(12)
+        return key_id, nonce, AESGCM(key).encrypt(nonce, plaintext, aad)
+
+    def open(self, key_id: str, nonce: bytes, sealed: bytes, aad: bytes) -> bytes:
+        """The plaintext; UnknownKey if ``key_id`` is not in the ring, InvalidTag if the
+        ciphertext or its associated data was changed."""
+        key = self.by_id.get(key_id)
+        if key is None:
+            raise UnknownKey(key_id)
+        return AESGCM(key).decrypt(nonce, sealed, aad)
 
     def add_new_key(self) -> None:
         """Put a fresh key first (key file only; configured keys are the operator's to edit)."""
@@ -210,9 +228,7 @@ class SecretStore:
         format: str = "Bearer {secret}",
     ) -> SecretInfo:
         _validate(tenant, name, value, hosts, header, format)
-        key_id, key = self.keyring.current
-        nonce = os.urandom(12)
-        sealed = AESGCM(key).encrypt(nonce, value.encode(), _aad(tenant, name))
+        key_id, nonce, sealed = self.keyring.seal(value.encode(), _aad(tenant, name))
         now = time.time()
         with self._db() as db:
             row = db.execute(
@@ -244,7 +260,6 @@ class SecretStore:
 
     def rotate(self) -> int:
         """Re-encrypt every secret with the newest key; returns how many were rewritten."""
-        key_id, key = self.keyring.current
         count = 0
         with self._db() as db:
             rows = db.execute(
@@ -252,8 +267,7 @@ class SecretStore:
             ).fetchall()
             for tenant, name, old_id, nonce, sealed in rows:
                 value = self._open(tenant, name, old_id, nonce, sealed)
-                new_nonce = os.urandom(12)
-                resealed = AESGCM(key).encrypt(new_nonce, value, _aad(tenant, name))
+                key_id, new_nonce, resealed = self.keyring.seal(value, _aad(tenant, name))
                 db.execute(
                     "UPDATE secrets SET key_id=?, nonce=?, ciphertext=? WHERE tenant=? AND name=?",
                     (key_id, new_nonce, resealed, tenant, name),
@@ -299,14 +313,13 @@ class SecretStore:
         return [json.loads(r[0]) for r in rows]
 
     def _open(self, tenant: str, name: str, key_id: str, nonce: bytes, sealed: bytes) -> bytes:
-        key = self.keyring.by_id.get(key_id)
-        if key is None:
+        try:
+            return self.keyring.open(key_id, nonce, sealed, _aad(tenant, name))
+        except UnknownKey:
             raise SecretKeyError(
                 f"secret {name!r} of tenant {tenant!r} is sealed with key {key_id}, which is "
                 "not configured any more"
-            )
-        try:
-            return AESGCM(key).decrypt(nonce, sealed, _aad(tenant, name))
+            ) from None
         except Exception:
             raise SecretKeyError(
                 f"secret {name!r} of tenant {tenant!r} does not decrypt (tampered or moved)"

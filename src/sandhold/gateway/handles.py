@@ -9,14 +9,12 @@ from __future__ import annotations
 import base64
 import functools
 import json
-import os
 from typing import Any
 
 from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from sandhold.config import Settings
-from sandhold.egress.secrets import KeyRing, default_key_file
+from sandhold.egress.secrets import KeyRing, UnknownKey, default_key_file
 from sandhold.gateway.providers.base import ProviderError
 
 SECRET_FIELDS = ("envd_token", "traffic_token")
@@ -41,10 +39,8 @@ class HandleSealer:
         secret = {k: handle[k] for k in SECRET_FIELDS if handle.get(k)}
         out = {k: v for k, v in handle.items() if k not in SECRET_FIELDS}
         if secret:
-            key_id, key = self.keyring.current
-            nonce = os.urandom(12)
-            ct = AESGCM(key).encrypt(nonce, json.dumps(secret).encode(),
-                                     _aad(tenant_id, session_id))  # fmt: skip
+            aad = _aad(tenant_id, session_id)
+            key_id, nonce, ct = self.keyring.seal(json.dumps(secret).encode(), aad)
             out[SEALED] = {"key": key_id, "nonce": _b64(nonce), "data": _b64(ct)}
         return out
 
@@ -53,16 +49,15 @@ class HandleSealer:
         out = {k: v for k, v in handle.items() if k != SEALED}
         if not sealed:
             return out
-        key = self.keyring.by_id.get(sealed.get("key", ""))
-        if key is None:
+        try:
+            plain = self.keyring.open(str(sealed.get("key", "")), base64.b64decode(sealed["nonce"]),
+                                      base64.b64decode(sealed["data"]),
+                                      _aad(tenant_id, session_id))  # fmt: skip
+        except UnknownKey:
             raise ProviderError(
                 f"session {session_id!r}: its provider tokens were sealed with a key this replica "
                 "does not have; give every gateway replica the same secrets_keys"
-            )
-        try:
-            plain = AESGCM(key).decrypt(base64.b64decode(sealed["nonce"]),
-                                        base64.b64decode(sealed["data"]),
-                                        _aad(tenant_id, session_id))  # fmt: skip
+            ) from None
         except (InvalidTag, KeyError, ValueError):
             raise ProviderError(
                 f"session {session_id!r}: its sealed provider tokens do not open (tampered, or "
