@@ -93,11 +93,7 @@ class FileOpRecord:
         body = self.request_head
         if self.headers.get("content-type", "").startswith("application/connect+json"):
             body = body[5:]  # one enveloped message: flags (1) and length (4)
-        try:
-            msg = json.loads(body)
-        except ValueError:
-            return {}
-        return msg if isinstance(msg, dict) else {}
+        return _json(body)
 
     def _outcome(self) -> tuple[int | None, str | None]:
         """(status, error message) as the agent answered; a Connect stream ends with its error."""
@@ -163,16 +159,17 @@ class FileAudit:
 
 
 def _json(data: bytes) -> dict[str, Any]:
-    try:
-        value = json.loads(data)
-    except ValueError:
-        return {}
+    value = _loads(data)
     return value if isinstance(value, dict) else {}
 
 
 def _json_list(data: bytes) -> list[Any]:
-    try:
-        value = json.loads(data)
-    except ValueError:
-        return []
+    value = _loads(data)
     return value if isinstance(value, list) else []
+
+
+def _loads(data: bytes) -> Any:
+    try:
+        return json.loads(data)
+    except ValueError:
+        return None

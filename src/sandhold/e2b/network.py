@@ -9,18 +9,16 @@ the operator's choice (``egress_e2b_enabled``); without it the options are refus
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from pydantic import ValidationError
 
 from sandhold.config import Settings
 from sandhold.e2b.errors import ApiError
-from sandhold.runtime.spec import NetworkPolicy
+from sandhold.runtime.spec import NAME_RE, NetworkPolicy
 
 ALL_TRAFFIC = ("0.0.0.0/0", "::/0")
 SECRETS_SCOPE_KEY = "sandhold.secrets-scope"
-SCOPE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 # network keys that only make sense with egress
 EGRESS_KEYS = ("allowOut", "dnsServers", "egressProxy", "httpsPorts", "rules")
 
@@ -31,7 +29,7 @@ def secrets_tenant(team: str, scope: str | None) -> str:
     of the team's own: no team can name another team's secrets."""
     if scope is None:
         return team
-    if not SCOPE_RE.match(scope):
+    if not NAME_RE.match(scope):
         raise ApiError(
             400,
             f"metadata {SECRETS_SCOPE_KEY!r} must be 1-64 letters, digits, '.', '_' or '-', "

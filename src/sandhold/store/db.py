@@ -17,7 +17,19 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, and_, create_engine, delete, event, func, or_, select, text, update
+from sqlalchemy import (
+    ColumnElement,
+    Engine,
+    and_,
+    create_engine,
+    delete,
+    event,
+    func,
+    or_,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import sessionmaker
 
@@ -29,6 +41,11 @@ MIGRATION_LOCK_ID = 0x5A4D_0001  # PostgreSQL advisory lock held while migrating
 
 class LockLost(Exception):
     """A fenced write found the session's lease lock taken by someone else."""
+
+
+def _lock_free(now: float) -> ColumnElement[bool]:
+    """A session's lease lock can be taken: nobody holds it, or its holder's lease ran out."""
+    return or_(Session.lock_owner.is_(None), Session.lock_until < now)
 
 
 def key_digest(api_key: str) -> str:
@@ -201,10 +218,7 @@ class Store:
         with self.db.begin() as db:
             res = db.execute(
                 update(Session)
-                .where(
-                    Session.id == pk,
-                    or_(Session.lock_owner.is_(None), Session.lock_until < now),
-                )
+                .where(Session.id == pk, _lock_free(now))
                 .values(lock_owner=token, lock_until=now + ttl_s)
             )
             return token if res.rowcount == 1 else None  # type: ignore[attr-defined]
@@ -222,9 +236,8 @@ class Store:
             try:
                 with self.db.begin() as db:
                     now = time.time()
-                    free = or_(Session.lock_owner.is_(None), Session.lock_until < now)
                     res = db.execute(
-                        update(Session).where(*where, free)
+                        update(Session).where(*where, _lock_free(now))
                         .values(lock_owner=token, lock_until=now + ttl_s)
                         .execution_options(synchronize_session=False)
                     )  # fmt: skip
@@ -270,8 +283,7 @@ class Store:
             db.execute(delete(SessionUse).where(SessionUse.id == use_id))
             res = db.execute(
                 update(Session)
-                .where(Session.id == pk,
-                       or_(Session.lock_owner.is_(None), Session.lock_until < now))
+                .where(Session.id == pk, _lock_free(now))
                 .values(lock_owner=token, lock_until=now + ttl_s)
             )  # fmt: skip
             if res.rowcount != 1:  # type: ignore[attr-defined]
