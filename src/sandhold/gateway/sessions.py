@@ -29,7 +29,7 @@ import os
 import shutil
 import socket
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -129,14 +129,8 @@ class SandboxSessionManager:
     async def locked(self, pk: int) -> AsyncIterator[str]:
         """Hold the session's lease lock (waiting for it at most two lease times)."""
         async with self._local(pk):
-            deadline = time.monotonic() + 2 * self.settings.gateway_lock_ttl_s
-            delay = LOCK_POLL_S[0]
-            while (token := await self.db(self.store.try_lock, pk, self.settings.gateway_lock_ttl_s)
-                   ) is None:  # fmt: skip
-                if time.monotonic() > deadline:
-                    raise SessionBusy("the session is busy (its sandbox is being changed); retry")
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, LOCK_POLL_S[1])
+            ttl = self.settings.gateway_lock_ttl_s
+            token = await self._poll_lock(lambda: self.db(self.store.try_lock, pk, ttl))
             try:
                 yield token
             finally:
@@ -149,19 +143,27 @@ class SandboxSessionManager:
         """The session's row (created on first use) with its lease lock held."""
         check_id(session_id, "session id", SESSION_ID_RE)
         ttl = self.settings.gateway_lock_ttl_s
-        deadline = time.monotonic() + 2 * ttl
-        delay = LOCK_POLL_S[0]
-        while True:
+
+        async def attempt() -> tuple[SessionRow, str] | None:
             row, token, created = await self.db(self.store.open_and_lock, tenant_id, session_id,
                                                 ttl)  # fmt: skip
             if created:
                 await self.timeline.record(tenant_id, session_id, "session_opened")
-            if token is not None:
-                return row, token
+            return None if token is None else (row, token)
+
+        return await self._poll_lock(attempt)
+
+    async def _poll_lock(self, attempt: Callable[[], Awaitable[T | None]]) -> T:
+        """Retry ``attempt`` (a try at a session's lease lock) with backoff until it returns
+        something, for at most two lease times."""
+        deadline = time.monotonic() + 2 * self.settings.gateway_lock_ttl_s
+        delay = LOCK_POLL_S[0]
+        while (got := await attempt()) is None:
             if time.monotonic() > deadline:
                 raise SessionBusy("the session is busy (its sandbox is being changed); retry")
             await asyncio.sleep(delay)
             delay = min(delay * 2, LOCK_POLL_S[1])
+        return got
 
     @contextlib.asynccontextmanager
     async def use(
