@@ -86,6 +86,9 @@ def make_engine(url: str) -> Engine:
             cur.execute("PRAGMA journal_mode=WAL")  # readers do not block the writer
             cur.execute("PRAGMA synchronous=NORMAL")  # WAL: no fsync per commit
             cur.execute("PRAGMA foreign_keys=ON")
+            # busy_timeout covers a transaction whose first statement writes; one that reads
+            # first and then writes fails at once if another writer committed in between (a
+            # WAL snapshot cannot be upgraded). Write transactions here start with their write.
             cur.execute("PRAGMA busy_timeout=30000")
             cur.close()
 
