@@ -1,7 +1,45 @@
-"""The exception tree shared by every layer.
+"""The one exception tree of the host side: every error Sandhold raises on purpose is a leaf of it.
 
-Each error carries a stable machine-readable ``code`` so that the HTTP surfaces can turn it into a
-structured ``{code, message}`` body without guessing.
+Each error carries a stable machine-readable ``code``. What a leaf becomes on a wire is not its
+own business: one table per wire format maps leaves to answers (``sandhold.e2b.errors`` for the
+E2B JSON surface, ``sandhold.gateway.errors`` for the gateway's REST and MCP surfaces,
+``sandhold.cli.errors`` for exit statuses), and ``tests/test_errors.py`` fails when a leaf is
+missing from any of them. The in-sandbox agent is not host side: it is standard-library only and
+answers in envd's own codes, which ``EnvdError`` carries back.
+
+::
+
+    SandholdError                          internal        (a bug, or an unexpected failure)
+    ├── InvalidRequest                     invalid_argument  bad input; nothing was changed
+    │   └── ConfigError                    invalid_config    settings refused at start-up
+    ├── Unauthenticated                    unauthorized      no or a wrong credential
+    ├── Forbidden                          forbidden         authenticated, but not allowed
+    │   ├── ViewDenied                     view_denied       outside the session's file view
+    │   └── EgressRefused                  egress_refused    the egress policy said no
+    ├── NotFound                           not_found
+    │   ├── SandboxNotFound                                  (also: another team's sandbox)
+    │   ├── TemplateNotFound
+    │   ├── VolumeNotFound
+    │   └── SessionNotFound
+    ├── Conflict                           conflict          the object's state forbids it
+    │   ├── SessionClosed                  session_closed
+    │   ├── NeedsNewSandbox                needs_new_sandbox the change needs a new sandbox
+    │   └── PreconditionFailed             precondition_failed  changed since the caller looked
+    ├── PayloadTooLarge                    payload_too_large
+    ├── QuotaExceeded                      quota_exceeded
+    ├── Unsupported                        unsupported       a known feature not built here
+    ├── Unavailable                        unavailable       try again later
+    │   ├── HostUnsupported                failed_precondition  missing kernel feature or tool
+    │   ├── SessionBusy                    session_busy      another replica holds the session
+    │   ├── LockLost                       lock_lost         our lease ran out mid-operation
+    │   └── EgressUnavailable              egress_unavailable
+    ├── SandboxStartFailed                 sandbox_start_failed
+    ├── TemplateBuildFailed                template_build_failed
+    ├── SecretKeyError                     secret_key        the secrets key ring is unusable
+    ├── EnvdError                          (envd's code)     the sandbox's agent said no
+    │   └── PortClosed                     port_closed       nothing listens on that port
+    └── ProviderError                      provider_error    the sandbox provider failed
+        └── SandboxGone                    sandbox_gone      it no longer exists there
 """
 
 from __future__ import annotations
@@ -11,30 +49,65 @@ class SandholdError(Exception):
     """Base class of every error Sandhold raises on purpose."""
 
     code = "internal"
-    http_status = 500
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
 
 
-class InvalidSpec(SandholdError):
+class InvalidRequest(SandholdError):
     """The request is malformed or asks for something impossible; nothing was changed."""
 
     code = "invalid_argument"
-    http_status = 400
+
+
+class ConfigError(InvalidRequest):
+    """The settings are incomplete or dangerous; the process refuses to start."""
+
+    code = "invalid_config"
+
+
+class Unauthenticated(SandholdError):
+    code = "unauthorized"
+
+
+class Forbidden(SandholdError):
+    code = "forbidden"
+
+
+class ViewDenied(Forbidden):
+    """A path outside the session's file view (or a write to a read-only part of it)."""
+
+    code = "view_denied"
+
+    def __init__(self, message: str, path: str = "") -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class EgressRefused(Forbidden):
+    """The egress policy refuses a connection (its message is what the sandbox is told)."""
+
+    code = "egress_refused"
 
 
 class NotFound(SandholdError):
     code = "not_found"
-    http_status = 404
+
+
+class SandboxNotFound(NotFound):
+    pass
 
 
 class TemplateNotFound(NotFound):
     pass
 
 
-class SandboxNotFound(NotFound):
+class VolumeNotFound(NotFound):
+    pass
+
+
+class SessionNotFound(NotFound):
     pass
 
 
@@ -42,16 +115,124 @@ class Conflict(SandholdError):
     """The object's state does not allow the operation (e.g. pausing a paused sandbox)."""
 
     code = "conflict"
-    http_status = 409
 
 
-class HostUnsupported(SandholdError):
+class SessionClosed(Conflict):
+    code = "session_closed"
+
+
+class NeedsNewSandbox(Conflict):
+    """The sandbox cannot take the change (e.g. egress added to a sandbox created without any):
+    only a new sandbox can have it."""
+
+    code = "needs_new_sandbox"
+
+
+class PreconditionFailed(Conflict):
+    """A conditional operation found its object changed since the caller looked at it."""
+
+    code = "precondition_failed"
+
+
+class PayloadTooLarge(SandholdError):
+    code = "payload_too_large"
+
+
+class QuotaExceeded(SandholdError):
+    code = "quota_exceeded"
+
+
+class Unsupported(SandholdError):
+    """A known operation or option this server deliberately does not implement."""
+
+    code = "unsupported"
+
+
+class Unavailable(SandholdError):
+    """A dependency is missing or busy; the same request may succeed later."""
+
+    code = "unavailable"
+
+
+class HostUnsupported(Unavailable):
     """A kernel feature or host tool the runtime needs is missing; `sandhold doctor` explains."""
 
     code = "failed_precondition"
-    http_status = 503
+
+
+class SessionBusy(Unavailable):
+    """The session's lock stayed taken (another replica is creating or reclaiming its sandbox)."""
+
+    code = "session_busy"
+
+
+class LockLost(Unavailable):
+    """A lease expired (or was taken over) while its holder was still working."""
+
+    code = "lock_lost"
+
+
+class EgressUnavailable(Unavailable):
+    code = "egress_unavailable"
 
 
 class SandboxStartFailed(SandholdError):
     code = "sandbox_start_failed"
-    http_status = 500
+
+
+class TemplateBuildFailed(SandholdError):
+    code = "template_build_failed"
+
+
+class SecretKeyError(SandholdError):
+    """The secrets key ring is missing, malformed or cannot open a stored secret."""
+
+    code = "secret_key"
+
+
+class EnvdError(SandholdError):
+    """The sandbox's agent answered with an error (bad path, missing file, ...): ``code`` is
+    envd's own (``not_found``, ``invalid_argument``, ...)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class PortClosed(EnvdError):
+    """Nothing listens on the port inside the sandbox (e.g. no code interpreter)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("port_closed", message)
+
+
+class ProviderError(SandholdError):
+    """The sandbox provider failed or answered something unexpected."""
+
+    code = "provider_error"
+
+
+class SandboxGone(ProviderError):
+    """The sandbox no longer exists at the provider (killed, expired or reclaimed)."""
+
+    code = "sandbox_gone"
+
+
+def leaves() -> list[type[SandholdError]]:
+    """Every class of the tree (the root and inner nodes too: each can be raised as such)."""
+    out: list[type[SandholdError]] = []
+    todo: list[type[SandholdError]] = [SandholdError]
+    while todo:
+        cls = todo.pop()
+        out.append(cls)
+        todo.extend(cls.__subclasses__())
+    return out
+
+
+def lookup(table: dict[type[SandholdError], object], e: SandholdError) -> object:
+    """The answer of the nearest class of ``e`` in a wire table (tables list every class; a
+    subclass defined outside this module still finds its parent's answer)."""
+    for cls in type(e).__mro__:
+        if cls in table:
+            return table[cls]
+    return table[SandholdError]
