@@ -12,7 +12,7 @@ import pytest
 
 from sandhold import audit
 from sandhold.config import Settings
-from sandhold.errors import Conflict, InvalidSpec
+from sandhold.errors import Conflict, InvalidRequest
 from sandhold.runtime.runtime import Runtime
 from tests.egress.fixtures import SECRET, TENANT, daemon_pids
 from tests.egress.internet import Internet
@@ -96,7 +96,7 @@ async def test_rules_change_on_a_running_sandbox(egress_sandbox, egress_runtime:
         sbx.id, {"mode": "allowlist", "allow": ["*.example.test"], "tenant": TENANT}
     )
     assert (await sh(sbx, get)).text == "200"
-    with pytest.raises(InvalidSpec, match="not a valid domain"):
+    with pytest.raises(InvalidRequest, match="not a valid domain"):
         await egress_runtime.update_network(sbx.id, {"mode": "allowlist", "allow": ["bad..name"]})
     with pytest.raises(Conflict, match="created with network mode 'allowlist'"):
         await egress_runtime.update_network(sbx.id, {"mode": "none"})

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from sandhold.egress.secrets import KeyRing, SecretKeyError, SecretStore, new_key, open_store
-from sandhold.errors import InvalidSpec, NotFound
+from sandhold.errors import InvalidRequest, NotFound
 
 
 @pytest.fixture
@@ -50,7 +50,7 @@ def test_values_are_sealed_and_injected_only_for_their_hosts(store: SecretStore)
 )
 def test_bad_input_is_refused_and_nothing_is_stored(store: SecretStore, kwargs, msg) -> None:
     args = {"tenant": "t", "name": "n", "value": "v-123456", "hosts": ["a.test"], **kwargs}
-    with pytest.raises(InvalidSpec, match=msg):
+    with pytest.raises(InvalidRequest, match=msg):
         store.set(**args)
     assert store.list() == []
     with pytest.raises(NotFound):

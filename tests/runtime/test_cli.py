@@ -38,24 +38,24 @@ def test_sandbox_commands_end_to_end(cli):
         paused = [s for s in json.loads(cli("sandbox", "ls", "--json").stdout) if s["id"] == sid]
         assert paused[0]["state"] == "paused"
         r = cli("sandbox", "exec", sid, "--", "true", check=False)
-        assert r.returncode == 2 and "paused" in r.stderr
+        assert r.returncode == 73 and "paused" in r.stderr  # Conflict
         r = cli("sandbox", "pause", sid, check=False)
-        assert r.returncode == 2 and "already paused" in r.stderr
+        assert r.returncode == 73 and "already paused" in r.stderr
         cli("sandbox", "resume", sid)
         assert cli("sandbox", "exec", sid, "--", "echo", "back").stdout.strip() == "back"
     finally:
         cli("sandbox", "kill", sid, check=False)
     r = cli("sandbox", "kill", sid, check=False)
-    assert r.returncode == 2 and "does not exist" in r.stderr
+    assert r.returncode == 66 and "does not exist" in r.stderr  # NotFound
 
 
 def test_bad_input_gives_clear_errors(cli):
     r = cli("sandbox", "create", "--template", "nope", check=False)
-    assert r.returncode == 2 and "template 'nope' does not exist" in r.stderr
+    assert r.returncode == 66 and "template 'nope' does not exist" in r.stderr
     r = cli("sandbox", "create", "--memory-mb", "1", check=False)
-    assert r.returncode == 2 and "memory_mb" in r.stderr
+    assert r.returncode == 65 and "memory_mb" in r.stderr  # InvalidRequest
     r = cli("sandbox", "exec", "doesnotexist", "--", "true", check=False)
-    assert r.returncode == 2 and "does not exist" in r.stderr
+    assert r.returncode == 66 and "does not exist" in r.stderr  # NotFound
 
 
 def test_template_ls_and_doctor(cli):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sandhold.errors import Conflict, InvalidSpec, SandboxNotFound, TemplateNotFound
+from sandhold.errors import Conflict, InvalidRequest, SandboxNotFound, TemplateNotFound
 from sandhold.runtime.cgroups import CgroupSet
 from sandhold.runtime.runtime import Runtime
 from tests.runtime.helpers import sh
@@ -96,20 +96,20 @@ async def test_kill_removes_everything(make_sandbox, runtime):
     ("spec", "error"),
     [
         ({"template": "no-such-template"}, TemplateNotFound),
-        ({"template": "../etc"}, InvalidSpec),
-        ({"limits": {"memory_mb": 1}}, InvalidSpec),
-        ({"limits": {"memory_mb": 10**9}}, InvalidSpec),
-        ({"limits": {"cpu": 0}}, InvalidSpec),
-        ({"limits": {"cpu": 512}}, InvalidSpec),
-        ({"limits": {"pids": 2}}, InvalidSpec),
-        ({"workspace_id": "../../etc"}, InvalidSpec),
-        ({"mounts": [{"source": "/etc", "target": "/proc/x"}]}, InvalidSpec),
-        ({"mounts": [{"source": "/etc", "target": "data/../.."}]}, InvalidSpec),
-        ({"mounts": [{"source": "/nonexistent", "target": "/data"}]}, InvalidSpec),
-        ({"env": {"BAD NAME": "x"}}, InvalidSpec),
-        ({"user": "admin"}, InvalidSpec),
-        ({"network": {"mode": "bridge"}}, InvalidSpec),
-        ({"unknown_field": 1}, InvalidSpec),
+        ({"template": "../etc"}, InvalidRequest),
+        ({"limits": {"memory_mb": 1}}, InvalidRequest),
+        ({"limits": {"memory_mb": 10**9}}, InvalidRequest),
+        ({"limits": {"cpu": 0}}, InvalidRequest),
+        ({"limits": {"cpu": 512}}, InvalidRequest),
+        ({"limits": {"pids": 2}}, InvalidRequest),
+        ({"workspace_id": "../../etc"}, InvalidRequest),
+        ({"mounts": [{"source": "/etc", "target": "/proc/x"}]}, InvalidRequest),
+        ({"mounts": [{"source": "/etc", "target": "data/../.."}]}, InvalidRequest),
+        ({"mounts": [{"source": "/nonexistent", "target": "/data"}]}, InvalidRequest),
+        ({"env": {"BAD NAME": "x"}}, InvalidRequest),
+        ({"user": "admin"}, InvalidRequest),
+        ({"network": {"mode": "bridge"}}, InvalidRequest),
+        ({"unknown_field": 1}, InvalidRequest),
     ],
 )
 async def test_bad_input_is_rejected_and_leaves_nothing(runtime, spec, error):
@@ -167,7 +167,7 @@ async def test_parallel_creates(make_sandbox):
 async def test_operator_mounts_appear_at_new_paths_read_only(make_sandbox, runtime, tmp_path):
     hidden = tmp_path / "skill"  # under pytest's 0700 tmp dir: unreachable for the sandbox
     hidden.mkdir()
-    with pytest.raises(InvalidSpec, match="not searchable by others"):
+    with pytest.raises(InvalidRequest, match="not searchable by others"):
         await runtime.create({"mounts": [{"source": str(hidden), "target": "/skills/demo"}]})
     src = Path(tempfile.mkdtemp(dir="/var/tmp"))
     src.chmod(0o755)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sandhold.errors import InvalidSpec
+from sandhold.errors import InvalidRequest
 from tests.runtime.helpers import sh
 
 MIRROR = "http://deb.debian.org/debian"
@@ -33,9 +33,9 @@ def test_base_template_is_curated_and_owned_by_mapped_ids(runtime):
 def test_import_of_something_that_is_not_a_rootfs_changes_nothing(runtime, tmp_path):
     before = sorted(os.listdir(runtime.templates.root))
     (tmp_path / "etc").mkdir()
-    with pytest.raises(InvalidSpec, match="does not look like a root filesystem"):
+    with pytest.raises(InvalidRequest, match="does not look like a root filesystem"):
         runtime.templates.build_from_rootfs("notroot", tmp_path)
-    with pytest.raises(InvalidSpec, match="not valid"):
+    with pytest.raises(InvalidRequest, match="not valid"):
         runtime.templates.build_from_rootfs("../evil", tmp_path)
     assert sorted(os.listdir(runtime.templates.root)) == before
 

@@ -18,7 +18,7 @@ from sandhold.config import Settings
 from sandhold.egress.config import EgressConfig
 from sandhold.egress.daemon import POLICY_FILE, SOCKET_DIR, SOCKET_NAME
 from sandhold.egress.policy import EgressPolicy
-from sandhold.errors import SandholdError
+from sandhold.errors import EgressUnavailable
 
 # Where things appear inside a sandbox with egress.
 SANDBOX_DIR = "/run/sandhold-egress"
@@ -31,11 +31,6 @@ START_TIMEOUT_S = 10.0
 
 _spawn_lock = threading.Lock()
 _daemons: dict[Path, subprocess.Popen[bytes]] = {}
-
-
-class EgressUnavailable(SandholdError):
-    code = "egress_unavailable"
-    http_status = 500
 
 
 def sandbox_env() -> dict[str, str]:

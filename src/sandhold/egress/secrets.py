@@ -26,7 +26,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from sandhold.egress.policy import parse_rule
-from sandhold.errors import InvalidSpec, NotFound, SandholdError
+from sandhold.errors import InvalidRequest, NotFound, SecretKeyError
 
 TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@:-]{0,127}$")
 SECRET_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -45,11 +45,6 @@ FORBIDDEN_HEADERS = {
     "proxy-authorization",
     "keep-alive",
 }
-
-
-class SecretKeyError(SandholdError):
-    code = "failed_precondition"
-    http_status = 500
 
 
 def new_key() -> str:
@@ -328,26 +323,26 @@ class SecretStore:
 
 def _validate(tenant: str, name: str, value: str, hosts: list[str], header: str, fmt: str) -> None:
     if not TENANT_RE.match(tenant):
-        raise InvalidSpec(f"tenant {tenant!r} must be 1-128 letters, digits or . _ @ : -")
+        raise InvalidRequest(f"tenant {tenant!r} must be 1-128 letters, digits or . _ @ : -")
     if not SECRET_NAME_RE.match(name):
-        raise InvalidSpec(f"secret name {name!r} must be 1-128 letters, digits or . _ -")
+        raise InvalidRequest(f"secret name {name!r} must be 1-128 letters, digits or . _ -")
     if not value or len(value) > MAX_VALUE:
-        raise InvalidSpec(f"a secret value must be 1-{MAX_VALUE} characters")
+        raise InvalidRequest(f"a secret value must be 1-{MAX_VALUE} characters")
     if any(c in value for c in "\r\n\0"):
-        raise InvalidSpec("a secret value must not contain CR, LF or NUL")
+        raise InvalidRequest("a secret value must not contain CR, LF or NUL")
     if not hosts:
-        raise InvalidSpec("a secret needs at least one host (domain or *.domain) to inject into")
+        raise InvalidRequest("a secret needs at least one host (domain or *.domain) to inject into")
     for h in hosts:
         try:
             rule = parse_rule(h)
         except ValueError as e:
-            raise InvalidSpec(str(e)) from None
+            raise InvalidRequest(str(e)) from None
         if rule.network is not None:
-            raise InvalidSpec(f"secret host {h!r} must be a domain or *.domain, not an address")
+            raise InvalidRequest(f"secret host {h!r} must be a domain or *.domain, not an address")
     if not HEADER_RE.match(header) or header.lower() in FORBIDDEN_HEADERS:
-        raise InvalidSpec(f"header {header!r} is not a header a secret may be injected into")
+        raise InvalidRequest(f"header {header!r} is not a header a secret may be injected into")
     if fmt.count(PLACEHOLDER) != 1 or any(c in fmt for c in "\r\n\0"):
-        raise InvalidSpec(f"format must contain {PLACEHOLDER} exactly once and no line breaks")
+        raise InvalidRequest(f"format must contain {PLACEHOLDER} exactly once and no line breaks")
 
 
 def default_key_file(data_dir: Path) -> Path:

@@ -8,8 +8,8 @@ import logging
 from collections.abc import AsyncIterator
 
 from sandhold.config import Settings
+from sandhold.errors import Unauthenticated
 from sandhold.gateway.deliverables import make_deliverables
-from sandhold.gateway.errors import Unauthorized
 from sandhold.gateway.lifecycle import Reclaimer
 from sandhold.gateway.policy import ID_RE, TenantPolicy, check_id
 from sandhold.gateway.providers import make_provider
@@ -67,4 +67,4 @@ class Gateway:
             tenant = await asyncio.to_thread(self.store.tenant_by_key, api_key)
             if tenant is not None:
                 return tenant.id
-        raise Unauthorized("missing or unknown API key (Authorization: Bearer <tenant key>)")
+        raise Unauthenticated("missing or unknown API key (Authorization: Bearer <tenant key>)")

@@ -11,24 +11,12 @@ from typing import Any
 
 import httpx
 
+from sandhold.errors import EnvdError, PortClosed
 from sandhold.gateway.providers.base import Channel
 from sandhold.runtime.client import END_STREAM, envelope, iter_envelopes
 
 INTERPRETER_PORT = 49999
 CONNECT_HEADERS = {"Connect-Protocol-Version": "1"}
-
-
-class EnvdError(Exception):
-    """The sandbox answered with an error (bad path, missing file, ...): the caller's fault."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-class PortClosed(Exception):
-    """Nothing listens on the port inside the sandbox (e.g. no code interpreter)."""
 
 
 @dataclass

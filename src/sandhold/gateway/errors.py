@@ -1,35 +1,61 @@
-"""Errors of the gateway surface; each has a stable code and HTTP status (see sandhold.errors)."""
+"""The gateway's wire tables: what each leaf of the error tree (``sandhold.errors``) becomes on
+the REST surface (an HTTP status beside the leaf's ``{code, message}``) and on MCP (whether the
+agent may retry the same call)."""
 
 from __future__ import annotations
 
-from sandhold.errors import Conflict, NotFound, SandholdError
+from sandhold import errors as e
+from sandhold.errors import SandholdError, lookup
+
+REST_STATUS: dict[type[SandholdError], int] = {
+    e.SandholdError: 500,
+    e.InvalidRequest: 400,
+    e.ConfigError: 400,
+    e.Unauthenticated: 401,
+    e.Forbidden: 403,
+    e.ViewDenied: 403,
+    e.EgressRefused: 403,
+    e.NotFound: 404,
+    e.SandboxNotFound: 404,
+    e.TemplateNotFound: 404,
+    e.VolumeNotFound: 404,
+    e.SessionNotFound: 404,
+    e.Conflict: 409,
+    e.SessionClosed: 409,
+    e.NeedsNewSandbox: 409,
+    e.PreconditionFailed: 412,
+    e.PayloadTooLarge: 413,
+    e.QuotaExceeded: 429,
+    e.Unsupported: 501,
+    e.Unavailable: 503,
+    e.HostUnsupported: 503,
+    e.SessionBusy: 503,
+    e.LockLost: 503,
+    e.EgressUnavailable: 503,
+    e.SandboxStartFailed: 500,
+    e.TemplateBuildFailed: 500,
+    e.SecretKeyError: 500,
+    e.EnvdError: 400,  # the sandbox refused the tool's request (bad path, missing file)
+    e.PortClosed: 400,
+    e.ProviderError: 502,
+    e.SandboxGone: 502,
+}
+
+# MCP tool errors carry {code, message, retryable}: retryable says the same call may succeed
+# later unchanged (a busy session, a provider hiccup), so an agent loop knows to wait, not fix.
+MCP_RETRYABLE: dict[type[SandholdError], bool] = {
+    cls: status in (502, 503) or cls is e.SandboxGone for cls, status in REST_STATUS.items()
+}
 
 
-class Unauthorized(SandholdError):
-    code = "unauthorized"
-    http_status = 401
+def rest_status(err: SandholdError) -> int:
+    return int(lookup(REST_STATUS, err))  # type: ignore[call-overload]
 
 
-class SessionNotFound(NotFound):
-    pass
+def mcp_retryable(err: SandholdError) -> bool:
+    return bool(lookup(MCP_RETRYABLE, err))
 
 
-class SessionClosed(Conflict):
-    code = "session_closed"
-
-
-class SessionBusy(SandholdError):
-    """The session's lock stayed taken (another replica is creating or reclaiming its sandbox)."""
-
-    code = "session_busy"
-    http_status = 503
-
-
-class QuotaExceeded(SandholdError):
-    code = "quota_exceeded"
-    http_status = 429
-
-
-class PayloadTooLarge(SandholdError):
-    code = "payload_too_large"
-    http_status = 413
+def server_fault(err: SandholdError) -> bool:
+    """Whether the failure is ours or the provider's rather than the caller's."""
+    return rest_status(err) >= 500

@@ -18,6 +18,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field
 
 from sandhold.errors import SandholdError
+from sandhold.gateway.errors import mcp_retryable
 from sandhold.gateway.tools import DESCRIPTIONS, MODELS, Tools
 
 SESSION_HEADER = "x-sandhold-session"
@@ -38,7 +39,9 @@ def _tool(tools: Tools, name: str, identity: Identity) -> Callable[..., Any]:
             tenant_id, session_id = await identity(ctx)
             return await tools.call(tenant_id, name, raw, session_id)
         except SandholdError as e:
-            raise ToolError(json.dumps({"code": e.code, "message": e.message})) from None
+            raise ToolError(
+                json.dumps({"code": e.code, "message": e.message, "retryable": mcp_retryable(e)})
+            ) from None
 
     params = [inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=Context)]
     annotations: dict[str, Any] = {"ctx": Context, "return": dict[str, Any]}

@@ -75,10 +75,10 @@ class TenantPolicy(BaseModel):
 
 def check_id(value: str, what: str, pattern: re.Pattern[str] = ID_RE) -> str:
     """Ids become directory names and metadata values: keep them short and URL-safe."""
-    from sandhold.errors import InvalidSpec
+    from sandhold.errors import InvalidRequest
 
     if not isinstance(value, str) or not pattern.match(value):
-        raise InvalidSpec(
+        raise InvalidRequest(
             f"{what} {value!r} is not valid: use 1-{128 if pattern is SESSION_ID_RE else 64} "
             "letters, digits, '.', '_' or '-', starting with a letter or digit"
         )

@@ -22,9 +22,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from sandhold.errors import InvalidSpec, NotFound, SandholdError
+from sandhold.errors import (
+    InvalidRequest,
+    NotFound,
+    PayloadTooLarge,
+    SandholdError,
+    Unauthenticated,
+)
 from sandhold.gateway.app import Gateway
-from sandhold.gateway.errors import PayloadTooLarge, Unauthorized
+from sandhold.gateway.errors import rest_status
 from sandhold.gateway.mcp_server import SESSION_HEADER, build_mcp
 from sandhold.gateway.policy import ID_RE, TenantPolicy, check_id
 from sandhold.gateway.timeline import event_json
@@ -56,7 +62,7 @@ class Api:
         expected = self.gw.settings.gateway_admin_key
         key = bearer(request.headers)
         if not expected or not key or not hmac.compare_digest(key, expected):
-            raise Unauthorized("the admin API needs the admin key (Authorization: Bearer ...)")
+            raise Unauthenticated("the admin API needs the admin key (Authorization: Bearer ...)")
 
     async def json_body(self, request: Request) -> dict[str, Any]:
         chunks, size = [], 0
@@ -69,9 +75,9 @@ class Api:
         try:
             body = json.loads(raw)
         except ValueError as e:
-            raise InvalidSpec(f"request body is not valid JSON: {e}") from None
+            raise InvalidRequest(f"request body is not valid JSON: {e}") from None
         if not isinstance(body, dict):
-            raise InvalidSpec("request body must be a JSON object")
+            raise InvalidRequest("request body must be a JSON object")
         return body
 
     # -- tenant API ---------------------------------------------------------------------------
@@ -82,7 +88,7 @@ class Api:
             raise NotFound(f"unknown tool {tool!r}; tools: {', '.join(MODELS)}")
         body = await self.json_body(request)
         if "session_id" in body:
-            raise InvalidSpec("the session is the path's; do not pass session_id in the body")
+            raise InvalidRequest("the session is the path's; do not pass session_id in the body")
         result = await self.gw.tools.call(tenant, tool, body, request.path_params["session_id"])
         return JSONResponse(result)
 
@@ -95,7 +101,7 @@ class Api:
         session_id = request.path_params["session_id"]
         wait = request.query_params.get("wait", "true")
         if wait not in ("true", "false"):
-            raise InvalidSpec("wait must be true or false")
+            raise InvalidRequest("wait must be true or false")
         if wait == "false":
             await self.gw.manager.policy(tenant)  # an unknown tenant fails now, not later
             self.gw.manager.prepare_in_background(tenant, session_id)
@@ -154,17 +160,17 @@ class Api:
         body = await self.json_body(request)
         unknown = set(body) - {"policy", "api_key"}
         if unknown:
-            raise InvalidSpec(f"unknown field {sorted(unknown)[0]!r}; use policy and api_key")
+            raise InvalidRequest(f"unknown field {sorted(unknown)[0]!r}; use policy and api_key")
         try:
             policy = TenantPolicy.model_validate(body.get("policy") or {})
         except ValidationError as e:
             problems = [f"{'.'.join(map(str, err['loc'])) or 'policy'}: "
                         f"{err['msg'].removeprefix('Value error, ')}"
                         for err in e.errors(include_url=False)]  # fmt: skip
-            raise InvalidSpec("invalid policy: " + "; ".join(problems)) from None
+            raise InvalidRequest("invalid policy: " + "; ".join(problems)) from None
         key = body.get("api_key")
         if key is not None and (not isinstance(key, str) or len(key) < 16):
-            raise InvalidSpec("api_key must be a string of at least 16 characters")
+            raise InvalidRequest("api_key must be a string of at least 16 characters")
         await self.gw.manager.db(view_mounts, policy.skills, policy.references, self.gw.settings)
         await self.gw.manager.db(self.gw.store.put_tenant, tenant_id, policy.model_dump(), key)
         return JSONResponse({"tenant_id": tenant_id, "policy": policy.model_dump()})
@@ -240,7 +246,7 @@ def build_app(gw: Gateway) -> Starlette:
 
 async def _sandhold_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, SandholdError)
-    return error(exc.http_status, exc.code, exc.message)
+    return error(rest_status(exc), exc.code, exc.message)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

@@ -37,8 +37,14 @@ from typing import Any, TypeVar
 from sandhold.config import Settings
 from sandhold.e2b.sandboxes import KeyedLocks
 from sandhold.egress.policy import EgressPolicy
-from sandhold.errors import NotFound, SandholdError
-from sandhold.gateway.errors import QuotaExceeded, SessionBusy, SessionClosed, SessionNotFound
+from sandhold.errors import (
+    NotFound,
+    QuotaExceeded,
+    SandholdError,
+    SessionBusy,
+    SessionClosed,
+    SessionNotFound,
+)
 from sandhold.gateway.handles import HandleSealer
 from sandhold.gateway.policy import SESSION_ID_RE, TenantPolicy, check_id
 from sandhold.gateway.providers.base import (

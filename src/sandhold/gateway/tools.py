@@ -25,10 +25,10 @@ from typing import Any, Literal
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from sandhold.errors import InvalidSpec, SandholdError
+from sandhold.errors import EnvdError, InvalidRequest, PayloadTooLarge, PortClosed, SandholdError
 from sandhold.gateway import envd
 from sandhold.gateway.deliverables import DeliverableStore
-from sandhold.gateway.errors import PayloadTooLarge
+from sandhold.gateway.errors import server_fault
 from sandhold.gateway.policy import SESSION_ID_RE, check_id
 from sandhold.gateway.providers.base import Channel, ProviderError
 from sandhold.gateway.sessions import Lease, SandboxSessionManager
@@ -160,7 +160,7 @@ def _b64(value: str, what: str) -> bytes:
     try:
         return base64.b64decode(value, validate=True)
     except ValueError:
-        raise InvalidSpec(f"{what} is not valid base64") from None
+        raise InvalidRequest(f"{what} is not valid base64") from None
 
 
 class Tools:
@@ -181,11 +181,11 @@ class Tools:
     def parse(self, tool: str, arguments: dict[str, Any]) -> Args:
         model = MODELS.get(tool)
         if model is None:
-            raise InvalidSpec(f"unknown tool {tool!r}; tools: {', '.join(MODELS)}")
+            raise InvalidRequest(f"unknown tool {tool!r}; tools: {', '.join(MODELS)}")
         try:
             args = model.model_validate(arguments)
         except ValidationError as e:
-            raise InvalidSpec(describe(e)) from None
+            raise InvalidRequest(describe(e)) from None
         for field in ("code", "command", "content", "content_base64"):
             value = getattr(args, field, None)
             if isinstance(value, str) and len(value) > self.max_payload * 4 // 3 + 4:
@@ -200,7 +200,7 @@ class Tools:
         args = self.parse(tool, arguments)
         sid = args.session_id or session_id
         if sid is None:
-            raise InvalidSpec("no session: pass session_id or connect with a session")
+            raise InvalidRequest("no session: pass session_id or connect with a session")
         check_id(sid, "session id", SESSION_ID_RE)
         if tool == "session_status":
             return await self.m.status(tenant_id, sid)
@@ -223,7 +223,7 @@ class Tools:
         policy = await self.m.policy(tenant_id)
         budget = float(getattr(args, "timeout_s", 60))
         if budget > policy.max_command_timeout_s:
-            raise InvalidSpec(
+            raise InvalidRequest(
                 f"timeout_s {budget:g} exceeds the tenant's max_command_timeout_s "
                 f"({policy.max_command_timeout_s})"
             )
@@ -236,11 +236,13 @@ class Tools:
                 sandbox_id = lease.sandbox_id
                 result = await self._handlers[tool](lease, args)
             return result
-        except envd.EnvdError as e:
-            error = InvalidSpec(f"{tool}: {e.message}" if e.message else f"{tool} failed: {e.code}")
-            raise error from None
-        except envd.PortClosed as e:
+        except PortClosed as e:
             error = ProviderError(str(e))
+            raise error from None
+        except EnvdError as e:
+            error = InvalidRequest(
+                f"{tool}: {e.message}" if e.message else f"{tool} failed: {e.code}"
+            )
             raise error from None
         except ViewDenied as e:
             error = e
@@ -267,7 +269,7 @@ class Tools:
             "error": f"{error.code}: {error.message}" if error else None, "reason": reason,
         }  # fmt: skip
         await self.timeline.record(tenant_id, sid, "tool_call", **fields)
-        if error is not None and error.http_status >= 500:  # ours or the provider's fault
+        if error is not None and server_fault(error):  # ours or the provider's fault
             await self.timeline.record(
                 tenant_id, sid, "failure", sandbox_id=sandbox_id, tool=tool,
                 error=fields["error"], reason=f"{tool} failed",
@@ -292,7 +294,7 @@ class Tools:
                     ch, a.code, language=INTERPRETER_LANGUAGES[a.language],
                     timeout_s=a.timeout_s, max_output=self.max_payload,
                 )  # fmt: skip
-        except (envd.PortClosed, httpx.ConnectError):  # no interpreter in this template
+        except (PortClosed, httpx.ConnectError):  # no interpreter in this template
             return await self._run_code_plain(lease, a)
         return {
             "interpreter": True, "results": ex.results, "stdout": ex.stdout,
@@ -319,7 +321,7 @@ class Tools:
             try:
                 content = data.decode()
             except UnicodeDecodeError:
-                raise InvalidSpec(f"{a.path} is not UTF-8 text; use encoding=base64") from None
+                raise InvalidRequest(f"{a.path} is not UTF-8 text; use encoding=base64") from None
         else:
             content = base64.b64encode(data).decode()
         return {"path": sandbox_path(a.path), "size": len(data), "encoding": a.encoding,
@@ -361,7 +363,7 @@ class Tools:
         real = out.stdout.decode(errors="replace").rstrip("\n")
         if out.exit_code != 0 or not real.startswith("/") or "\n" in real:
             why = out.stderr.decode(errors="replace").strip() or "cannot resolve the path"
-            raise InvalidSpec(f"{tool}: {path}: {why}")
+            raise InvalidRequest(f"{tool}: {path}: {why}")
         if not allowed(real, access):
             raise ViewDenied(
                 f"{tool}: {access} of {path} resolves (through a symlink) to {real}, outside "

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Literal
 
 from sandhold.config import Settings
-from sandhold.errors import InvalidSpec, SandholdError
+from sandhold.errors import InvalidRequest, ViewDenied
 from sandhold.runtime.spec import RESERVED_TARGETS
 
 WORKSPACE = "/workspace"
@@ -36,17 +36,6 @@ RULES = {
 }  # fmt: skip
 
 Access = Literal["read", "write"]
-
-
-class ViewDenied(SandholdError):
-    """A file operation outside the session's view; nothing was done."""
-
-    code = "view_denied"
-    http_status = 403
-
-    def __init__(self, message: str, path: str) -> None:
-        super().__init__(message)
-        self.path = path
 
 
 def check_view_entry(field: str, name: str, host_path: str) -> None:
@@ -81,7 +70,7 @@ def view_mounts(
     skills: dict[str, str], references: dict[str, str], settings: Settings
 ) -> list[ViewMount]:
     """Check the policy's views against the host and return what to bind read-only; raises
-    InvalidSpec naming the field. Run when a policy is loaded or changed and again when a
+    InvalidRequest naming the field. Run when a policy is loaded or changed and again when a
     session's sandbox is created (the host may have changed since)."""
     if not skills and not references:
         return []
@@ -96,37 +85,39 @@ def view_mounts(
             try:
                 check_view_entry(field, name, host_path)
             except ValueError as e:
-                raise InvalidSpec(f"policy.{e}") from None
+                raise InvalidRequest(f"policy.{e}") from None
             if not roots:
-                raise InvalidSpec(
+                raise InvalidRequest(
                     f"{where}: no gateway_view_roots are configured, so no skills or "
                     "references are allowed"
                 )
             real = Path(host_path).resolve()
             if not any(real == r or real.is_relative_to(r) for r in roots):
-                raise InvalidSpec(
+                raise InvalidRequest(
                     f"{where}: host path {host_path!r} (real path {str(real)!r}) is outside "
                     f"gateway_view_roots {[str(r) for r in roots]}"
                 )
             if not real.is_dir():
-                raise InvalidSpec(f"{where}: host path {host_path!r} is not an existing directory")
+                raise InvalidRequest(
+                    f"{where}: host path {host_path!r} is not an existing directory"
+                )
             for p in private:
                 if _overlaps(real, p):
-                    raise InvalidSpec(
+                    raise InvalidRequest(
                         f"{where}: host path {host_path!r} overlaps the gateway's own data "
                         f"({str(p)!r}: workspaces, deliverables or state)"
                     )
             target = f"{VIEW_TARGETS[field]}/{name}"
             for reserved in RESERVED_TARGETS:
                 if target == reserved or (reserved != "/" and target.startswith(reserved + "/")):
-                    raise InvalidSpec(f"{where}: target {target!r} is reserved")
+                    raise InvalidRequest(f"{where}: target {target!r} is reserved")
             for other in targets:
                 if (
                     other == target
                     or other.startswith(target + "/")
                     or target.startswith(other + "/")
                 ):
-                    raise InvalidSpec(f"{where}: target {target!r} overlaps {other!r}")
+                    raise InvalidRequest(f"{where}: target {target!r} overlaps {other!r}")
             targets.append(target)
             out.append(ViewMount(real, target))
     return out
@@ -135,7 +126,7 @@ def view_mounts(
 def normalize(raw: str) -> str:
     """A tool's path as an absolute, lexically normalized sandbox path (``..`` resolved)."""
     if not isinstance(raw, str) or not raw or "\0" in raw:
-        raise InvalidSpec("path must be a non-empty string without NUL bytes")
+        raise InvalidRequest("path must be a non-empty string without NUL bytes")
     norm = posixpath.normpath(posixpath.join(WORKSPACE, raw))
     return "/" + norm.lstrip("/")  # normpath keeps a leading '//'
 

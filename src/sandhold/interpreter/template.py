@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from sandhold.errors import HostUnsupported, SandholdError
+from sandhold.errors import HostUnsupported, TemplateBuildFailed
 from sandhold.interpreter.packages import PACKAGES
 from sandhold.runtime.templates import (
     DEFAULT_PATH,
@@ -65,10 +65,6 @@ SERVICE: dict[str, object] = {
 
 # Source files of this package that run inside the sandbox (template.py itself does not).
 CODE_SUFFIXES = (".py", ".js")
-
-
-class TemplateBuildFailed(SandholdError):
-    code = "template_build_failed"
 
 
 def template_env() -> dict[str, str]:

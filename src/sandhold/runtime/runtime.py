@@ -32,7 +32,7 @@ from sandhold.config import Settings, get_settings
 from sandhold.errors import (
     Conflict,
     HostUnsupported,
-    InvalidSpec,
+    InvalidRequest,
     SandboxNotFound,
     SandboxStartFailed,
     SandholdError,
@@ -242,7 +242,7 @@ class Runtime:
 
     def workspace_path(self, workspace_id: str) -> Path:
         if not NAME_RE.match(workspace_id):
-            raise InvalidSpec(f"workspace id {workspace_id!r} is not valid")
+            raise InvalidRequest(f"workspace id {workspace_id!r} is not valid")
         return self.workspaces_dir / workspace_id
 
     def _prepare_workspace(self, workspace_id: str | None, directory: Path | None = None) -> Path:
@@ -264,7 +264,7 @@ class Runtime:
             try:
                 spec = SandboxSpec.model_validate(spec)
             except ValidationError as e:
-                raise InvalidSpec(_validation_message(e)) from None
+                raise InvalidRequest(_validation_message(e)) from None
         if shutil.which("bwrap") is None:
             raise HostUnsupported("bubblewrap is not installed (apt-get install bubblewrap)")
         template = self.templates.get(spec.template)
@@ -467,7 +467,7 @@ class Runtime:
             try:
                 network = NetworkPolicy.model_validate(network)
             except ValidationError as e:
-                raise InvalidSpec(_validation_message(e)) from None
+                raise InvalidRequest(_validation_message(e)) from None
         with self._locked(sandbox_id) as d:
             info = self._load(d)
             if (info.spec.network.mode == "none") != (network.mode == "none"):
@@ -610,7 +610,7 @@ def _make_mount_point(root: Path, target: str, owner: int) -> None:
     for part in target.strip("/").split("/"):
         path = path / part
         if path.is_symlink():
-            raise InvalidSpec(f"mount target {target} goes through a symlink in the template")
+            raise InvalidRequest(f"mount target {target} goes through a symlink in the template")
         if not path.exists():
             path.mkdir(mode=0o755)
             os.lchown(path, owner, owner)
@@ -621,7 +621,7 @@ def _check_traversable(path: Path) -> None:
     others through, or the sandbox would fail to start with a less helpful message."""
     for parent in [*reversed(path.parents), path]:
         if not parent.stat().st_mode & 0o001:
-            raise InvalidSpec(
+            raise InvalidRequest(
                 f"mount source {path} is not reachable by the sandbox's unprivileged owner: "
                 f"{parent} is not searchable by others (chmod o+x)"
             )

@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from sandhold.errors import HostUnsupported, InvalidSpec, TemplateNotFound
+from sandhold.errors import HostUnsupported, InvalidRequest, TemplateNotFound
 from sandhold.runtime.spec import NAME_RE
 
 SANDBOX_USER_UID = 1000
@@ -146,7 +146,7 @@ class TemplateStore:
 
     def get(self, name: str) -> Template:
         if not NAME_RE.match(name):
-            raise InvalidSpec(f"template name {name!r} is not valid")
+            raise InvalidRequest(f"template name {name!r} is not valid")
         meta = self._dir(name) / "template.json"
         if not meta.exists():
             if name == "base":
@@ -191,7 +191,7 @@ class TemplateStore:
 
     def _staging(self, name: str) -> Path:
         if not NAME_RE.match(name):
-            raise InvalidSpec(f"template name {name!r} is not valid")
+            raise InvalidRequest(f"template name {name!r} is not valid")
         return Path(tempfile.mkdtemp(dir=self.root, prefix=f".build-{name}-"))
 
     def build_base(self, name: str = "base") -> Template:
@@ -252,11 +252,13 @@ class TemplateStore:
     def build_from_rootfs(self, name: str, source: Path, *, copy: bool = True) -> Template:
         """Import a complete root filesystem directory (copied; the source is left untouched)."""
         if not NAME_RE.match(name):
-            raise InvalidSpec(f"template name {name!r} is not valid")
+            raise InvalidRequest(f"template name {name!r} is not valid")
         if not (source / "usr/bin").is_dir():
-            raise InvalidSpec(f"{source} does not look like a root filesystem (no usr/bin)")
+            raise InvalidRequest(f"{source} does not look like a root filesystem (no usr/bin)")
         if not (source / "usr/bin/python3").exists():
-            raise InvalidSpec(f"{source} has no /usr/bin/python3, which the in-sandbox agent needs")
+            raise InvalidRequest(
+                f"{source} has no /usr/bin/python3, which the in-sandbox agent needs"
+            )
         staging = self._staging(name)
         try:
             rootfs = staging / "rootfs"
@@ -290,7 +292,7 @@ class TemplateStore:
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode != 0:
                 tail = (proc.stdout + proc.stderr).strip().splitlines()[-5:]
-                raise InvalidSpec(f"debootstrap failed ({proc.returncode}): {' | '.join(tail)}")
+                raise InvalidRequest(f"debootstrap failed ({proc.returncode}): {' | '.join(tail)}")
             for d in ("var/cache/apt/archives",):
                 shutil.rmtree(target / d, ignore_errors=True)
                 (target / d).mkdir(parents=True, exist_ok=True)

@@ -33,14 +33,11 @@ from sqlalchemy import (
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import sessionmaker
 
+from sandhold.errors import LockLost
 from sandhold.store.models import Deliverable, Event, Session, SessionUse, Tenant
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 MIGRATION_LOCK_ID = 0x5A4D_0001  # PostgreSQL advisory lock held while migrating
-
-
-class LockLost(Exception):
-    """A fenced write found the session's lease lock taken by someone else."""
 
 
 def _lock_free(now: float) -> ColumnElement[bool]:

@@ -15,37 +15,10 @@ from typing import Any, Literal
 import httpx
 
 from sandhold.egress.policy import EgressPolicy
-from sandhold.errors import SandholdError
+from sandhold.errors import NeedsNewSandbox, PreconditionFailed, ProviderError, SandboxGone
 
 State = Literal["running", "paused", "pausing"]
-
-
-class ProviderError(SandholdError):
-    """The provider failed or answered something unexpected."""
-
-    code = "provider_error"
-    http_status = 502
-
-
-class SandboxGone(ProviderError):
-    """The sandbox no longer exists at the provider (killed, expired or reclaimed)."""
-
-    code = "sandbox_gone"
-
-
-class PreconditionFailed(ProviderError):
-    """A conditional kill found the sandbox changed since it was looked at."""
-
-    code = "precondition_failed"
-    http_status = 412
-
-
-class NeedsNewSandbox(ProviderError):
-    """The sandbox cannot take the change (e.g. egress added to a sandbox created without any):
-    only a new sandbox can have it."""
-
-    code = "needs_new_sandbox"
-    http_status = 409
+__all__ = ["NeedsNewSandbox", "PreconditionFailed", "ProviderError", "SandboxGone"]
 
 
 @dataclass(frozen=True)

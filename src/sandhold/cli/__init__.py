@@ -12,7 +12,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from sandhold.errors import SandholdError
+from sandhold.cli.errors import exit_status
+from sandhold.errors import Conflict, SandholdError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 template_app = typer.Typer(no_args_is_help=True, help="Template root filesystems.")
@@ -31,7 +32,7 @@ def _runtime() -> Any:
 
 def _fail(e: SandholdError) -> None:
     err.print(f"[red]error[/red] ({e.code}): {e.message}")
-    raise typer.Exit(2)
+    raise typer.Exit(exit_status(e))
 
 
 def _pairs(values: list[str], what: str) -> dict[str, str]:
@@ -158,7 +159,7 @@ def sandbox_exec(
     try:
         info = rt.get(sandbox_id)
         if info.state == "paused":
-            raise SandholdError(f"sandbox {sandbox_id} is paused; resume it first")
+            raise Conflict(f"sandbox {sandbox_id} is paused; resume it first")
     except SandholdError as e:
         _fail(e)
 
