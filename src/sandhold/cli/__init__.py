@@ -222,10 +222,17 @@ def demo(
     main(serve=serve)
 
 
+FD_HELP = (
+    "serve on this inherited, already listening socket instead of binding host and port "
+    "(the API-key rule judges the socket's own address)"
+)
+
+
 @app.command()
 def serve(
     host: Annotated[str | None, typer.Option(help="listen address (default: server_host)")] = None,
     port: Annotated[int | None, typer.Option(help="listen port (default: server_port)")] = None,
+    fd: Annotated[int | None, typer.Option("--fd", help=FD_HELP)] = None,
 ) -> None:
     """Run the E2B-compatible server: the official SDKs' API and sandbox traffic on one port."""
     from pydantic import ValidationError
@@ -238,7 +245,7 @@ def serve(
         given = {"server_host": host, "server_port": port}
         overrides = {k: v for k, v in given.items() if v is not None}
         settings = Settings(**{**get_settings().model_dump(), **overrides})
-        run(settings)
+        run(settings, fd)
     except ValidationError as e:
         err.print(f"[red]error[/red]: invalid settings: {escape(str(e))}")
         raise typer.Exit(2) from None
@@ -283,12 +290,13 @@ def gateway_serve(
     host: Annotated[str | None, typer.Option(help="listen address (gateway_host)")] = None,
     port: Annotated[int | None, typer.Option(help="listen port (gateway_port)")] = None,
     replica_id: Annotated[str | None, typer.Option(help="name of this replica")] = None,
+    fd: Annotated[int | None, typer.Option("--fd", help=FD_HELP)] = None,
 ) -> None:
     """Serve the tools over REST and MCP (streamable HTTP at /mcp); also runs the reclaimer."""
     from sandhold.gateway.server import serve
 
     _gateway_run(lambda: serve(_gateway_settings(
-        gateway_host=host, gateway_port=port, gateway_replica_id=replica_id)))  # fmt: skip
+        gateway_host=host, gateway_port=port, gateway_replica_id=replica_id), fd))  # fmt: skip
 
 
 @gateway_app.command("mcp")

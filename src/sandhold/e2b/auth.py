@@ -10,6 +10,7 @@ import base64
 import hashlib
 import hmac
 import ipaddress
+import socket
 import time
 from collections.abc import Mapping
 
@@ -29,11 +30,31 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def check_bind(settings: Settings) -> None:
-    """Refuse the one dangerous half-configuration: an open API on a non-loopback address."""
-    if not settings.api_keys and not is_loopback(settings.server_host):
+def listening_host(fd: int) -> str:
+    """The address an inherited listening socket (``--fd``) is really bound to: what the bind
+    check judges, whatever the host setting says. A unix socket counts as loopback."""
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError as e:
+        raise ValueError(f"--fd {fd} is not an open socket: {e.strerror}") from None
+    try:
+        listening = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+        if sock.type != socket.SOCK_STREAM or not listening:
+            raise ValueError(f"--fd {fd} is not a listening stream socket")
+        if sock.family == socket.AF_UNIX:
+            return "localhost"
+        return str(sock.getsockname()[0])
+    finally:
+        sock.detach()  # the descriptor stays open for the server
+
+
+def check_bind(settings: Settings, fd: int | None = None) -> None:
+    """Refuse the one dangerous half-configuration: an open API on a non-loopback address
+    (the host setting, or the inherited socket's own address when serving on ``fd``)."""
+    host = settings.server_host if fd is None else listening_host(fd)
+    if not settings.api_keys and not is_loopback(host):
         raise ValueError(
-            f"refusing to listen on {settings.server_host}: no API keys are configured, so "
+            f"refusing to listen on {host}: no API keys are configured, so "
             "anyone who can reach the port could create sandboxes. Set SANDHOLD_API_KEYS "
             '(e.g. \'{"<key>": "<team>"}\') or listen on 127.0.0.1.'
         )

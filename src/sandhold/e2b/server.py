@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import socket
 
 import uvicorn
 
@@ -17,12 +18,29 @@ KEEP_ALIVE_S = 320
 GRACEFUL_SHUTDOWN_S = 2
 
 
-def build_config(settings: Settings) -> uvicorn.Config:
-    check_bind(settings)
+def no_delay(fd: int) -> None:
+    """Switch Nagle off on an inherited listening TCP socket (``--fd``). uvicorn opens the
+    descriptor as AF_UNIX whatever it is, so asyncio does not set TCP_NODELAY on the connections
+    it accepts; on Linux they inherit it from the listener."""
+    sock = socket.socket(fileno=fd)
+    try:
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    finally:
+        sock.detach()
+
+
+def build_config(settings: Settings, fd: int | None = None) -> uvicorn.Config:
+    """Serve on ``server_host:server_port``, or on the listening socket ``fd`` if given (bound
+    by whoever started us: no port is released between choosing it and serving on it)."""
+    check_bind(settings, fd)
+    if fd is not None:
+        no_delay(fd)
     return uvicorn.Config(
         create_app(settings),
         host=settings.server_host,
         port=settings.server_port,
+        fd=fd,
         http="h11",
         loop="asyncio",
         lifespan="on",
@@ -34,10 +52,10 @@ def build_config(settings: Settings) -> uvicorn.Config:
     )
 
 
-def run(settings: Settings) -> None:
+def run(settings: Settings, fd: int | None = None) -> None:
     # Sandhold's own warnings (a sandbox that exited on its own, a failed expiry) go to stderr
     # next to uvicorn's lines.
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    uvicorn.Server(build_config(settings)).run()
+    uvicorn.Server(build_config(settings, fd)).run()

@@ -10,6 +10,8 @@ import anyio
 import uvicorn
 
 from sandhold.config import Settings
+from sandhold.e2b.auth import listening_host
+from sandhold.e2b.server import no_delay
 from sandhold.gateway.app import Gateway
 from sandhold.gateway.mcp_server import build_mcp
 from sandhold.gateway.policy import SESSION_ID_RE, check_id
@@ -21,12 +23,17 @@ def _quiet() -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
-def serve(settings: Settings) -> None:
+def serve(settings: Settings, fd: int | None = None) -> None:
+    """Serve on ``gateway_host:gateway_port``, or on the inherited listening socket ``fd``."""
     _quiet()
+    if fd is not None:
+        listening_host(fd)  # refuses anything but a listening stream socket
+        no_delay(fd)
     config = uvicorn.Config(
         build_app(Gateway(settings)),
         host=settings.gateway_host,
         port=settings.gateway_port,
+        fd=fd,
         http="h11",
         loop="asyncio",
         lifespan="on",
