@@ -1,5 +1,6 @@
 """The little of the DNS wire format the egress path needs (RFC 1035): parse a one-question
-query, build answers with A/AAAA records or an error code, and parse an upstream answer.
+query, build answers with A/AAAA records or an error code, and parse an upstream answer. A
+malformed message raises ``InvalidRequest``.
 
 Sandboxes send their queries to the proxy (the agent's stub relays them as RFC 8484 DNS
 messages), which answers them itself: names the policy does not allow get NXDOMAIN without any
@@ -12,6 +13,8 @@ import ipaddress
 import struct
 from dataclasses import dataclass
 
+from sandhold.errors import InvalidRequest
+
 TYPE_A = 1
 TYPE_AAAA = 28
 CLASS_IN = 1
@@ -21,10 +24,6 @@ RCODE_SERVFAIL = 2
 RCODE_NXDOMAIN = 3
 RCODE_REFUSED = 5
 MAX_MESSAGE = 4096
-
-
-class DnsError(ValueError):
-    pass
 
 
 @dataclass
@@ -41,23 +40,23 @@ def _read_name(msg: bytes, offset: int, depth: int = 0) -> tuple[str, int]:
     labels = []
     while True:
         if offset >= len(msg):
-            raise DnsError("truncated name")
+            raise InvalidRequest("truncated name")
         length = msg[offset]
         if length == 0:
             offset += 1
             break
         if length & 0xC0 == 0xC0:  # compression pointer (upstream answers only)
             if depth > 8 or offset + 1 >= len(msg):
-                raise DnsError("bad compression pointer")
+                raise InvalidRequest("bad compression pointer")
             ptr = struct.unpack("!H", msg[offset : offset + 2])[0] & 0x3FFF
             rest, _ = _read_name(msg, ptr, depth + 1)
             labels.append(rest)
             return ".".join(x for x in labels if x), offset + 2
         if length > 63:
-            raise DnsError("label too long")
+            raise InvalidRequest("label too long")
         label = msg[offset + 1 : offset + 1 + length]
         if len(label) != length:
-            raise DnsError("truncated label")
+            raise InvalidRequest("truncated label")
         labels.append(label.decode("ascii", "replace"))
         offset += 1 + length
     return ".".join(labels), offset
@@ -70,20 +69,20 @@ def encode_name(name: str) -> bytes:
             continue
         raw = label.encode("ascii")
         if len(raw) > 63:
-            raise DnsError("label too long")
+            raise InvalidRequest("label too long")
         out += bytes([len(raw)]) + raw
     return out + b"\0"
 
 
 def parse_query(msg: bytes) -> Question:
     if len(msg) < 12 or len(msg) > MAX_MESSAGE:
-        raise DnsError("message too short or too long")
+        raise InvalidRequest("message too short or too long")
     qid, flags, qdcount = struct.unpack("!HHH", msg[:6])
     if flags & 0x8000 or qdcount != 1:
-        raise DnsError("expected one question")
+        raise InvalidRequest("expected one question")
     name, end = _read_name(msg, 12)
     if end + 4 > len(msg):
-        raise DnsError("truncated question")
+        raise InvalidRequest("truncated question")
     qtype, qclass = struct.unpack("!HH", msg[end : end + 4])
     return Question(qid, flags, name.lower(), qtype, qclass, msg[12 : end + 4])
 
@@ -119,10 +118,10 @@ def build_query(qid: int, name: str, qtype: int) -> bytes:
 def parse_answer(msg: bytes, qid: int) -> tuple[int, list[str], int]:
     """(rcode, addresses, min ttl) of an upstream response to query ``qid``."""
     if len(msg) < 12:
-        raise DnsError("short answer")
+        raise InvalidRequest("short answer")
     rid, flags, qd, an = struct.unpack("!HHHH", msg[:8])
     if rid != qid or not flags & 0x8000:
-        raise DnsError("answer does not match the query")
+        raise InvalidRequest("answer does not match the query")
     offset = 12
     for _ in range(qd):
         _, offset = _read_name(msg, offset)
@@ -131,7 +130,7 @@ def parse_answer(msg: bytes, qid: int) -> tuple[int, list[str], int]:
     for _ in range(an):
         _, offset = _read_name(msg, offset)
         if offset + 10 > len(msg):
-            raise DnsError("truncated record")
+            raise InvalidRequest("truncated record")
         rtype, _cls, rttl, rdlen = struct.unpack("!HHIH", msg[offset : offset + 10])
         offset += 10
         data = msg[offset : offset + rdlen]

@@ -36,6 +36,7 @@ from sandhold.egress.ca import DeploymentCA
 from sandhold.egress.policy import CompiledPolicy, Decision, Guard, IPAddress, parse_ip
 from sandhold.egress.resolver import ResolveError, Resolver
 from sandhold.egress.secrets import Injection, SecretKeyError, SecretStore, host_matches
+from sandhold.errors import InvalidRequest
 
 log = logging.getLogger("sandhold.egress")
 
@@ -348,7 +349,7 @@ class Connection:
     async def answer_dns(self, msg: bytes) -> bytes:
         try:
             q = dns.parse_query(msg)
-        except dns.DnsError:
+        except InvalidRequest:  # not a DNS message we can parse
             return dns.error_reply(msg, dns.RCODE_FORMERR)
         rec: dict[str, Any] = {"kind": "dns", "host": q.name, "method": str(q.qtype)}
         if q.qclass != dns.CLASS_IN or not q.name or not self.sbx.policy.name_allowed(q.name):

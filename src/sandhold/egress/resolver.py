@@ -11,6 +11,7 @@ import socket
 import time
 
 from sandhold.egress import dns
+from sandhold.errors import InvalidRequest
 
 CACHE_MAX_TTL = 30.0
 CACHE_SIZE = 4096
@@ -87,7 +88,7 @@ class Resolver:
                 results = await asyncio.gather(
                     self._query(server, name, dns.TYPE_A), self._query(server, name, dns.TYPE_AAAA)
                 )
-            except (OSError, TimeoutError, dns.DnsError) as e:
+            except (OSError, TimeoutError, InvalidRequest) as e:  # InvalidRequest: malformed answer
                 last = e
                 continue
             (rc4, a4, t4), (rc6, a6, t6) = results
