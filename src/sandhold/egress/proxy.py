@@ -34,9 +34,9 @@ from sandhold.audit import AuditLog
 from sandhold.egress import dns
 from sandhold.egress.ca import DeploymentCA
 from sandhold.egress.policy import CompiledPolicy, Decision, Guard, IPAddress, parse_ip
-from sandhold.egress.resolver import ResolveError, Resolver
+from sandhold.egress.resolver import Resolver
 from sandhold.egress.secrets import Injection, SecretKeyError, SecretStore, host_matches
-from sandhold.errors import InvalidRequest
+from sandhold.errors import EgressRefused, InvalidRequest
 
 log = logging.getLogger("sandhold.egress")
 
@@ -220,7 +220,7 @@ class Connection:
             raise Refused(403, pre.describe(), pre.rule)
         try:
             texts = await self.shared.resolver.resolve(host)
-        except ResolveError as e:
+        except EgressRefused as e:  # only the resolver's: the name does not resolve
             raise Refused(502, str(e), "resolve") from None
         addrs = [ipaddress.ip_address(a) for a in texts]
         decision = policy.decide(host, addrs, self.shared.guard)
@@ -368,7 +368,7 @@ class Connection:
             return dns.answer(q, dns.RCODE_OK)
         try:
             addrs = await self.shared.resolver.resolve(q.name)
-        except ResolveError:
+        except EgressRefused:  # the name does not resolve
             self.record(**rec, status=dns.RCODE_NXDOMAIN, decision="allow", rule="resolve")
             return dns.answer(q, dns.RCODE_NXDOMAIN)
         ips = [ipaddress.ip_address(a) for a in addrs]

@@ -1,6 +1,7 @@
 """Name resolution on the host, for the proxy: a static hosts map (operator setting), then the
 configured upstream DNS servers, else the host's own resolver. Results are cached briefly; the
-proxy checks every address it gets and dials one of those, never re-resolving."""
+proxy checks every address it gets and dials one of those, never re-resolving. A name that does
+not resolve raises ``EgressRefused`` (the proxy tells it apart by where it catches it)."""
 
 from __future__ import annotations
 
@@ -11,15 +12,11 @@ import socket
 import time
 
 from sandhold.egress import dns
-from sandhold.errors import InvalidRequest
+from sandhold.errors import EgressRefused, InvalidRequest
 
 CACHE_MAX_TTL = 30.0
 CACHE_SIZE = 4096
 QUERY_TIMEOUT_S = 2.0
-
-
-class ResolveError(Exception):
-    pass
 
 
 class _DnsClient(asyncio.DatagramProtocol):
@@ -62,7 +59,7 @@ class Resolver:
         else:
             addrs, ttl = await self._getaddrinfo(name), CACHE_MAX_TTL
         if not addrs:
-            raise ResolveError(f"{name} does not resolve")
+            raise EgressRefused(f"{name} does not resolve")
         if len(self._cache) >= CACHE_SIZE:
             self._cache.clear()
         self._cache[name] = (time.monotonic() + min(ttl, CACHE_MAX_TTL), addrs)
@@ -73,7 +70,7 @@ class Resolver:
         try:
             infos = await loop.getaddrinfo(name, None, type=socket.SOCK_STREAM)
         except socket.gaierror as e:
-            raise ResolveError(f"{name} does not resolve: {e.strerror}") from None
+            raise EgressRefused(f"{name} does not resolve: {e.strerror}") from None
         out: list[str] = []
         for info in infos:
             addr = str(info[4][0])
@@ -93,9 +90,9 @@ class Resolver:
                 continue
             (rc4, a4, t4), (rc6, a6, t6) = results
             if rc4 == dns.RCODE_NXDOMAIN and rc6 in (dns.RCODE_NXDOMAIN, dns.RCODE_OK) and not a6:
-                raise ResolveError(f"{name} does not exist (NXDOMAIN)")
+                raise EgressRefused(f"{name} does not exist (NXDOMAIN)")
             return a4 + a6, min(t4, t6)
-        raise ResolveError(f"no DNS server answered for {name}: {last}")
+        raise EgressRefused(f"no DNS server answered for {name}: {last}")
 
     async def _query(self, server: str, name: str, qtype: int) -> tuple[int, list[str], int]:
         loop = asyncio.get_running_loop()
