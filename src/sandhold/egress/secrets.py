@@ -61,10 +61,6 @@ def _decode_key(text: str) -> bytes:
     return raw
 
 
-class UnknownKey(Exception):
-    """A ciphertext names a key that is not in the ring (any more)."""
-
-
 class KeyRing:
     """Keys newest first; ``key_id`` is a short hash that ciphertexts carry."""
 
@@ -112,11 +108,11 @@ class KeyRing:
         return key_id, nonce, AESGCM(key).encrypt(nonce, plaintext, aad)
 
     def open(self, key_id: str, nonce: bytes, sealed: bytes, aad: bytes) -> bytes:
-        """The plaintext; UnknownKey if ``key_id`` is not in the ring, InvalidTag if the
-        ciphertext or its associated data was changed."""
+        """The plaintext; SecretKeyError if ``key_id`` is not in the ring (any more), InvalidTag
+        if the ciphertext or its associated data was changed."""
         key = self.by_id.get(key_id)
         if key is None:
-            raise UnknownKey(key_id)
+            raise SecretKeyError(f"key {key_id} is not in the secrets key ring")
         return AESGCM(key).decrypt(nonce, sealed, aad)
 
     def add_new_key(self) -> None:
@@ -310,7 +306,7 @@ class SecretStore:
     def _open(self, tenant: str, name: str, key_id: str, nonce: bytes, sealed: bytes) -> bytes:
         try:
             return self.keyring.open(key_id, nonce, sealed, _aad(tenant, name))
-        except UnknownKey:
+        except SecretKeyError:  # open raises it only for a key not in the ring
             raise SecretKeyError(
                 f"secret {name!r} of tenant {tenant!r} is sealed with key {key_id}, which is "
                 "not configured any more"

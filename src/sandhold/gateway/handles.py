@@ -14,7 +14,8 @@ from typing import Any
 from cryptography.exceptions import InvalidTag
 
 from sandhold.config import Settings
-from sandhold.egress.secrets import KeyRing, UnknownKey, default_key_file
+from sandhold.egress.secrets import KeyRing, default_key_file
+from sandhold.errors import SecretKeyError
 from sandhold.gateway.providers.base import ProviderError
 
 SECRET_FIELDS = ("envd_token", "traffic_token")
@@ -49,11 +50,12 @@ class HandleSealer:
         out = {k: v for k, v in handle.items() if k != SEALED}
         if not sealed:
             return out
+        keyring = self.keyring  # outside the try: a ring that fails to load is not a missing key
         try:
-            plain = self.keyring.open(str(sealed.get("key", "")), base64.b64decode(sealed["nonce"]),
-                                      base64.b64decode(sealed["data"]),
-                                      _aad(tenant_id, session_id))  # fmt: skip
-        except UnknownKey:
+            plain = keyring.open(str(sealed.get("key", "")), base64.b64decode(sealed["nonce"]),
+                                 base64.b64decode(sealed["data"]),
+                                 _aad(tenant_id, session_id))  # fmt: skip
+        except SecretKeyError:
             raise ProviderError(
                 f"session {session_id!r}: its provider tokens were sealed with a key this replica "
                 "does not have; give every gateway replica the same secrets_keys"
