@@ -29,8 +29,9 @@ from pydantic import ValidationError
 from sandhold.audit import EGRESS_FIELDS, AuditLog
 from sandhold.egress.ca import DeploymentCA
 from sandhold.egress.config import EgressConfig
+from sandhold.egress.connection import SandboxEgress, Shared
 from sandhold.egress.policy import CompiledPolicy, EgressPolicy, Guard
-from sandhold.egress.proxy import SandboxEgress, Shared, handler
+from sandhold.egress.proxy import handler
 from sandhold.egress.resolver import Resolver
 from sandhold.egress.secrets import SecretKeyError, open_store
 
