@@ -17,7 +17,7 @@ import h11
 from sandhold.audit import AuditLog
 from sandhold.egress.ca import DeploymentCA
 from sandhold.egress.policy import CompiledPolicy, Decision, Guard, IPAddress, parse_ip
-from sandhold.egress.refusal import Refused
+from sandhold.egress.refusal import refused
 from sandhold.egress.resolver import Resolver
 from sandhold.egress.secrets import Injection, SecretStore, host_matches
 from sandhold.errors import EgressRefused
@@ -114,15 +114,15 @@ class Connection:
         policy = self.sbx.policy
         pre = policy.precheck(host)
         if pre is not None:
-            raise Refused(403, pre.describe(), pre.rule)
+            raise refused(403, pre.describe(), pre.rule)
         try:
             texts = await self.shared.resolver.resolve(host)
         except EgressRefused as e:  # only the resolver's: the name does not resolve
-            raise Refused(502, str(e), "resolve") from None
+            raise refused(502, str(e), "resolve") from None
         addrs = [ipaddress.ip_address(a) for a in texts]
         decision = policy.decide(host, addrs, self.shared.guard)
         if not decision.allowed:
-            raise Refused(403, decision.describe(), decision.rule)
+            raise refused(403, decision.describe(), decision.rule)
         return Target(host, port, addrs, decision)
 
     async def dial(
@@ -145,7 +145,7 @@ class Connection:
             except TimeoutError:
                 last = TimeoutError(f"connecting to {target.host}:{target.port} timed out")
             except ssl.SSLError as e:
-                raise Refused(502, f"TLS to {target.host} failed: {e.reason or e}") from None
+                raise refused(502, f"TLS to {target.host} failed: {e.reason or e}") from None
             except OSError as e:
                 last = e
-        raise Refused(502, f"cannot connect to {target.host}:{target.port}: {last}", "upstream")
+        raise refused(502, f"cannot connect to {target.host}:{target.port}: {last}", "upstream")

@@ -10,7 +10,7 @@ import h11
 
 from sandhold.egress import dns
 from sandhold.egress.connection import Connection
-from sandhold.egress.refusal import Refused
+from sandhold.egress.refusal import refused
 from sandhold.errors import EgressRefused, InvalidRequest
 
 
@@ -21,7 +21,7 @@ async def dns_query(c: Connection, conn: h11.Connection) -> None:
         if isinstance(ev, h11.Data):
             body += ev.data
             if len(body) > dns.MAX_MESSAGE:
-                raise Refused(400, "DNS message too long", "protocol")
+                raise refused(400, "DNS message too long", "protocol")
         elif isinstance(ev, h11.EndOfMessage):
             break
         else:

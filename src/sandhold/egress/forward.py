@@ -12,7 +12,7 @@ import h11
 
 from sandhold.egress.connection import MAX_HEAD, Connection, Target
 from sandhold.egress.http_parts import HOP_BY_HOP, authority, closes, header, origin_form
-from sandhold.egress.refusal import Refused
+from sandhold.egress.refusal import refused
 from sandhold.egress.secrets import Injection
 
 
@@ -51,16 +51,16 @@ async def forward_plain(
 ) -> None:
     url = urlsplit(req.target.decode("ascii", "replace"))
     if url.scheme != "http":
-        raise Refused(400, "use CONNECT (an https_proxy) for https:// URLs", "protocol")
+        raise refused(400, "use CONNECT (an https_proxy) for https:// URLs", "protocol")
     if url.username or url.password:
-        raise Refused(400, "credentials in the URL are not forwarded", "protocol")
+        raise refused(400, "credentials in the URL are not forwarded", "protocol")
     try:
         host, port = authority(url.netloc, 80)
     except ValueError:
-        raise Refused(400, f"invalid URL {url.geturl()!r}", "protocol") from None
+        raise refused(400, f"invalid URL {url.geturl()!r}", "protocol") from None
     host_hdr = header(req.headers, b"host")
     if host_hdr is not None and authority(host_hdr, 80) != (host, port):
-        raise Refused(403, f"Host header {host_hdr!r} does not match the URL's host {host}", "host")
+        raise refused(403, f"Host header {host_hdr!r} does not match the URL's host {host}", "host")
     target = await c.resolve_target(host, port)
     # One request per connection: the next may go to another host, under a newer policy.
     await exchange(c, conn, req, target, False, started, keep_alive=False)
@@ -127,21 +127,21 @@ async def exchange(
                 up_writer.write(up.send(h11.EndOfMessage()) or b"")
                 break
             else:
-                raise Refused(400, "request ended early", "protocol")
+                raise refused(400, "request ended early", "protocol")
         await up_writer.drain()
         redact = Redactor([i.raw for i in injections])
         while True:
             try:
                 ev = await c.event(up, up_reader)
             except h11.RemoteProtocolError as e:
-                raise Refused(
+                raise refused(
                     502, f"invalid response from {target.host}: {e}", "upstream"
                 ) from None
             if isinstance(ev, h11.InformationalResponse):
                 continue
             if isinstance(ev, h11.Response):
                 break
-            raise Refused(502, f"{target.host} closed the connection", "upstream")
+            raise refused(502, f"{target.host} closed the connection", "upstream")
         status = ev.status_code
         resp_headers = [
             (k, redact_header(v, redact))

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from urllib.parse import urlsplit
 
-from sandhold.egress.refusal import Refused
+from sandhold.egress.refusal import refused
 
 HOP_BY_HOP = {
     b"connection",
@@ -36,7 +36,7 @@ def authority(text: str, default_port: int | None) -> tuple[str, int]:
         host, _, p = text.partition(":")
         port = int(p) if p.isdigit() else -1
     if not host or port is None or not 0 < port < 65536:
-        raise Refused(400, f"invalid host or port {text!r}")
+        raise refused(400, f"invalid host or port {text!r}")
     return host.rstrip(".").lower(), port
 
 

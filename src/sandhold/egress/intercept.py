@@ -13,7 +13,8 @@ import h11
 from sandhold.egress.connection import MAX_HEAD, Connection, Target
 from sandhold.egress.forward import exchange
 from sandhold.egress.http_parts import authority, header, origin_form
-from sandhold.egress.refusal import Refused, framed_reply
+from sandhold.egress.refusal import framed_reply, refused, rule_of, status_of
+from sandhold.errors import EgressRefused
 
 
 async def intercept(c: Connection, conn: h11.Connection, target: Target, started: float) -> None:
@@ -26,7 +27,7 @@ async def intercept(c: Connection, conn: h11.Connection, target: Target, started
     await c.writer.drain()
     data, _ = conn.trailing_data
     if data:  # a client must wait for the 200 before its ClientHello
-        raise Refused(400, "data sent before the tunnel was established", "protocol")
+        raise refused(400, "data sent before the tunnel was established", "protocol")
     server_ctx = c.shared.ca.server_context(target.host)
     try:
         await asyncio.wait_for(c.writer.start_tls(server_ctx), 10)
@@ -72,13 +73,13 @@ async def serve_requests(c: Connection, target: Target, tls: bool) -> None:
             if host_hdr is not None:
                 h, p = authority(host_hdr, target.port)
                 if h != target.host or p != target.port:
-                    raise Refused(
+                    raise refused(
                         403,
                         f"Host header {host_hdr!r} does not match the tunnel to {target.host}",
                         "host",
                     )
             await exchange(c, conn, ev, target, tls, started)
-        except Refused as e:
+        except EgressRefused as e:
             if conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
                 c.writer.write(framed_reply(conn, e))
             c.record(
@@ -87,10 +88,10 @@ async def serve_requests(c: Connection, target: Target, tls: bool) -> None:
                 host=target.host,
                 port=target.port,
                 path=origin_form(ev.target),
-                status=e.status,
+                status=status_of(e),
                 decision="deny",
-                rule=e.rule,
-                reason=e.reason,
+                rule=rule_of(e),
+                reason=e.message,
             )
             return
         if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:

@@ -34,9 +34,9 @@ from sandhold.egress.dns_query import dns_query
 from sandhold.egress.forward import forward_plain
 from sandhold.egress.http_parts import authority
 from sandhold.egress.intercept import intercept
-from sandhold.egress.refusal import Refused, reply
+from sandhold.egress.refusal import refused, reply, rule_of, status_of
 from sandhold.egress.tunnel import tunnel
-from sandhold.errors import SecretKeyError
+from sandhold.errors import EgressRefused, SecretKeyError
 
 log = logging.getLogger("sandhold.egress")
 
@@ -60,16 +60,16 @@ async def serve(c: Connection) -> None:
         elif method == "POST" and target.split("?")[0] == "/dns-query":
             await dns_query(c, conn)
         else:
-            raise Refused(
+            raise refused(
                 400,
                 "this is the sandbox's egress proxy: use it as HTTP_PROXY "
                 "(absolute URLs or CONNECT)",
                 "protocol",
             )
-    except Refused as e:
+    except EgressRefused as e:
         _refuse(c, e, req, started)
     except h11.RemoteProtocolError as e:
-        _refuse(c, Refused(400, f"malformed request: {e}", "protocol"), req, started)
+        _refuse(c, refused(400, f"malformed request: {e}", "protocol"), req, started)
     except (TimeoutError, ConnectionError, OSError, ssl.SSLError):
         pass
     finally:
@@ -87,7 +87,7 @@ async def _connect(c: Connection, conn: h11.Connection, target: str, started: fl
     await tunnel(c, conn, checked, target, started)
 
 
-def _refuse(c: Connection, e: Refused, req: h11.Request | None, started: float) -> None:
+def _refuse(c: Connection, e: EgressRefused, req: h11.Request | None, started: float) -> None:
     try:
         c.writer.write(reply(e))
     except (ConnectionError, RuntimeError):
@@ -101,7 +101,7 @@ def _refuse(c: Connection, e: Refused, req: h11.Request | None, started: float) 
             path = t
             try:
                 host, port = authority(t, None)
-            except Refused:
+            except EgressRefused:
                 pass
         else:
             parts = urlsplit(t)
@@ -112,10 +112,10 @@ def _refuse(c: Connection, e: Refused, req: h11.Request | None, started: float) 
         host=host,
         port=port,
         path=path,
-        status=e.status,
+        status=status_of(e),
         decision="deny",
-        rule=e.rule,
-        reason=e.reason,
+        rule=rule_of(e),
+        reason=e.message,
         duration_ms=round((time.monotonic() - started) * 1e3, 2),
     )
 

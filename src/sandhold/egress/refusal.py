@@ -1,51 +1,63 @@
-"""How the egress proxy says no: a refusal names the HTTP status the client gets, the reason it
-is told and the rule the audit log records; ``reply`` and ``framed_reply`` write it as a
-plain-text response that names the rule."""
+"""How the egress proxy says no. A refusal is an ``EgressRefused`` (the error tree's leaf) whose
+message is the reason the client is told; ``refused`` gives it the HTTP status it is answered
+with and the rule the audit log records. ``reply`` and ``framed_reply`` write it as a plain-text
+response that names the rule."""
 
 from __future__ import annotations
 
 import h11
 
-
-class Refused(Exception):
-    """Answer the client with ``status`` and a plain reason, and record it."""
-
-    def __init__(self, status: int, reason: str, rule: str = "") -> None:
-        super().__init__(reason)
-        self.status = status
-        self.reason = reason
-        self.rule = rule
+from sandhold.errors import EgressRefused
 
 
-def reply(e: Refused) -> bytes:
+def refused(status: int, reason: str, rule: str = "") -> EgressRefused:
+    """An ``EgressRefused`` the proxy answers with ``status`` and records under ``rule``."""
+    e = EgressRefused(reason)
+    # The tree's class carries only its message; what the proxy answers rides on the instance.
+    vars(e).update(status=status, rule=rule)
+    return e
+
+
+def status_of(e: EgressRefused) -> int:
+    """The HTTP status of a refusal (403 for one not made by ``refused``)."""
+    return int(getattr(e, "status", 403))
+
+
+def rule_of(e: EgressRefused) -> str:
+    return str(getattr(e, "rule", ""))
+
+
+def reply(e: EgressRefused) -> bytes:
     """The refusal as raw bytes, for a client whose request h11 could not frame or answer."""
-    body = f"sandhold egress proxy: {e.reason}\n".encode()
+    status, rule = status_of(e), rule_of(e)
+    body = f"sandhold egress proxy: {e.message}\n".encode()
     head = [
-        f"HTTP/1.1 {e.status} {phrase(e.status)}",
+        f"HTTP/1.1 {status} {phrase(status)}",
         "Content-Type: text/plain; charset=utf-8",
         f"Content-Length: {len(body)}",
         "Connection: close",
-        "X-Sandhold-Egress: denied" if e.status == 403 else "X-Sandhold-Egress: error",
+        "X-Sandhold-Egress: denied" if status == 403 else "X-Sandhold-Egress: error",
     ]
-    if e.rule:
-        head.append("X-Sandhold-Egress-Rule: " + e.rule.replace("\r", "").replace("\n", ""))
+    if rule:
+        head.append("X-Sandhold-Egress-Rule: " + rule.replace("\r", "").replace("\n", ""))
     return ("\r\n".join(head) + "\r\n\r\n").encode() + body
 
 
-def framed_reply(conn: h11.Connection, e: Refused) -> bytes:
+def framed_reply(conn: h11.Connection, e: EgressRefused) -> bytes:
     """The refusal as the response to ``conn``'s current request (inside an intercepted tunnel,
     where h11 frames the responses)."""
-    body = f"sandhold egress proxy: {e.reason}\n".encode()
+    status = status_of(e)
+    body = f"sandhold egress proxy: {e.message}\n".encode()
     out = conn.send(
         h11.Response(
-            status_code=e.status,
+            status_code=status,
             headers=[
                 ("Content-Type", "text/plain; charset=utf-8"),
                 ("Content-Length", str(len(body))),
                 ("Connection", "close"),
-                ("X-Sandhold-Egress", "denied" if e.status == 403 else "error"),
+                ("X-Sandhold-Egress", "denied" if status == 403 else "error"),
             ],
-            reason=phrase(e.status).encode(),
+            reason=phrase(status).encode(),
         )
     )
     return (out or b"") + (conn.send(h11.Data(data=body)) or b"")

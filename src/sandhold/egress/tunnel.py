@@ -9,7 +9,8 @@ import time
 import h11
 
 from sandhold.egress.connection import CHUNK, Connection, Target
-from sandhold.egress.refusal import Refused
+from sandhold.egress.refusal import refused, rule_of
+from sandhold.errors import EgressRefused
 
 CLIENT_HELLO_MAX = 16 * 1024
 
@@ -31,13 +32,13 @@ async def tunnel(
         name = sni(first)
         if name is not None and name.rstrip(".").lower() != host:
             status = 403
-            raise Refused(
+            raise refused(
                 403, f"TLS server name {name!r} does not match the tunnel to {host}", "sni"
             )
         up_writer.write(first)
         counts[0] += len(first)
         await _splice((c.reader, c.writer), (up_reader, up_writer), counts)
-    except Refused as e:
+    except EgressRefused as e:
         c.record(
             kind="connect",
             method="CONNECT",
@@ -46,8 +47,8 @@ async def tunnel(
             path=authority,
             status=403,
             decision="deny",
-            rule=e.rule,
-            reason=e.reason,
+            rule=rule_of(e),
+            reason=e.message,
         )
         up_writer.close()
         return
