@@ -10,19 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import binascii
 import json
 import logging
 import struct
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from typing import Any
 
 from .config import AgentConfig
 from .http import ClientGone, HttpError, Request, Response
-from .users import User, user_from_authorization
+from .rpc import Message, RpcError
+from .users import User, lookup_user
 
 log = logging.getLogger("sandhold.agent")
-
-Message = dict[str, Any]
 
 FLAG_COMPRESSED = 0x01
 FLAG_END_STREAM = 0x02
@@ -48,16 +47,6 @@ HTTP_STATUS = {
     "data_loss": 500,
     "unauthenticated": 401,
 }
-
-
-class RpcError(Exception):
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
-
-    def to_json(self) -> Message:
-        return {"code": self.code, "message": self.message}
 
 
 # What connect-go answers when the Connect-Timeout-Ms deadline passes (Go's ctx error text).
@@ -97,77 +86,28 @@ class EnvelopeReader:
         return bool(self._buf)
 
 
-# -- message helpers --------------------------------------------------------------------------
-
-
-def get(msg: Message | None, name: str, default: Any = None) -> Any:
-    """A field by its proto name (``include_entry``) or JSON name (``includeEntry``)."""
-    if not msg:
-        return default
-    if name in msg:
-        return msg[name]
-    head, *rest = name.split("_")
-    camel = head + "".join(p.title() for p in rest)
-    return msg.get(camel, default)
-
-
-def get_str(msg: Message | None, name: str) -> str:
-    value = get(msg, name)
-    if value is None:
-        return ""
-    if not isinstance(value, str):
-        raise RpcError("invalid_argument", f"field {name} must be a string")
-    return value
-
-
-def get_int(msg: Message | None, name: str) -> int:
-    value = get(msg, name)
-    if value is None:
-        return 0
-    try:
-        return int(value)  # int64 arrives as a string, int32 as a number
-    except (TypeError, ValueError):
-        raise RpcError("invalid_argument", f"field {name} must be an integer") from None
-
-
-def get_bool(msg: Message | None, name: str) -> bool:
-    return bool(get(msg, name, False))
-
-
-def get_enum(msg: Message | None, name: str, values: dict[str, int]) -> int:
-    """Enums come as names or numbers."""
-    value = get(msg, name)
-    if value is None:
-        return 0
-    if isinstance(value, str):
-        if value in values:
-            return values[value]
-        try:
-            return int(value)
-        except ValueError:
-            raise RpcError("invalid_argument", f"unknown {name} value {value!r}") from None
-    if isinstance(value, int):
-        return value
-    raise RpcError("invalid_argument", f"field {name} must be an enum")
-
-
-def get_bytes(msg: Message | None, name: str) -> bytes:
-    value = get(msg, name)
-    if not value:
-        return b""
-    try:
-        # proto3 JSON accepts standard and URL-safe base64, padded or not.
-        s = value.replace("-", "+").replace("_", "/")
-        return base64.b64decode(s + "=" * (-len(s) % 4))
-    except (ValueError, AttributeError):
-        raise RpcError("invalid_argument", f"field {name} must be base64") from None
-
-
-def b64(data: bytes) -> str:
-    return base64.b64encode(data).decode("ascii")
-
-
 # -- per-call context -------------------------------------------------------------------------
+
+
+def user_from_authorization(header: str | None, default_user: str) -> User:
+    """``Authorization: Basic base64("<user>:")`` as the SDK sends it; absent → the default.
+
+    Here rather than in ``users``: reading the header and failing as Connect does belong to
+    the protocol; ``users`` only knows /etc/passwd."""
+    name = default_user
+    if header:
+        scheme, _, value = header.partition(" ")
+        if scheme.lower() != "basic":
+            raise RpcError("unauthenticated", "unsupported authorization scheme")
+        try:
+            decoded = base64.b64decode(value.strip(), validate=True).decode("utf-8")
+        except (binascii.Error, UnicodeDecodeError):
+            raise RpcError("unauthenticated", "malformed basic authorization") from None
+        name = decoded.partition(":")[0]
+    user = lookup_user(name)
+    if user is None:
+        raise RpcError("unauthenticated", f"invalid username: '{name}'")
+    return user
 
 
 class Call:

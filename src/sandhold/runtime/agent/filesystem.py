@@ -11,8 +11,9 @@ from collections.abc import AsyncGenerator, Callable
 from typing import TYPE_CHECKING
 
 from .config import AgentConfig
-from .connect import Call, Message, RpcError, get_bool, get_int, get_str
+from .connect import Call
 from .fsutil import ensure_dirs, entry_info, os_error, remove_all
+from .rpc import Message, RpcError, get_bool, get_int, get_str
 from .users import User, UserError, fs_identity, resolve_path
 from .view import Access, ViewGuard
 

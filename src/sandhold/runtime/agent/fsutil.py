@@ -12,7 +12,7 @@ import posixpath
 import stat
 import time
 
-from .connect import Message, RpcError
+from .rpc import Message, RpcError
 from .users import group_name, user_name
 
 FILE_TYPE_UNSPECIFIED = "FILE_TYPE_UNSPECIFIED"

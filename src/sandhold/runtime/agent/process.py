@@ -21,8 +21,8 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 from .config import AgentConfig
-from .connect import (
-    Call,
+from .connect import Call
+from .rpc import (
     Message,
     RpcError,
     b64,

@@ -6,8 +6,6 @@ sandbox are seen at once.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import os
 import posixpath
 from collections.abc import Iterator
@@ -101,26 +99,6 @@ def require_user(name: str) -> User:
     user = lookup_user(name)
     if user is None:
         raise UserError(f"invalid username: '{name}'")
-    return user
-
-
-def user_from_authorization(header: str | None, default_user: str) -> User:
-    """``Authorization: Basic base64("<user>:")`` as the SDK sends it; absent → the default."""
-    from .connect import RpcError
-
-    name = default_user
-    if header:
-        scheme, _, value = header.partition(" ")
-        if scheme.lower() != "basic":
-            raise RpcError("unauthenticated", "unsupported authorization scheme")
-        try:
-            decoded = base64.b64decode(value.strip(), validate=True).decode("utf-8")
-        except (binascii.Error, UnicodeDecodeError):
-            raise RpcError("unauthenticated", "malformed basic authorization") from None
-        name = decoded.partition(":")[0]
-    user = lookup_user(name)
-    if user is None:
-        raise RpcError("unauthenticated", f"invalid username: '{name}'")
     return user
 
 

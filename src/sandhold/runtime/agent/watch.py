@@ -15,8 +15,8 @@ import struct
 from collections.abc import Callable
 
 from . import libc
-from .connect import Message
 from .fsutil import entry_info
+from .rpc import Message
 from .users import User, fs_identity
 
 log = logging.getLogger("sandhold.agent")
