@@ -5,6 +5,9 @@ and client-streaming RPCs see each message as it arrives) and a :class:`Response
 send whole or stream (chunked transfer encoding when no length is given). Once a handler has
 consumed the request body, the connection watches the socket for EOF so that a client going
 away cancels a long stream instead of leaving it to find out on its next write.
+
+``CONNECT`` goes to the router's ``tunnel`` handler, which answers and then takes the raw
+connection over (``Request.take_over``); what may be tunnelled is that handler's business.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ MAX_HEADER_BYTES = 65536
 DRAIN_LIMIT = 4 << 20
 
 Handler = Callable[["Request", "Response"], Awaitable[None]]
+Streams = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
 _REASONS = {
     100: b"Continue", 200: b"OK", 204: b"No Content", 400: b"Bad Request",
@@ -139,6 +143,13 @@ class Request:
         self.body_done = True
         self.body_done_event.set()
 
+    def take_over(self) -> tuple[Streams, bytes]:
+        """For a CONNECT handler that has answered: the connection's raw streams, and the bytes
+        the client sent right after the request (the first bytes of the tunnel)."""
+        conn = self._conn
+        leftover, _closed = conn.h11.trailing_data
+        return (conn.reader, conn.writer), leftover
+
     async def _drain(self, limit: int) -> bool:
         """Discard the rest of the body; False if it was too long to bother."""
         size = 0
@@ -201,6 +212,7 @@ class Response:
 class Router:
     def __init__(self) -> None:
         self._routes: dict[str, dict[str, Handler]] = {}
+        self.tunnel: Handler | None = None  # serves CONNECT, whatever the authority
 
     def add(self, method: str, path: str, handler: Handler) -> None:
         self._routes.setdefault(path, {})[method] = handler
@@ -309,24 +321,13 @@ class _Connection:
             raise
 
     async def _tunnel(self, req: Request, resp: Response) -> None:
-        """CONNECT: answer 200, then hand the raw connection to the upstream socket."""
-        from .tunnel import open_upstream, splice
-
-        authority = req.path
-        try:
-            await req._drain(DRAIN_LIMIT)
-            upstream = await open_upstream(authority)
-        except HttpError as e:
-            await resp.send_error(e.status, e.message)
+        """CONNECT: not through ``_run``, whose disconnect watch would read the socket the
+        tunnel now owns; the connection closes when the handler returns."""
+        await req._drain(DRAIN_LIMIT)
+        if self.router.tunnel is None:
+            await resp.send_error(405, f"method {req.method} not allowed")
             return
-        try:
-            await resp.start(200)
-            leftover, _closed = self.h11.trailing_data  # bytes sent right after the request
-            if leftover:
-                upstream[1].write(leftover)
-            await splice((self.reader, self.writer), upstream)
-        finally:
-            upstream[1].close()
+        await self.router.tunnel(req, resp)
 
     async def _watch_disconnect(self) -> None:
         """Returns once the peer closes; pipelined bytes are kept for the next request."""

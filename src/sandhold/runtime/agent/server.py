@@ -63,6 +63,7 @@ class Agent:
         r.add("GET", "/metrics", self.system.metrics)
         r.add("GET", "/files", self.files.download)
         r.add("POST", "/files", self.files.upload)
+        r.tunnel = tunnel.serve_connect
         return r
 
     async def run(self) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import socket
 
-from .http import HttpError
+from .http import HttpError, Request, Response, Streams
 
 _LOOPBACK = {"127.0.0.1": socket.AF_INET, "localhost": socket.AF_INET, "::1": socket.AF_INET6}
 COPY_CHUNK = 65536
@@ -34,7 +34,25 @@ def parse_authority(authority: str) -> tuple[str, int, int]:
     return address, int(port_text), family
 
 
-async def open_upstream(authority: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+async def serve_connect(req: Request, resp: Response) -> None:
+    """The router's CONNECT handler: answer 200, then hand the raw connection to the upstream
+    socket."""
+    try:
+        upstream = await open_upstream(req.path)
+    except HttpError as e:
+        await resp.send_error(e.status, e.message)
+        return
+    try:
+        await resp.start(200)
+        client, leftover = req.take_over()
+        if leftover:
+            upstream[1].write(leftover)
+        await splice(client, upstream)
+    finally:
+        upstream[1].close()
+
+
+async def open_upstream(authority: str) -> Streams:
     address, port, family = parse_authority(authority)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + (SERVICE_WAIT_S if port in SERVICE_PORTS else 0)
@@ -65,10 +83,7 @@ async def _copy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
         writer.close()
 
 
-async def splice(
-    a: tuple[asyncio.StreamReader, asyncio.StreamWriter],
-    b: tuple[asyncio.StreamReader, asyncio.StreamWriter],
-) -> None:
+async def splice(a: Streams, b: Streams) -> None:
     """Copy both ways until both directions are done."""
     try:
         await asyncio.gather(_copy(a[0], b[1]), _copy(b[0], a[1]))
