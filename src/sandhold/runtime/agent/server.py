@@ -13,7 +13,9 @@ from .config import AgentConfig
 from .files import FilesHandler
 from .filesystem import FilesystemService
 from .http import HttpServer, Router
-from .process import ProcessManager, ProcessService
+from .process import ProcessService
+from .process_table import ProcessManager
+from .supervisor import ServiceSupervisor
 from .system import SystemHandler
 
 log = logging.getLogger("sandhold.agent")
@@ -25,6 +27,7 @@ class Agent:
         self.sock = sock
         self.manager = ProcessManager(config)
         self.processes = ProcessService(config, self.manager)
+        self.services = ServiceSupervisor(config, self.manager)
         self.filesystem = FilesystemService(config)
         self.files = FilesHandler(config)
         self.system = SystemHandler(config)
@@ -73,7 +76,7 @@ class Agent:
             loop.add_signal_handler(sig, self._stop.set)
         await self.http.listen_unix(self.sock)
         relays = await egress.start(self.config.egress)
-        await self.processes.start_services(self.config.services)
+        await self.services.start(self.config.services)
         log.info("listening on %s", self.config.socket)
         _trim_heap()
         await self._stop.wait()

@@ -1,0 +1,252 @@
+"""Starting a command: pipes or a PTY, fork, and in the child a new session, the descriptors,
+the privilege drop (capabilities, groups, uid) and exec.
+
+The child reports a failure (its stage and errno text) up a close-on-exec pipe, so the parent
+knows whether exec happened before it returns: a command that cannot start is an RPC error, as
+in envd, not a process that exits 127. Also the descriptor helpers running processes share.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import signal
+from collections.abc import Callable
+
+from .rpc import RpcError
+from .users import User, can_switch, group_ids
+
+OOM_SCORE_ADJ = b"500"
+
+
+def go_errno(e: OSError) -> str:
+    text = e.strerror or str(e)
+    return text[:1].lower() + text[1:]
+
+
+def close_fd(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
+def set_winsize(fd: int, cols: int, rows: int) -> None:
+    import fcntl
+    import struct
+    import termios
+
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+
+async def wait_fd(fd: int, write: bool, waiters: set[asyncio.Future[None]] | None = None) -> None:
+    """Until ``fd`` is readable (or writable); ``waiters`` lets an owner wake it early."""
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[None] = loop.create_future()
+
+    def ready() -> None:
+        if not fut.done():
+            fut.set_result(None)
+
+    (loop.add_writer if write else loop.add_reader)(fd, ready)
+    if waiters is not None:
+        waiters.add(fut)
+    try:
+        await fut
+    finally:
+        if waiters is not None:
+            waiters.discard(fut)
+        (loop.remove_writer if write else loop.remove_reader)(fd)
+
+
+class SpawnSpec:
+    def __init__(
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        cwd: str,
+        user: User,
+        pty_size: tuple[int, int] | None,
+        stdin: bool,
+    ) -> None:
+        self.argv = argv
+        self.env = env
+        self.cwd = cwd
+        self.user = user
+        self.groups = group_ids(user)  # read here: the child should only make syscalls
+        self.pty_size = pty_size
+        self.stdin = stdin
+
+
+class Spawned:
+    """A started command's pid and the parent's ends of its descriptors."""
+
+    def __init__(
+        self,
+        pid: int,
+        outputs: list[tuple[int, str]],
+        stdin_fd: int | None,
+        pty_fd: int | None,
+    ) -> None:
+        self.pid = pid
+        self.outputs = outputs
+        self.stdin_fd = stdin_fd
+        self.pty_fd = pty_fd
+
+
+async def start_child(spec: SpawnSpec, max_fd: int, on_fork: Callable[[int], None]) -> Spawned:
+    """Fork and exec ``spec``; ``on_fork(pid)`` runs in the parent right after the fork, before
+    any await, so the caller can be ready for an exit that comes at once."""
+    if can_switch():
+        from . import libc  # noqa: F401  loaded before the fork; the child only calls it
+
+    fds: dict[str, int] = {}
+    parent_fds: list[int] = []
+    child_fds: list[int] = []
+    outputs: list[tuple[int, str]] = []
+    stdin_fd: int | None = None
+    pty_fd: int | None = None
+    try:
+        if spec.pty_size is not None:
+            master, slave = os.openpty()
+            cols, rows = spec.pty_size
+            set_winsize(master, cols, rows)
+            fds["slave"] = slave
+            parent_fds.append(master)
+            child_fds.append(slave)
+            pty_fd = master
+            outputs.append((master, "pty"))
+        else:
+            out_r, out_w = os.pipe()
+            err_r, err_w = os.pipe()
+            parent_fds += [out_r, err_r]
+            child_fds += [out_w, err_w]
+            fds["stdout"], fds["stderr"] = out_w, err_w
+            outputs += [(out_r, "stdout"), (err_r, "stderr")]
+            if spec.stdin:
+                in_r, in_w = os.pipe()
+                parent_fds.append(in_w)
+                child_fds.append(in_r)
+                fds["stdin"] = in_r
+                stdin_fd = in_w
+            else:
+                fds["stdin"] = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+                child_fds.append(fds["stdin"])
+        err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        child_fds.append(err_w)
+        parent_fds.append(err_r)
+    except OSError as e:
+        for fd in parent_fds + child_fds:
+            close_fd(fd)
+        raise RpcError("internal", f"error creating pipes: {go_errno(e)}") from None
+
+    try:
+        pid = os.fork()
+    except OSError as e:
+        for fd in parent_fds + child_fds:
+            close_fd(fd)
+        raise RpcError(
+            "resource_exhausted" if e.errno == errno.EAGAIN else "internal",
+            f"error starting process '{' '.join(spec.argv)}': fork/exec {spec.argv[0]}: "
+            f"{go_errno(e)}",
+        ) from None
+    if pid == 0:  # pragma: no cover - child
+        _run_in_child(spec, fds, err_w, max_fd)
+    on_fork(pid)
+    for fd in child_fds:
+        close_fd(fd)
+    try:
+        failure = await _read_to_eof(err_r)
+    finally:
+        close_fd(err_r)
+    if failure:
+        for fd in parent_fds:
+            if fd != err_r:
+                close_fd(fd)
+        stage, _, rest = failure.decode(errors="replace").partition("\0")
+        _, _, text = rest.partition("\0")
+        usercmd = " ".join(spec.argv)
+        if stage == "exec":
+            detail = f"fork/exec {spec.argv[0]}: {text}"
+        elif stage == "chdir":
+            detail = f"chdir {spec.cwd}: {text}"
+        else:
+            detail = f"{stage}: {text}"
+        raise RpcError("invalid_argument", f"error starting process '{usercmd}': {detail}")
+    return Spawned(pid, outputs, stdin_fd, pty_fd)
+
+
+def _run_in_child(spec: SpawnSpec, fds: dict[str, int], errpipe: int, max_fd: int) -> None:
+    """Runs in the forked child; never returns. Failures go up ``errpipe`` before exiting."""
+    stage = "setup"
+    try:
+        signal.set_wakeup_fd(-1)  # the parent's event loop must not hear our signals
+        for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+            signal.signal(sig, signal.SIG_DFL)
+        os.setsid()
+        if "slave" in fds:
+            import fcntl
+            import termios
+
+            fcntl.ioctl(fds["slave"], termios.TIOCSCTTY, 0)
+            for target in (0, 1, 2):
+                os.dup2(fds["slave"], target)
+        else:
+            os.dup2(fds["stdin"], 0)
+            os.dup2(fds["stdout"], 1)
+            os.dup2(fds["stderr"], 2)
+        os.closerange(3, errpipe)
+        os.closerange(errpipe + 1, max_fd)
+        try:
+            fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
+            os.write(fd, OOM_SCORE_ADJ)  # the OOM killer should pick commands, not the agent
+            os.close(fd)
+        except OSError:
+            pass
+        user = spec.user
+        if can_switch():
+            from . import libc
+
+            libc.drop_all_capabilities()
+            if (os.getuid(), os.getgid()) != (user.uid, user.gid):
+                stage = "setgroups"
+                try:
+                    os.setgroups(spec.groups)
+                except PermissionError:
+                    pass  # setgroups is denied in this user namespace: keep what we have
+                stage = "setgid"
+                os.setresgid(user.gid, user.gid, user.gid)
+                stage = "setuid"
+                os.setresuid(user.uid, user.uid, user.uid)
+            try:
+                libc.clear_capability_sets()
+            except OSError:
+                pass
+        stage = "chdir"
+        os.chdir(spec.cwd)
+        stage = "exec"
+        os.execvpe(spec.argv[0], spec.argv, spec.env)
+    except BaseException as e:
+        code = getattr(e, "errno", 0) or 0
+        text = go_errno(e) if isinstance(e, OSError) else str(e)
+        try:
+            os.write(errpipe, f"{stage}\0{code}\0{text}".encode(errors="replace"))
+        except BaseException:
+            pass
+    finally:
+        os._exit(127)
+
+
+async def _read_to_eof(fd: int) -> bytes:
+    os.set_blocking(fd, False)
+    out = bytearray()
+    while True:
+        try:
+            data = os.read(fd, 4096)
+        except BlockingIOError:
+            await wait_fd(fd, write=False)
+            continue
+        if not data:
+            return bytes(out)
+        out += data

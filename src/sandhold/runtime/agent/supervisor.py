@@ -1,0 +1,75 @@
+"""The template's services: started by the agent at boot as tagged background processes (like
+a template's start command, ``AgentConfig.services``), each the way a ``Start`` request would
+start it, and started again whenever it ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import time
+from typing import Any
+
+from .config import AgentConfig
+from .process import spawn_spec
+from .process_table import Process, ProcessManager
+from .rpc import Message, RpcError
+from .users import lookup_user
+
+log = logging.getLogger("sandhold.agent")
+
+
+class ServiceSupervisor:
+    def __init__(self, config: AgentConfig, manager: ProcessManager) -> None:
+        self.config = config
+        self.manager = manager
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self, services: list[dict[str, Any]]) -> None:
+        """Start the configured services and keep them running; one failing does not stop the
+        others, and one that ends is started again after a growing delay (0.5 s up to 30 s)."""
+        for svc in services:
+            self._tasks.add(asyncio.ensure_future(self._supervise(svc)))
+
+    async def _spawn(self, svc: dict[str, Any], name: str) -> Process:
+        user = lookup_user(str(svc.get("user") or self.config.default_user))
+        if user is None:
+            raise RpcError("unauthenticated", f"invalid username: '{svc.get('user')}'")
+        process: Message = {
+            "cmd": svc["argv"][0],
+            "args": svc["argv"][1:],
+            "envs": svc.get("env") or {},
+        }
+        if svc.get("cwd"):
+            process["cwd"] = svc["cwd"]
+        spec, config = spawn_spec({"process": process, "stdin": False}, user, self.config)
+        return await self.manager.spawn(spec, config, name)
+
+    async def _supervise(self, svc: dict[str, Any]) -> None:
+        name = str(svc.get("name") or svc["argv"][0])
+        delay = 0.5
+        while True:
+            try:
+                proc = await self._spawn(svc, name)
+            except RpcError as e:
+                log.error("service %s did not start: %s", name, e.message)
+                return  # a configuration error: retrying would not help
+            sub = proc.subscribe()
+            proc.begin(None)
+            log.info("service %s started, pid %d", name, proc.pid)
+            started = time.monotonic()
+            tail = b""
+            try:
+                while True:
+                    item = await sub.queue.get()
+                    if "end" in item:
+                        text = tail.decode(errors="replace").strip()
+                        log.warning("service %s ended (%s): %s", name, item["end"]["status"], text)
+                        break
+                    for data in item["data"].values():
+                        tail = (tail + base64.b64decode(data))[-2000:]
+            finally:
+                proc.unsubscribe(sub)
+            delay = 0.5 if time.monotonic() - started > 60 else min(delay * 2, 30.0)
+            await asyncio.sleep(delay)
