@@ -8,50 +8,27 @@ Errors are JSON ``{"code": <status>, "message": ...}``.
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import os
 import posixpath
-import re
 import stat
-import time
 from typing import Any
 
 from .config import AgentConfig
-from .fsutil import ensure_dirs, write_metadata
-from .http import HttpError, Request, Response, percent_decode, percent_encode
+from .files_headers import (
+    content_disposition,
+    content_type,
+    http_date,
+    parse_header_value,
+    upload_metadata,
+    wants_gzip,
+)
+from .files_upload import BodyDecoder, FileWriter, body_decoder, error_text
+from .http import HttpError, Request, Response
+from .multipart import MultipartParser
 from .users import User, UserError, fs_identity, lookup_user, resolve_path
 from .view import Access, ViewGuard
 
 CHUNK = 256 << 10
-MAX_PART_HEADERS = 16 << 10
-METADATA_HEADER = "x-metadata-"
-_TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
-_PRINTABLE = re.compile(r"^[\x20-\x7e]*$")
-
-_CONTENT_TYPES = {
-    ".txt": "text/plain; charset=utf-8",
-    ".html": "text/html; charset=utf-8",
-    ".htm": "text/html; charset=utf-8",
-    ".css": "text/css; charset=utf-8",
-    ".csv": "text/csv; charset=utf-8",
-    ".js": "text/javascript; charset=utf-8",
-    ".json": "application/json",
-    ".xml": "text/xml; charset=utf-8",
-    ".md": "text/markdown; charset=utf-8",
-    ".py": "text/x-python; charset=utf-8",
-    ".svg": "image/svg+xml",
-    ".png": "image/png",
-    ".jpg": "image/jpeg",
-    ".jpeg": "image/jpeg",
-    ".gif": "image/gif",
-    ".webp": "image/webp",
-    ".pdf": "application/pdf",
-    ".zip": "application/zip",
-    ".gz": "application/gzip",
-    ".tar": "application/x-tar",
-    ".wasm": "application/wasm",
-}
 
 
 class FilesHandler:
@@ -101,18 +78,18 @@ class FilesHandler:
         except FileNotFoundError:
             raise HttpError(404, f"path '{path}' does not exist") from None
         except PermissionError as e:
-            raise HttpError(403, f"error opening file '{path}': {_text(e)}") from None
+            raise HttpError(403, f"error opening file '{path}': {error_text(e)}") from None
         except OSError as e:
-            raise HttpError(500, f"error opening file '{path}': {_text(e)}") from None
+            raise HttpError(500, f"error opening file '{path}': {error_text(e)}") from None
         except UserError as e:
             raise HttpError(403, str(e)) from None
         try:
-            gzip = _wants_gzip(req)
+            gzip = wants_gzip(req)
             headers = [
-                ("Content-Type", _content_type(path)),
-                ("Content-Disposition", _disposition(posixpath.basename(path))),
+                ("Content-Type", content_type(path)),
+                ("Content-Disposition", content_disposition(posixpath.basename(path))),
                 ("Vary", "Accept-Encoding"),
-                ("Last-Modified", _http_date(st.st_mtime)),
+                ("Last-Modified", http_date(st.st_mtime)),
             ]
             if gzip:
                 import zlib
@@ -140,9 +117,9 @@ class FilesHandler:
     # -- upload ---------------------------------------------------------------------------------
     async def upload(self, req: Request, resp: Response) -> None:
         user = self._user(req)
-        metadata = _metadata(req)
-        decoder = _body_decoder(req)
-        media, params = _parse_header_value(req.header_utf8("content-type"))
+        metadata = upload_metadata(req)
+        decoder = body_decoder(req)
+        media, params = parse_header_value(req.header_utf8("content-type"))
         media = media.lower()
         results: list[dict[str, Any]] = []
         if media == "application/octet-stream":
@@ -150,7 +127,7 @@ class FilesHandler:
             if raw is None:
                 raise HttpError(400, "path query parameter is required for raw body upload")
             path = self._resolve(raw, user, "write")
-            writer = _FileWriter.open(path, user, metadata, self.view)
+            writer = FileWriter.open(path, user, metadata, self.view)
             try:
                 while chunk := await req.read_chunk():
                     writer.write(decoder.feed(chunk))
@@ -176,12 +153,12 @@ class FilesHandler:
         req: Request,
         user: User,
         metadata: dict[str, str],
-        decoder: _Decoder,
+        decoder: BodyDecoder,
         boundary: bytes,
         results: list[dict[str, Any]],
     ) -> None:
         parser = MultipartParser(boundary)
-        writer: _FileWriter | None = None
+        writer: FileWriter | None = None
         seen: set[str] = set()
         query_path = req.query.get("path")
         try:
@@ -212,8 +189,8 @@ class FilesHandler:
         user: User,
         metadata: dict[str, str],
         seen: set[str],
-    ) -> _FileWriter | None:
-        _, disp = _parse_header_value(headers.get("content-disposition", ""))
+    ) -> FileWriter | None:
+        _, disp = parse_header_value(headers.get("content-disposition", ""))
         if disp.get("name") != "file":
             return None  # envd ignores other form fields
         raw = query_path if query_path is not None else disp.get("filename")
@@ -227,326 +204,4 @@ class FilesHandler:
                 "request, only the first specified file was uploaded",
             )
         seen.add(path)
-        return _FileWriter.open(path, user, metadata, self.view)
-
-
-class _FileWriter:
-    def __init__(self, path: str, fd: int, metadata: dict[str, str]) -> None:
-        self.path = path
-        self.fd = fd
-        self.metadata = metadata
-
-    @classmethod
-    def open(cls, path: str, user: User, metadata: dict[str, str], view: ViewGuard) -> _FileWriter:
-        try:
-            with fs_identity(user):
-                ensure_dirs(posixpath.dirname(path))
-                try:
-                    if stat.S_ISDIR(os.stat(path).st_mode):
-                        raise HttpError(400, f"path is a directory: {path}")
-                except FileNotFoundError:
-                    pass
-                # O_NONBLOCK: a FIFO without a reader fails instead of stalling the agent.
-                # Truncated only once the open file is known to be inside the view.
-                flags = os.O_WRONLY | os.O_CLOEXEC | os.O_NONBLOCK
-                try:
-                    fd, created = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o666), True
-                except FileExistsError:  # a file, or a symlink (maybe dangling) to follow
-                    fd, created = os.open(path, flags | os.O_CREAT, 0o666), False
-                denial = view.opened_denial(fd, path, "write")
-                if denial:
-                    if created:  # an empty file the race made outside: take it back
-                        with contextlib.suppress(OSError):
-                            os.unlink(os.readlink(f"/proc/self/fd/{fd}"))
-                    os.close(fd)
-                    raise HttpError(403, denial)
-                os.ftruncate(fd, 0)
-                if metadata:
-                    write_metadata(fd, metadata)  # best effort: also returned in the response
-        except UserError as e:
-            raise HttpError(403, str(e)) from None
-        except OSError as e:
-            raise _write_error(e, f"error opening file '{path}'") from None
-        return cls(path, fd, metadata)
-
-    def write(self, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            try:
-                n = os.write(self.fd, view)
-            except OSError as e:
-                raise _write_error(e, f"error writing file '{self.path}'") from None
-            view = view[n:]
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            fd, self.fd = self.fd, -1
-            try:
-                os.close(fd)
-            except OSError as e:
-                raise _write_error(e, f"error writing file '{self.path}'") from None
-
-    def result(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "path": self.path,
-            "name": posixpath.basename(self.path),
-            "type": "file",
-        }
-        if self.metadata:
-            out["metadata"] = dict(self.metadata)
-        return out
-
-
-def _write_error(e: OSError, action: str) -> HttpError:
-    if e.errno in (errno.ENOSPC, errno.EDQUOT):
-        return HttpError(507, f"{action}: not enough disk space available: {_text(e)}")
-    if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        return HttpError(403, f"{action}: {_text(e)}")
-    if e.errno in (errno.ENOTDIR, errno.EISDIR, errno.ENAMETOOLONG, errno.EINVAL):
-        return HttpError(400, f"{action}: {_text(e)}")
-    return HttpError(500, f"{action}: {_text(e)}")
-
-
-def _text(e: OSError) -> str:
-    t = e.strerror or str(e)
-    return t[:1].lower() + t[1:]
-
-
-# -- request details --------------------------------------------------------------------------
-
-
-def _metadata(req: Request) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for name in req.headers:
-        if name.startswith(METADATA_HEADER):
-            key = name[len(METADATA_HEADER) :]
-            value = req.header(name)
-            if not key or not _TOKEN.match(key):
-                raise HttpError(400, f"invalid metadata key {key!r}")
-            if not _PRINTABLE.match(value):
-                raise HttpError(400, f"invalid metadata value for key {key!r}")
-            out[key] = value
-    return out
-
-
-class _Decoder:
-    """Undoes ``Content-Encoding: gzip`` incrementally (or passes bytes through)."""
-
-    def __init__(self, gzip: bool) -> None:
-        self._z: Any = None
-        self._mid_member = False
-        if gzip:
-            import zlib
-
-            self._zlib = zlib
-            self._z = zlib.decompressobj(31)
-
-    def feed(self, data: bytes) -> bytes:
-        if self._z is None:
-            return data
-        out = bytearray()
-        try:
-            while data:
-                self._mid_member = True
-                out += self._z.decompress(data)
-                if not self._z.eof:
-                    break
-                self._mid_member = False
-                data = self._z.unused_data  # concatenated gzip members
-                self._z = self._zlib.decompressobj(31)
-        except self._zlib.error as e:
-            raise HttpError(400, f"error decompressing request body: {e}") from None
-        return bytes(out)
-
-    def finish(self) -> bytes:
-        if self._z is None:
-            return b""
-        if self._mid_member:
-            raise HttpError(400, "error decompressing request body: unexpected EOF")
-        return b""
-
-
-def _body_decoder(req: Request) -> _Decoder:
-    enc = req.header("content-encoding").split(";")[0].strip().lower()
-    if enc in ("", "identity"):
-        return _Decoder(False)
-    if enc == "gzip":
-        return _Decoder(True)
-    raise HttpError(
-        400,
-        f"error decompressing request body: unsupported Content-Encoding: {enc}, supported: [gzip]",
-    )
-
-
-def _wants_gzip(req: Request) -> bool:
-    """envd's Accept-Encoding negotiation: gzip if acceptable and preferred over identity;
-    Range and conditional requests always get identity."""
-    header = req.header("accept-encoding")
-    if not header or any(
-        req.header(h) for h in ("range", "if-modified-since", "if-none-match", "if-range")
-    ):
-        return False
-    prefs: list[tuple[float, str]] = []
-    for item in header.split(","):
-        name, params = _parse_header_value(item)
-        try:
-            q = float(params.get("q", "1"))
-        except ValueError:
-            q = 1.0
-        prefs.append((q, name.lower()))
-    prefs.sort(key=lambda p: -p[0])
-    identity_rejected = any(n == "identity" and q == 0 for q, n in prefs)
-    for q, name in prefs:
-        if q == 0:
-            continue
-        if name == "identity":
-            return False
-        if name == "*":
-            return identity_rejected
-        if name == "gzip":
-            return True
-    if identity_rejected:
-        raise HttpError(406, "no acceptable encoding found, supported: [gzip]")
-    return False
-
-
-def _content_type(path: str) -> str:
-    return _CONTENT_TYPES.get(posixpath.splitext(path)[1].lower(), "application/octet-stream")
-
-
-def _disposition(name: str) -> str:
-    ascii_name = name.encode("ascii", "replace").decode().replace("\\", "\\\\").replace('"', '\\"')
-    value = f'inline; filename="{ascii_name}"'
-    if not name.isascii():
-        value += f"; filename*=UTF-8''{percent_encode(name)}"
-    return value
-
-
-def _http_date(ts: float) -> str:
-    return time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime(ts))
-
-
-def _parse_header_value(value: str) -> tuple[str, dict[str, str]]:
-    """``type/sub; a=b; c="d \\"e\\""`` → ("type/sub", {"a": "b", "c": 'd "e"'}).
-
-    Quoted strings keep backslash escapes like Go's mime package; ``name*=UTF-8''…`` values
-    (RFC 5987) are percent-decoded into ``name``."""
-    main, _, rest = value.partition(";")
-    params: dict[str, str] = {}
-    i, n = 0, len(rest)
-    while i < n:
-        while i < n and rest[i] in " \t;":
-            i += 1
-        start = i
-        while i < n and rest[i] not in "=;":
-            i += 1
-        key = rest[start:i].strip().lower()
-        if i >= n or rest[i] == ";":
-            continue
-        i += 1  # '='
-        while i < n and rest[i] in " \t":
-            i += 1
-        if i < n and rest[i] == '"':
-            i += 1
-            buf = []
-            while i < n and rest[i] != '"':
-                if rest[i] == "\\" and i + 1 < n:
-                    i += 1
-                buf.append(rest[i])
-                i += 1
-            i += 1
-            val = "".join(buf)
-        else:
-            start = i
-            while i < n and rest[i] != ";":
-                i += 1
-            val = rest[start:i].strip()
-        if key.endswith("*"):
-            charset, _, encoded = val.partition("'")
-            _, _, encoded = encoded.partition("'")
-            try:
-                params[key[:-1]] = percent_decode(encoded, encoding=charset or "utf-8")
-            except LookupError:
-                pass
-        elif key and key not in params:
-            params[key] = val
-    return main.strip(), params
-
-
-class MultipartParser:
-    """Incremental multipart/form-data parser.
-
-    ``feed`` returns events: ``("part", headers)`` when a part starts, ``("data", bytes)`` for
-    its content, ``("end", None)`` when it ends. Memory stays bounded by the chunk size.
-    """
-
-    def __init__(self, boundary: bytes) -> None:
-        self._dash = b"--" + boundary
-        self._delim = b"\r\n--" + boundary
-        self._buf = bytearray()
-        self._state = "preamble"
-
-    def feed(self, data: bytes, final: bool = False) -> list[tuple[str, Any]]:
-        self._buf += data
-        events: list[tuple[str, Any]] = []
-        while True:
-            if self._state == "preamble":
-                idx = self._buf.find(self._dash)
-                if idx < 0:
-                    keep = len(self._dash) - 1
-                    if len(self._buf) > keep:
-                        del self._buf[: len(self._buf) - keep]
-                    break
-                del self._buf[: idx + len(self._dash)]
-                self._state = "delimiter"
-            elif self._state == "delimiter":
-                stripped = self._buf.lstrip(b" \t")
-                if len(stripped) < 2:
-                    break
-                if stripped[:2] == b"--":
-                    self._state = "done"
-                    self._buf.clear()
-                    break
-                if stripped[:2] != b"\r\n":
-                    raise HttpError(400, "error reading form: malformed multipart boundary")
-                del self._buf[: len(self._buf) - len(stripped) + 2]
-                self._state = "headers"
-            elif self._state == "headers":
-                if self._buf.startswith(b"\r\n"):
-                    head, end = b"", 2
-                else:
-                    idx = self._buf.find(b"\r\n\r\n")
-                    if idx < 0:
-                        if len(self._buf) > MAX_PART_HEADERS:
-                            raise HttpError(400, "error reading form: part headers too large")
-                        break
-                    head, end = bytes(self._buf[:idx]), idx + 4
-                del self._buf[:end]
-                headers: dict[str, str] = {}
-                for line in head.split(b"\r\n"):
-                    name, sep, value = line.partition(b":")
-                    if sep:
-                        headers[name.strip().decode("latin-1").lower()] = value.strip().decode(
-                            "utf-8", "surrogateescape"
-                        )
-                events.append(("part", headers))
-                self._state = "body"
-            elif self._state == "body":
-                idx = self._buf.find(self._delim)
-                if idx < 0:
-                    keep = len(self._delim) - 1
-                    if len(self._buf) > keep:
-                        events.append(("data", bytes(self._buf[: len(self._buf) - keep])))
-                        del self._buf[: len(self._buf) - keep]
-                    break
-                if idx:
-                    events.append(("data", bytes(self._buf[:idx])))
-                events.append(("end", None))
-                del self._buf[: idx + len(self._delim)]
-                self._state = "delimiter"
-            else:  # done: ignore the epilogue
-                self._buf.clear()
-                break
-        if final and self._state != "done":
-            raise HttpError(400, "error reading form: unexpected EOF")
-        return events
+        return FileWriter.open(path, user, metadata, self.view)
