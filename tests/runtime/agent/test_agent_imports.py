@@ -1,0 +1,128 @@
+"""The agent runs under the template's ``/usr/bin/python3 -I -S`` with nothing but its own
+library copy on sys.path: it may import only the standard library and its vendored h11, and
+its modules must not import each other in a circle.
+
+The first test imports every agent module for real, in that interpreter, from the copy the
+runtime hands sandboxes; the others read the sources (so imports inside functions, which the
+agent uses to load things lazily, count too).
+"""
+
+from __future__ import annotations
+
+import ast
+import graphlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import sandhold.runtime.agent
+from sandhold.config import Settings
+
+AGENT_DIR = Path(sandhold.runtime.agent.__file__).parent
+PACKAGE = "sandhold.runtime.agent"
+PYTHON = "/usr/bin/python3"  # what templates provide, not the venv's interpreter
+
+# Imports every module named on stdin, then prints sys.modules: each name and its file.
+PROBE = """
+import importlib, json, sys
+sys.path.insert(0, sys.argv[1])
+for name in json.load(sys.stdin):
+    importlib.import_module(name)
+print(json.dumps({name: getattr(m, "__file__", None) for name, m in sys.modules.items()}))
+"""
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(AGENT_DIR).with_suffix("")
+    parts = [p for p in rel.parts if p != "__init__"]
+    return ".".join([PACKAGE, *parts])
+
+
+def _agent_modules() -> dict[str, ast.Module]:
+    """Every module of the agent's source tree (recursively: a subpackage would show up here
+    and then fail to import from the copy, whose builder takes only ``agent/*.py``)."""
+    return {
+        _module_name(p): ast.parse(p.read_text(), str(p)) for p in sorted(AGENT_DIR.rglob("*.py"))
+    }
+
+
+def _allowed(name: str) -> bool:
+    top = name.partition(".")[0]
+    if top == "sandhold":  # the agent and the (empty) packages above it, nothing host-side
+        return name in ("sandhold", "sandhold.runtime", PACKAGE) or name.startswith(PACKAGE + ".")
+    return top in sys.stdlib_module_names or top == "h11"
+
+
+def test_agent_imports_only_the_standard_library_and_h11(tmp_path: Path) -> None:
+    # Imported here: the host-side runtime's imports are no concern of the other tests.
+    from sandhold.runtime.runtime import Runtime
+
+    lib = Runtime(Settings(data_dir=tmp_path)).agent_lib()
+    modules = sorted(_agent_modules())
+    probe = subprocess.run(
+        [PYTHON, "-I", "-S", "-c", PROBE, str(lib)],
+        input=json.dumps(modules),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert probe.returncode == 0, probe.stderr
+    loaded: dict[str, str | None] = json.loads(probe.stdout)
+    assert set(modules) <= set(loaded)
+    foreign = sorted(m for m in loaded if m != "__main__" and not _allowed(m))
+    assert not foreign, f"the agent imports modules a template's python3 lacks: {foreign}"
+    # What is not the standard library came from the copy, not from elsewhere on the path.
+    for name, file in loaded.items():
+        if name.partition(".")[0] in ("sandhold", "h11"):
+            assert file is not None and Path(file).is_relative_to(lib), (name, file)
+
+
+def _imports(tree: ast.Module, module: str) -> list[str]:
+    """Absolute names of everything ``module`` imports, wherever in the file."""
+    package = module if module == PACKAGE else module.rpartition(".")[0]
+    out: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.rsplit(".", node.level - 1)[0]
+                origin = f"{base}.{node.module}" if node.module else base
+            else:
+                origin = node.module or ""
+            out.append(origin)
+            # `from . import libc` imports a module; `from .http import Request` a name.
+            out += [f"{origin}.{alias.name}" for alias in node.names]
+    return out
+
+
+def test_lazy_imports_too_are_standard_library() -> None:
+    """Imports inside functions run only when called, so the first test may not see them."""
+    foreign = {
+        f"{module}: {name}"
+        for module, tree in _agent_modules().items()
+        for name in _imports(tree, module)
+        if not _allowed(name)
+    }
+    assert not foreign, sorted(foreign)
+
+
+def _import_graph() -> dict[str, set[str]]:
+    trees = _agent_modules()
+    return {
+        module: {name for name in _imports(tree, module) if name in trees and name != module}
+        for module, tree in trees.items()
+    }
+
+
+def test_agent_modules_import_each_other_without_cycles() -> None:
+    graph = _import_graph()
+    assert graph[f"{PACKAGE}.server"], "the graph lost its edges: the import reader is broken"
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as e:
+        # graphlib lists each module before those importing it: reversed, each imports the next.
+        cycle = " -> ".join(m.removeprefix(PACKAGE + ".") for m in reversed(e.args[1]))
+        raise AssertionError(f"import cycle in the agent: {cycle}") from None
