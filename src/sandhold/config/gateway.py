@@ -1,0 +1,164 @@
+"""The session gateway's settings (``sandhold gateway serve``, docs/gateway.md). Section
+``[gateway]``: the keys are the field names without ``gateway_`` (``port``, ``provider``,
+``e2b_api_url``, ``s3_bucket``, ``tenants``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field, model_validator
+
+from sandhold.config.layer import Layer
+from sandhold.errors import ConfigError
+
+MIN_KEY_LENGTH = 16  # the admin API refuses shorter tenant keys too
+TENANT_KEYS = {"api_key", "policy"}
+
+
+class GatewaySettings(Layer):
+    toml_section: ClassVar[str] = "gateway"
+    toml_prefix: ClassVar[str] = "gateway_"
+
+    gateway_host: str = Field("127.0.0.1", description="Address the gateway listens on.")
+    gateway_port: int = Field(49990, ge=1, le=65535, description="Port of the gateway's API.")
+    gateway_store_url: str | None = Field(
+        None,
+        description="SQLAlchemy URL of the store; a SQLite file in data_dir when unset. Use "
+        "PostgreSQL (postgresql+psycopg://...) for several replicas.",
+    )
+    gateway_provider: Literal["local", "e2b"] = Field(
+        "local", description="Where sandboxes run: this process's runtime, or an E2B endpoint."
+    )
+    gateway_e2b_api_url: str | None = Field(None, description="Control plane of the e2b provider.")
+    gateway_e2b_api_key: str | None = Field(None, description="X-API-KEY for the e2b provider.")
+    gateway_e2b_sandbox_url: str | None = Field(
+        None,
+        description="One URL for all sandbox traffic (routed by E2b-Sandbox-Id), as a Sandhold "
+        "server offers; unset means https://{port}-{id}.{domain} hosts.",
+    )
+    gateway_e2b_domain: str | None = Field(None, description="Sandbox domain for host routing.")
+    gateway_e2b_flavor: Literal["sandhold", "e2b", "cube"] = Field(
+        "sandhold", description="Which E2B-compatible server the e2b provider talks to."
+    )
+    gateway_provider_timeout_s: float = Field(
+        60.0, gt=0, description="Longest control-plane request to the provider."
+    )
+    gateway_workspace_root: Path | None = Field(
+        None,
+        description="Session workspaces live under <root>/<tenant>/<session> (NFS in "
+        "production, shared with the sandbox hosts); data_dir/gateway/workspaces when unset.",
+    )
+    gateway_allow_ephemeral_workspace: bool = Field(
+        False,
+        description="Start even if the provider cannot mount workspaces (files then die with "
+        "the sandbox).",
+    )
+    gateway_deliverables: Literal["local", "s3"] = Field(
+        "local", description="Where published deliverables are copied."
+    )
+    gateway_deliverables_dir: Path | None = Field(
+        None, description="Local deliverables store; data_dir/gateway/deliverables when unset."
+    )
+    gateway_s3_bucket: str | None = Field(None, description="Bucket of the s3 deliverables store.")
+    gateway_s3_endpoint_url: str | None = Field(
+        None, description="S3-compatible endpoint (MinIO, Ceph, OBS, COS); AWS when unset."
+    )
+    gateway_s3_region: str | None = Field(None, description="Region of the S3 bucket.")
+    gateway_s3_prefix: str = Field("deliverables/", description="Key prefix of deliverables.")
+    gateway_public_url: str | None = Field(
+        None, description="Base URL of this gateway as clients reach it (deliverable URLs)."
+    )
+    gateway_tag_prefix: str = Field(
+        "sandhold.",
+        pattern=r"^[A-Za-z0-9._-]{0,32}$",
+        description="Prefix of the sandbox metadata tags (session_id, tenant_id, gateway).",
+    )
+    gateway_name: str = Field(
+        "default",
+        pattern=r"^[A-Za-z0-9._-]{1,64}$",
+        description="Tag value of this gateway deployment: it reclaims only its own sandboxes.",
+    )
+    gateway_replica_id: str | None = Field(
+        None, description="Name of this replica in the timeline; host-pid when unset."
+    )
+    gateway_reclaim_interval_s: float = Field(
+        60.0, gt=0, description="How often each replica runs a reclaim pass."
+    )
+    gateway_lock_ttl_s: float = Field(
+        30.0,
+        gt=0,
+        description="Lease of the per-session lock; must exceed the slowest create or resume.",
+    )
+    gateway_orphan_grace_s: float = Field(
+        120.0, gt=0, description="Age after which a tagged sandbox no session owns is killed."
+    )
+    gateway_max_payload_bytes: int = Field(
+        16 * 1024 * 1024, ge=1024, description="Largest file, code or output a tool moves."
+    )
+    gateway_admin_key: str | None = Field(
+        None, description="Bearer key of the admin API (tenants, reclaim); admin API off if unset."
+    )
+    gateway_tenants: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="Tenants written to the store at start: id -> {api_key, policy}.",
+    )
+    gateway_view_roots: list[Path] = Field(
+        default_factory=list,
+        description="Host directories under which a tenant policy's `skills` and `references` "
+        "(read-only views at /skills/<name>, /reference/<name>) may lie, symlinks resolved; "
+        "empty allows none. The e2b provider's server needs them in its host_mount_roots.",
+    )
+
+    @model_validator(mode="after")
+    def _check_gateway(self) -> GatewaySettings:
+        """Refuse what no process can use: a provider or deliverables store chosen without the
+        setting it needs, keys short enough to guess, tenants whose key a typo would drop.
+        (The tenants' policies are checked when they are written to the store.)"""
+        if self.gateway_provider == "e2b" and not self.gateway_e2b_api_url:
+            raise ConfigError(
+                "the e2b provider needs gateway_e2b_api_url: set SANDHOLD_GATEWAY_E2B_API_URL to "
+                "the E2B-compatible server's API (e.g. http://127.0.0.1:49982), or use "
+                "gateway_provider=local"
+            )
+        if self.gateway_deliverables == "s3" and not self.gateway_s3_bucket:
+            raise ConfigError(
+                "gateway_deliverables=s3 needs gateway_s3_bucket: set SANDHOLD_GATEWAY_S3_BUCKET "
+                "(and, off AWS, SANDHOLD_GATEWAY_S3_ENDPOINT_URL), or use "
+                "gateway_deliverables=local"
+            )
+        if self.gateway_admin_key is not None and len(self.gateway_admin_key) < MIN_KEY_LENGTH:
+            raise ConfigError(
+                f"gateway_admin_key must be at least {MIN_KEY_LENGTH} characters: set "
+                "SANDHOLD_GATEWAY_ADMIN_KEY to a long random value, or leave it unset (then there "
+                "is no admin API)"
+            )
+        for tenant_id, spec in self.gateway_tenants.items():
+            unknown = sorted(set(spec) - TENANT_KEYS)
+            if unknown:
+                raise ConfigError(
+                    f"gateway_tenants: tenant {tenant_id!r} has unknown key {unknown[0]!r}; a "
+                    'tenant is {"api_key": "...", "policy": {...}}'
+                )
+            key = spec.get("api_key")
+            if key is not None and (not isinstance(key, str) or len(key) < MIN_KEY_LENGTH):
+                raise ConfigError(
+                    f"gateway_tenants: the api_key of tenant {tenant_id!r} must be a string of at "
+                    f"least {MIN_KEY_LENGTH} characters"
+                )
+            if not isinstance(spec.get("policy") or {}, dict):
+                raise ConfigError(
+                    f"gateway_tenants: the policy of tenant {tenant_id!r} must be an object"
+                )
+        return self
+
+    def check_gateway_serve(self, provider: str, mounts_workspaces: bool) -> None:
+        """Refuse to serve sessions whose files would not survive their sandbox: ``provider``
+        (the one built from these settings) cannot mount workspaces, and nobody said that is
+        acceptable."""
+        if not mounts_workspaces and not self.gateway_allow_ephemeral_workspace:
+            raise ConfigError(
+                f"the {provider} provider cannot mount workspaces, so session files "
+                "would die with each sandbox; set gateway_allow_ephemeral_workspace=true to "
+                "accept that"
+            )

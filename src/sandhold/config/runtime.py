@@ -1,0 +1,44 @@
+"""The runtime's settings (``sandhold.runtime``): where state lives, the uid range, the default
+limits and cgroup of sandboxes, how long a create waits. Section ``[runtime]``; the fields carry
+no prefix, so the keys are the field names."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import ClassVar
+
+from pydantic import Field
+
+from sandhold.config.layer import Layer
+
+
+class RuntimeSettings(Layer):
+    toml_section: ClassVar[str] = "runtime"
+
+    data_dir: Path = Field(
+        Path("/var/lib/sandhold"),
+        description="Templates, sandbox state, writable layers and workspaces live here.",
+    )
+    uid_base: int = Field(
+        100000,
+        ge=65536,
+        description="Host uid/gid that sandbox root maps to; sandbox uid N is host uid_base+N.",
+    )
+    default_memory_mb: int = Field(512, ge=16)
+    default_cpu: float = Field(1.0, gt=0)
+    default_pids: int = Field(512, ge=16)
+    cgroup_parent: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9_.-]+$",
+        description="Parent cgroup of all sandboxes; derived from data_dir when unset.",
+    )
+    ready_timeout_s: float = Field(10.0, gt=0, description="How long create waits for the agent.")
+
+    @property
+    def cgroup_group(self) -> str:
+        if self.cgroup_parent:
+            return self.cgroup_parent
+        if self.data_dir == Path("/var/lib/sandhold"):
+            return "sandhold"
+        return "sandhold-" + hashlib.sha256(str(self.data_dir).encode()).hexdigest()[:10]

@@ -1,0 +1,74 @@
+"""The E2B-compatible server's settings (``sandhold serve``). Section ``[server]``: ``host`` and
+``port`` set ``server_host`` and ``server_port``; the other keys are the field names
+(``api_keys``, ``public_domain``, ...).
+
+No combination of these fields is wrong for every process; what is wrong for the server is
+judged when it starts (``check_server_serve``), against the address it really listens on."""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+from typing import ClassVar
+
+from pydantic import Field
+
+from sandhold.config.layer import Layer
+from sandhold.errors import ConfigError
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+class ServerSettings(Layer):
+    toml_section: ClassVar[str] = "server"
+    toml_prefix: ClassVar[str] = "server_"
+
+    prebuild_templates: list[str] = Field(
+        ["code-interpreter-v1"],
+        description="Templates `sandhold serve` builds in the background at start-up.",
+    )
+    server_host: str = Field("127.0.0.1", description="Address `sandhold serve` listens on.")
+    server_port: int = Field(49982, ge=1, le=65535, description="Port of both API planes.")
+    api_keys: dict[str, str] = Field(
+        default_factory=dict,
+        description="X-API-KEY value -> team. Empty: any key is accepted, on loopback only.",
+    )
+    max_timeout_hours: int = Field(24, ge=1, description="Longest sandbox timeout a call may set.")
+    public_domain: str | None = Field(
+        None,
+        description="Domain of `{port}-{id}.{domain}` sandbox hosts, returned to the SDK as "
+        "`domain`; unset means clients must set E2B_SANDBOX_URL.",
+    )
+    public_traffic_default: bool = Field(
+        False,
+        description="Whether sandbox ports other than envd's are reachable without the "
+        "sandbox's traffic token when a create does not say (E2B's default is true).",
+    )
+    auto_resume_min_timeout_s: int = Field(
+        60, ge=1, description="Floor of the timeout a sandbox gets when traffic auto-resumes it."
+    )
+    lifecycle_interval_s: float = Field(
+        0.5, gt=0, description="How often the server enforces sandbox end times."
+    )
+    host_mount_roots: list[Path] = Field(
+        default_factory=list,
+        description="Host directories under which a create's `host-mount` metadata (CubeSandbox's "
+        "extension, used by the gateway for /workspace) may bind paths; empty refuses it.",
+    )
+
+    def check_server_serve(self, host: str) -> None:
+        """Refuse to serve an open API: no API keys (any key is accepted) on ``host``, the
+        address the server really listens on, unless it is a loopback address."""
+        if not self.api_keys and not is_loopback(host):
+            raise ConfigError(
+                f"refusing to listen on {host}: no API keys are configured, so "
+                "anyone who can reach the port could create sandboxes. Set SANDHOLD_API_KEYS "
+                '(e.g. \'{"<key>": "<team>"}\') or listen on 127.0.0.1.'
+            )
