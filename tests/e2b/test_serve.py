@@ -20,7 +20,7 @@ def test_refuses_an_open_api_on_a_public_address(tmp_path: Path) -> None:
         [sys.executable, "-m", "sandhold.cli", "serve", "--host", "0.0.0.0", "--port", "1"],
         env=env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
-    assert r.returncode == 2
+    assert r.returncode == 78  # ConfigError (sandhold.cli.errors)
     assert "refusing to listen on 0.0.0.0" in r.stderr and "SANDHOLD_API_KEYS" in r.stderr
 
 

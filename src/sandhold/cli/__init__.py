@@ -31,7 +31,9 @@ def _runtime() -> Any:
 
 
 def _fail(e: SandholdError) -> None:
-    err.print(f"[red]error[/red] ({e.code}): {e.message}")
+    from rich.markup import escape
+
+    err.print(f"[red]error[/red] ({e.code}): {escape(e.message)}")
     raise typer.Exit(exit_status(e))
 
 
@@ -235,21 +237,15 @@ def serve(
     fd: Annotated[int | None, typer.Option("--fd", help=FD_HELP)] = None,
 ) -> None:
     """Run the E2B-compatible server: the official SDKs' API and sandbox traffic on one port."""
-    from pydantic import ValidationError
     from rich.markup import escape
 
-    from sandhold.config import Settings, get_settings
+    from sandhold.config import load
     from sandhold.e2b.server import run
 
-    try:
+    try:  # settings refused (ConfigError) exit 78 before anything listens
         given = {"server_host": host, "server_port": port}
-        overrides = {k: v for k, v in given.items() if v is not None}
-        settings = Settings(**{**get_settings().model_dump(), **overrides})
-        run(settings, fd)
-    except ValidationError as e:
-        err.print(f"[red]error[/red]: invalid settings: {escape(str(e))}")
-        raise typer.Exit(2) from None
-    except ValueError as e:  # a dangerous configuration, refused before listening
+        run(load(**{k: v for k, v in given.items() if v is not None}), fd)
+    except ValueError as e:  # an --fd that is not a listening socket
         err.print(f"[red]error[/red]: {escape(str(e))}")
         raise typer.Exit(2) from None
     except SandholdError as e:
@@ -263,22 +259,21 @@ app.add_typer(session_app, name="session")
 
 
 def _gateway_settings(**overrides: Any) -> Any:
-    from sandhold.config import Settings, get_settings
+    from sandhold.config import load
 
-    given = {k: v for k, v in overrides.items() if v is not None}
-    return Settings(**{**get_settings().model_dump(), **given})
+    return load(**{k: v for k, v in overrides.items() if v is not None})
 
 
 def _gateway_run(fn: Any) -> None:
     from pydantic import ValidationError
     from rich.markup import escape
 
-    try:
+    try:  # settings refused (ConfigError) exit 78 before anything listens
         fn()
-    except ValidationError as e:
+    except ValidationError as e:  # a tenant policy (configured, or given with --policy)
         err.print(f"[red]error[/red]: invalid settings: {escape(str(e))}")
         raise typer.Exit(2) from None
-    except ValueError as e:  # a dangerous or incomplete configuration, refused at start
+    except ValueError as e:  # a bad --fd, an unknown --tenant
         err.print(f"[red]error[/red]: {escape(str(e))}")
         raise typer.Exit(2) from None
     except SandholdError as e:

@@ -9,25 +9,14 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import ipaddress
 import socket
 import time
 from collections.abc import Mapping
 
-from sandhold.config import Settings
 from sandhold.e2b.errors import ApiError
 
 DEFAULT_TEAM = "default"
 ENVD_PORT = 49983
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def listening_host(fd: int) -> str:
@@ -46,18 +35,6 @@ def listening_host(fd: int) -> str:
         return str(sock.getsockname()[0])
     finally:
         sock.detach()  # the descriptor stays open for the server
-
-
-def check_bind(settings: Settings, fd: int | None = None) -> None:
-    """Refuse the one dangerous half-configuration: an open API on a non-loopback address
-    (the host setting, or the inherited socket's own address when serving on ``fd``)."""
-    host = settings.server_host if fd is None else listening_host(fd)
-    if not settings.api_keys and not is_loopback(host):
-        raise ValueError(
-            f"refusing to listen on {host}: no API keys are configured, so "
-            "anyone who can reach the port could create sandboxes. Set SANDHOLD_API_KEYS "
-            '(e.g. \'{"<key>": "<team>"}\') or listen on 127.0.0.1.'
-        )
 
 
 class Teams:

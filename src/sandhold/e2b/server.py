@@ -9,7 +9,7 @@ import uvicorn
 
 from sandhold.config import Settings
 from sandhold.e2b.app import create_app
-from sandhold.e2b.auth import check_bind
+from sandhold.e2b.auth import listening_host
 
 # Longer than the SDK's pool keep-alive (300 s): a server that closes idle connections first
 # races with clients reusing them.
@@ -33,7 +33,7 @@ def no_delay(fd: int) -> None:
 def build_config(settings: Settings, fd: int | None = None) -> uvicorn.Config:
     """Serve on ``server_host:server_port``, or on the listening socket ``fd`` if given (bound
     by whoever started us: no port is released between choosing it and serving on it)."""
-    check_bind(settings, fd)
+    settings.check_server_serve(settings.server_host if fd is None else listening_host(fd))
     if fd is not None:
         no_delay(fd)
     return uvicorn.Config(

@@ -68,8 +68,6 @@ class S3Deliverables(DeliverableStore):
     def __init__(self, settings: Settings) -> None:
         import boto3
 
-        if not settings.gateway_s3_bucket:
-            raise ValueError("gateway_deliverables=s3 needs gateway_s3_bucket")
         self.bucket = settings.gateway_s3_bucket
         self.prefix = settings.gateway_s3_prefix
         self.endpoint = settings.gateway_s3_endpoint_url

@@ -23,6 +23,13 @@ def _quiet() -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
+def _gateway(settings: Settings) -> Gateway:
+    """The gateway, once the settings pass the checks of a serving gateway."""
+    gw = Gateway(settings)
+    settings.check_gateway_serve(gw.provider.name, gw.provider.capabilities.mount_workspace)
+    return gw
+
+
 def serve(settings: Settings, fd: int | None = None) -> None:
     """Serve on ``gateway_host:gateway_port``, or on the inherited listening socket ``fd``."""
     _quiet()
@@ -30,7 +37,7 @@ def serve(settings: Settings, fd: int | None = None) -> None:
         listening_host(fd)  # refuses anything but a listening stream socket
         no_delay(fd)
     config = uvicorn.Config(
-        build_app(Gateway(settings)),
+        build_app(_gateway(settings)),
         host=settings.gateway_host,
         port=settings.gateway_port,
         fd=fd,
@@ -49,7 +56,7 @@ def serve_stdio(settings: Settings, tenant_id: str, session_id: str | None) -> N
     _quiet()
     if session_id is not None:
         check_id(session_id, "session id", SESSION_ID_RE)
-    gw = Gateway(settings)
+    gw = _gateway(settings)
 
     async def identity(ctx: Any) -> tuple[str, str | None]:
         return tenant_id, session_id

@@ -100,13 +100,7 @@ class SandboxSessionManager:
         return await asyncio.to_thread(fn, *args)
 
     async def start(self) -> None:
-        caps = self.provider.capabilities
-        if not caps.mount_workspace and not self.settings.gateway_allow_ephemeral_workspace:
-            raise ValueError(
-                f"the {self.provider.name} provider cannot mount workspaces, so session files "
-                "would die with each sandbox; set gateway_allow_ephemeral_workspace=true to "
-                "accept that"
-            )
+        # a provider without workspace mounts was refused at start-up (check_gateway_serve)
         self.workspace_root.mkdir(parents=True, exist_ok=True)
         _traversable(self.workspace_root)
         await self.provider.start()

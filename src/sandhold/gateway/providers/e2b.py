@@ -103,17 +103,15 @@ class E2bProvider(Provider):
     name = "e2b"
 
     def __init__(self, settings: Settings) -> None:
-        if not settings.gateway_e2b_api_url:
-            raise ValueError("the e2b provider needs gateway_e2b_api_url")
+        api_url = settings.gateway_e2b_api_url
+        assert api_url, "GatewaySettings refuses gateway_provider=e2b without it"
         self.flavor = settings.gateway_e2b_flavor
         self.capabilities = CAPABILITIES[self.flavor]
         self.sandbox_url = settings.gateway_e2b_sandbox_url
         self.domain = settings.gateway_e2b_domain
         headers = {"X-API-KEY": settings.gateway_e2b_api_key or ""}
         timeout = httpx.Timeout(settings.gateway_provider_timeout_s)
-        self.api = httpx.AsyncClient(
-            base_url=settings.gateway_e2b_api_url, headers=headers, timeout=timeout
-        )
+        self.api = httpx.AsyncClient(base_url=api_url, headers=headers, timeout=timeout)
         limits = httpx.Limits(max_connections=200, max_keepalive_connections=50)
         self.data = httpx.AsyncClient(timeout=None, limits=limits)
 
