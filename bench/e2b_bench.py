@@ -46,15 +46,18 @@ def timed(fn: Callable[[], object]) -> float:
 
 
 def start_server(data_dir: Path, log: Path) -> tuple[subprocess.Popen[bytes], str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     env = {k: v for k, v in os.environ.items() if not k.startswith("SANDHOLD_")}
     env.update(SANDHOLD_DATA_DIR=str(data_dir), SANDHOLD_API_KEYS=json.dumps({API_KEY: "bench"}))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "sandhold.cli", "serve", "--port", str(port)],
-        env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
-    )  # fmt: skip
+    # Bound and listening here, served by the child on the inherited socket (--fd): the port is
+    # never free between choosing it and serving on it.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(2048)
+        port = s.getsockname()[1]
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sandhold.cli", "serve", "--fd", str(s.fileno())],
+            env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, pass_fds=(s.fileno(),),
+        )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -94,10 +97,10 @@ async def direct_agent_floor(data_dir: Path, sandbox_id: str, n: int) -> list[fl
     info = Runtime(Settings(data_dir=data_dir)).get(sandbox_id)
     out = []
     async with AgentClient(info.agent_socket) as c:
-        await c.run("true")
+        await c.sh("true")
         for _ in range(n):
             t = time.perf_counter()
-            await c.run("true")
+            await c.sh("true")
             out.append((time.perf_counter() - t) * 1000)
     return out
 
@@ -175,9 +178,9 @@ def main() -> dict[str, object]:
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
         settings = Settings(data_dir=data)
-        rt = Runtime(settings)
+        rt = Runtime(settings).open()
         for info in rt.list():
-            asyncio.run(rt.kill(info.id))
+            rt.kill(info.id)
         cgroups.remove_parent(settings.cgroup_group)
         shutil.rmtree(data, ignore_errors=True)
     write_result(args.out, result)

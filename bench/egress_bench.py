@@ -139,13 +139,13 @@ async def main() -> dict[str, object]:
     tmp.chmod(0o755)
     net = Internet(tmp / "net")
     settings = Settings(data_dir=tmp / "data", **net.settings())  # type: ignore[arg-type]
-    rt = Runtime(settings)
+    rt = Runtime(settings).open()
     try:
         rt.templates.get("base")
         open_store(settings.data_dir, [], None).set(
             "bench", "tok", "bench-secret-value", ["api.example.test"]
         )
-        sbx = await rt.create(
+        sbx = rt.create(
             {"network": {"mode": "allowlist", "allow": ["*.example.test"], "tenant": "bench"}}
         )
         bundle = sbx.dir / "egress" / "ca-bundle.pem"  # test CA + the deployment's egress CA
@@ -182,10 +182,10 @@ async def main() -> dict[str, object]:
             "inject": inject,
             "client": "python urllib, new connection each",
         }
-        await rt.kill(sbx.id)
+        rt.kill(sbx.id)
     finally:
         for info in rt.list():
-            await rt.kill(info.id)
+            rt.kill(info.id)
         cgroups.remove_parent(settings.cgroup_group)
         net.close()
         shutil.rmtree(tmp, ignore_errors=True)

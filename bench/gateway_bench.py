@@ -51,14 +51,18 @@ def env_for(data_dir: Path, keep_alive: int, retention: int) -> dict[str, str]:
 
 
 def rest_latencies(data_dir: Path, n: int) -> dict[str, object]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     env = {k: v for k, v in os.environ.items() if not k.startswith("SANDHOLD_")}
     env.update(env_for(data_dir, keep_alive=1, retention=3600), NO_PROXY="127.0.0.1")
     log = open(data_dir / "gateway.log", "wb")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen([sys.executable, "-m", "sandhold.cli", "gateway", "serve", "--port",
-                             str(port)], env=env, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    # Bound and listening here, served by the child on the inherited socket (--fd): the port is
+    # never free between choosing it and serving on it.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(2048)
+        port = s.getsockname()[1]
+        proc = subprocess.Popen([sys.executable, "-m", "sandhold.cli", "gateway", "serve", "--fd",
+                                 str(s.fileno())], env=env, stdout=log, stderr=subprocess.STDOUT,
+                                pass_fds=(s.fileno(),))  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
@@ -127,9 +131,9 @@ async def reclaim_pass(data_dir: Path, paused: int) -> dict[str, object]:
 
 def cleanup(data_dir: Path) -> None:
     settings = Settings(data_dir=data_dir)
-    rt = Runtime(settings)
+    rt = Runtime(settings).open()
     for info in rt.list():
-        asyncio.run(rt.kill(info.id))
+        rt.kill(info.id)
     cgroups.remove_parent(settings.cgroup_group)
     shutil.rmtree(data_dir, ignore_errors=True)
 

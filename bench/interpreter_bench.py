@@ -69,11 +69,11 @@ print(json.dumps({"first_result_at": first, "rtt_ms": rtts}))
 
 async def one_sandbox(rt: Runtime, iterations: int) -> dict[str, object]:
     t0 = time.time()
-    info = await rt.create({"template": TEMPLATE_NAME, "limits": {"memory_mb": 1024}})
+    info = rt.create({"template": TEMPLATE_NAME, "limits": {"memory_mb": 1024}})
     created = time.time()
     try:
         async with AgentClient(info.agent_socket, timeout=300) as agent:
-            r = await agent.run_argv(
+            r = await agent.run(
                 ["/usr/bin/python3", "-c", CLIENT, str(SERVICE_PORT), str(iterations)],
                 user="user",
             )
@@ -91,7 +91,7 @@ async def one_sandbox(rt: Runtime, iterations: int) -> dict[str, object]:
                 "cgroup_memory_bytes": rt.usage(info.id).memory_bytes,
             }
     finally:
-        await rt.kill(info.id)
+        rt.kill(info.id)
 
 
 async def main(args: argparse.Namespace) -> dict[str, object]:
@@ -99,7 +99,7 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
     data_dir.chmod(0o755)
     settings = Settings(data_dir=data_dir)
     try:
-        rt = Runtime(settings)
+        rt = Runtime(settings).open()
         t = time.perf_counter()
         build_code_interpreter_template(rt.templates, cache_dir=Path(args.cache))
         build_ms = (time.perf_counter() - t) * 1000
@@ -120,9 +120,9 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
             ),
         }
     finally:
-        rt = Runtime(settings)
+        rt = Runtime(settings).open()
         for info in rt.list():
-            await rt.kill(info.id)
+            rt.kill(info.id)
         cgroups.remove_parent(settings.cgroup_group)
         shutil.rmtree(data_dir, ignore_errors=True)
 

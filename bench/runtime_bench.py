@@ -44,7 +44,7 @@ async def main() -> dict[str, object]:
 
     data = Path(tempfile.mkdtemp(prefix="sandhold-bench-", dir="/var/tmp"))
     settings = Settings(data_dir=data)
-    rt = Runtime(settings)
+    rt = Runtime(settings).open()
     rt.templates.get("base")
     result: dict[str, object] = {
         "host": {"kernel": platform.release(), "cpus": __import__("os").cpu_count()},
@@ -59,35 +59,35 @@ async def main() -> dict[str, object]:
             ["bwrap", "--unshare-all", "--ro-bind", "/usr", "/usr", "--symlink", "usr/lib64",
              "/lib64", "--symlink", "usr/lib", "/lib", "/usr/bin/true"], args.n))  # fmt: skip
 
-        await rt.create({})  # warm caches (agent lib copy, template)
+        rt.create({})  # warm caches (agent lib copy, template)
         creates, firsts, runs, runs_bash, pauses, resumes, kills = [], [], [], [], [], [], []
         for _ in range(args.n):
             t = time.perf_counter()
-            info = await rt.create({})
+            info = rt.create({})
             creates.append((time.perf_counter() - t) * 1000)
             async with AgentClient(info.agent_socket) as c:
                 # The agent reports ready once it accepts connections, before it has imported
                 # everything: the first command also waits for that.
-                await c.run_argv(["/bin/true"])
+                await c.run(["/bin/true"])
                 firsts.append((time.perf_counter() - t) * 1000)
                 for _ in range(5):
                     t = time.perf_counter()
-                    await c.run_argv(["/bin/true"])
+                    await c.run(["/bin/true"])
                     runs.append((time.perf_counter() - t) * 1000)
                     t = time.perf_counter()
-                    await c.run("true")
+                    await c.sh("true")
                     runs_bash.append((time.perf_counter() - t) * 1000)
             t = time.perf_counter()
-            await rt.pause(info.id)
+            rt.pause(info.id)
             pauses.append((time.perf_counter() - t) * 1000)
             t = time.perf_counter()
-            await rt.resume(info.id)
+            rt.resume(info.id)
             resumes.append((time.perf_counter() - t) * 1000)
             t = time.perf_counter()
-            await rt.kill(info.id)
+            rt.kill(info.id)
             kills.append((time.perf_counter() - t) * 1000)
         for info in rt.list():
-            await rt.kill(info.id)
+            rt.kill(info.id)
         result["create_to_ready_ms"] = summary(creates)
         result["create_to_first_command_ms"] = summary(firsts)
         result["command_roundtrip_true_ms"] = summary(runs)
@@ -102,7 +102,7 @@ async def main() -> dict[str, object]:
         failed = None
         for i in range(args.idle):
             try:
-                ids.append((await rt.create({"limits": {"memory_mb": 64}})).id)
+                ids.append((rt.create({"limits": {"memory_mb": 64}})).id)
             except Exception as e:  # report where the host stops, not a traceback
                 failed = f"after {i}: {e}"
                 break
@@ -125,11 +125,11 @@ async def main() -> dict[str, object]:
         }
         t = time.perf_counter()
         for s in ids:
-            await rt.kill(s)
+            rt.kill(s)
         result["idle"]["kill_all_s"] = round(time.perf_counter() - t, 1)  # type: ignore[index]
     finally:
         for info in rt.list():
-            await rt.kill(info.id)
+            rt.kill(info.id)
         cgroups.remove_parent(settings.cgroup_group)
         shutil.rmtree(data, ignore_errors=True)
     write_result(args.out, result)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 import tempfile
@@ -25,9 +24,9 @@ def data_dir() -> Iterator[Path]:
     d = Path(tempfile.mkdtemp(prefix="sandhold-test-", dir="/var/tmp"))
     yield d
     settings = Settings(data_dir=d)
-    rt = Runtime(settings)
+    rt = Runtime(settings).open()
     for info in rt.list():
-        asyncio.run(rt.kill(info.id))
+        rt.kill(info.id)
     cgroups.remove_parent(settings.cgroup_group)
     shutil.rmtree(d, ignore_errors=True)
 
@@ -39,7 +38,7 @@ def settings(data_dir: Path) -> Settings:
 
 @pytest.fixture(scope="session")
 def runtime(settings: Settings) -> Runtime:
-    rt = Runtime(settings)
+    rt = Runtime(settings).open()
     rt.templates.get("base")  # build once, up front
     return rt
 
@@ -52,14 +51,14 @@ class SandboxFactory:
         self.created: list[str] = []
 
     async def __call__(self, **spec: object) -> SandboxInfo:
-        info = await self.runtime.create(SandboxSpec.model_validate(spec))
+        info = self.runtime.create(SandboxSpec.model_validate(spec))
         self.created.append(info.id)
         return info
 
     async def cleanup(self) -> None:
         for sid in self.created:
             try:
-                await self.runtime.kill(sid)
+                self.runtime.kill(sid)
             except Exception:
                 pass
 

@@ -24,6 +24,7 @@ answers in envd's own codes, which ``EnvdError`` carries back.
     ├── Conflict                           conflict          the object's state forbids it
     │   ├── SessionClosed                  session_closed
     │   ├── NeedsNewSandbox                needs_new_sandbox the change needs a new sandbox
+    │   ├── IdempotencyMismatch            idempotency_mismatch  key reused, other request
     │   └── PreconditionFailed             precondition_failed  changed since the caller looked
     ├── PayloadTooLarge                    payload_too_large
     ├── QuotaExceeded                      quota_exceeded
@@ -128,6 +129,12 @@ class NeedsNewSandbox(Conflict):
     code = "needs_new_sandbox"
 
 
+class IdempotencyMismatch(Conflict):
+    """An idempotency key came back with a different request than the one it first named."""
+
+    code = "idempotency_mismatch"
+
+
 class PreconditionFailed(Conflict):
     """A conditional operation found its object changed since the caller looked at it."""
 
@@ -202,8 +209,9 @@ class EnvdError(SandholdError):
 class PortClosed(EnvdError):
     """Nothing listens on the port inside the sandbox (e.g. no code interpreter)."""
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, port: int = 0) -> None:
         super().__init__("port_closed", message)
+        self.port = port
 
 
 class ProviderError(SandholdError):
@@ -216,6 +224,10 @@ class SandboxGone(ProviderError):
     """The sandbox no longer exists at the provider (killed, expired or reclaimed)."""
 
     code = "sandbox_gone"
+
+    def __init__(self, message: str, sandbox_id: str = "") -> None:
+        super().__init__(message)
+        self.sandbox_id = sandbox_id
 
 
 def leaves() -> list[type[SandholdError]]:

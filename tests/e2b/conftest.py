@@ -1,8 +1,12 @@
-"""A real `sandhold serve` process on a free port, driven by the official, unmodified e2b SDK."""
+"""A real `sandhold serve` process, driven by the official, unmodified e2b SDK.
+
+Servers never bind a port themselves here: the test binds and listens (``listen``) and hands
+the open socket to the process (``--fd``), so no other process can take the port in between and
+a restarted server serves on the same one. While no server runs, connections wait in the
+socket's backlog instead of being refused."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import shutil
@@ -28,31 +32,40 @@ KEY_B = "sandhold-test-key-b"
 API_KEYS = {KEY_A: "team-a", KEY_B: "team-b"}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def listen() -> socket.socket:
+    """A listening socket on a free loopback port, for a server process to serve on."""
+    sock = socket.socket()
+    try:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 def start_process(
-    args: list[str], env: dict[str, str], log: Path, url: str
+    args: list[str], env: dict[str, str], log: Path, sock: socket.socket
 ) -> subprocess.Popen[bytes]:
-    """Start `sandhold <args>` and wait until ``url``/health answers 200."""
+    """Start `sandhold <args> --fd N` serving on ``sock`` and wait until its /health answers."""
+    fd = sock.fileno()
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
     with open(log, "ab") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "sandhold.cli", *args], env=env, stdout=out,
-            stderr=subprocess.STDOUT,
+            [sys.executable, "-m", "sandhold.cli", *args, "--fd", str(fd)], env=env,
+            stdout=out, stderr=subprocess.STDOUT, pass_fds=(fd,),
         )  # fmt: skip
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"sandhold {args[0]} exited: {log.read_text()[-3000:]}")
         try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
                 return proc
         except httpx.TransportError:
             pass
         time.sleep(0.05)
+    stop_process(proc)
     raise RuntimeError(f"sandhold {args[0]} did not start: {log.read_text()[-3000:]}")
 
 
@@ -69,9 +82,10 @@ def stop_process(proc: subprocess.Popen[bytes] | None, sig: int = signal.SIGTERM
 class Server:
     """One `sandhold serve` subprocess over a data dir; can be stopped and started again."""
 
-    def __init__(self, data_dir: Path, port: int, log: Path, **settings: str) -> None:
+    def __init__(self, data_dir: Path, sock: socket.socket, log: Path, **settings: str) -> None:
         self.data_dir = data_dir
-        self.port = port
+        self.sock = sock
+        self.port: int = sock.getsockname()[1]
         self.log = log
         self.settings = settings
         self.proc: subprocess.Popen[bytes] | None = None
@@ -89,7 +103,7 @@ class Server:
             NO_PROXY="127.0.0.1,localhost",
         )
         env.update({f"SANDHOLD_{k.upper()}": v for k, v in self.settings.items()})
-        self.proc = start_process(["serve", "--port", str(self.port)], env, self.log, self.url)
+        self.proc = start_process(["serve"], env, self.log, self.sock)
 
     def stop(self) -> None:
         stop_process(self.proc)
@@ -102,13 +116,14 @@ class Server:
         """Stop the server, kill every sandbox it left and remove the data dir, whatever fails
         on the way; then fail if a sandbox could not be killed or was left half-removed."""
         self.stop()
+        self.sock.close()
         settings = Settings(data_dir=self.data_dir)
         errors = []
         try:
-            rt = Runtime(settings)
+            rt = Runtime(settings).open()
             for info in rt.list():
                 try:
-                    asyncio.run(rt.kill(info.id))
+                    rt.kill(info.id)
                 except Exception as e:
                     errors.append(f"kill {info.id}: {e!r}")
         finally:
@@ -126,7 +141,7 @@ class Server:
 def new_server(tmp: Path, **settings: str) -> Server:
     data_dir = Path(tempfile.mkdtemp(prefix="sandhold-e2b-", dir="/var/tmp"))
     data_dir.chmod(0o755)  # the sandboxes' unprivileged owner must traverse it
-    return Server(data_dir, free_port(), tmp / f"server-{data_dir.name}.log", **settings)
+    return Server(data_dir, listen(), tmp / f"server-{data_dir.name}.log", **settings)
 
 
 @pytest.fixture(scope="session")

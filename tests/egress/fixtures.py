@@ -3,7 +3,6 @@ test internet, a runtime whose egress proxy uses it, and sandboxes with egress."
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 import tempfile
@@ -56,12 +55,12 @@ def egress_settings(internet: Internet) -> Iterator[Settings]:
 
 @pytest.fixture(scope="session")
 def egress_runtime(egress_settings: Settings) -> Iterator[Runtime]:
-    rt = Runtime(egress_settings)
+    rt = Runtime(egress_settings).open()
     rt.templates.get("base")
     yield rt
     d = egress_settings.data_dir
     for info in rt.list():
-        asyncio.run(rt.kill(info.id))
+        rt.kill(info.id)
     for target in mounts.mounts_under(d):
         mounts.umount(Path(target))
     cgroups.remove_parent(egress_settings.cgroup_group)

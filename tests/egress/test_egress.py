@@ -92,17 +92,17 @@ async def test_rules_change_on_a_running_sandbox(egress_sandbox, egress_runtime:
     sbx = await egress_sandbox(allow=["api.example.test"])
     get = "curl -s -o /dev/null -w '%{http_code}' --max-time 10 http://other.example.test/"
     assert (await sh(sbx, get)).text == "403"
-    await egress_runtime.update_network(
+    egress_runtime.update_network(
         sbx.id, {"mode": "allowlist", "allow": ["*.example.test"], "tenant": TENANT}
     )
     assert (await sh(sbx, get)).text == "200"
     with pytest.raises(InvalidRequest, match="not a valid domain"):
-        await egress_runtime.update_network(sbx.id, {"mode": "allowlist", "allow": ["bad..name"]})
+        egress_runtime.update_network(sbx.id, {"mode": "allowlist", "allow": ["bad..name"]})
     with pytest.raises(Conflict, match="created with network mode 'allowlist'"):
-        await egress_runtime.update_network(sbx.id, {"mode": "none"})
+        egress_runtime.update_network(sbx.id, {"mode": "none"})
     assert (await sh(sbx, get)).text == "200"  # the refused updates changed nothing
     assert egress_runtime.get(sbx.id).spec.network.allow == ["*.example.test"]
-    await egress_runtime.update_network(sbx.id, {"mode": "allowlist", "tenant": TENANT})
+    egress_runtime.update_network(sbx.id, {"mode": "allowlist", "tenant": TENANT})
     assert (await sh(sbx, get)).text == "403"
 
 
@@ -146,7 +146,7 @@ async def test_egress_comes_back_when_the_runtime_reattaches(egress_sandbox, egr
         os.kill(pid, signal.SIGKILL)  # the daemon (or the whole host service) crashed
     await asyncio.sleep(0.2)
     assert (await sh(sbx, get)).text == "502"  # unreachable proxy: a clear error, no hang
-    Runtime(egress_settings)  # a restarted server re-attaches, and restarts egress with it
+    Runtime(egress_settings).open()  # a restarted server re-attaches, and restarts egress with it
     assert (await sh(sbx, get)).text == "200"
 
 
@@ -154,12 +154,12 @@ async def test_daemon_exits_with_the_last_egress_sandbox(egress_runtime, egress_
     from sandhold.runtime.spec import SandboxSpec
 
     d = egress_settings.data_dir
-    others = [i for i in egress_runtime.list() if i.spec.network.mode != "none"]
-    if others:
-        pytest.skip("another test's egress sandbox is still alive")
-    info = await egress_runtime.create(SandboxSpec.model_validate({"network": {"mode": "open"}}))
+    # Every other egress test kills its sandboxes when it ends: one still alive is a leak.
+    others = [i.id for i in egress_runtime.list() if i.spec.network.mode != "none"]
+    assert not others, f"egress sandboxes left alive by earlier tests: {others}"
+    info = egress_runtime.create(SandboxSpec.model_validate({"network": {"mode": "open"}}))
     assert daemon_pids(d)
-    await egress_runtime.kill(info.id)
+    egress_runtime.kill(info.id)
     await asyncio.sleep(0.3)
     assert not daemon_pids(d)
     assert not (d / "egress" / "control.sock").exists()

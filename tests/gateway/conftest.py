@@ -3,7 +3,6 @@ gateway's process (``local``) or a real `sandhold serve` reached over HTTP (``e2
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import shutil
@@ -22,7 +21,7 @@ import pytest
 from sandhold.config import Settings
 from sandhold.runtime import cgroups, mounts
 from sandhold.runtime.runtime import Runtime
-from tests.e2b.conftest import KEY_A, Server, free_port, new_server, start_process, stop_process
+from tests.e2b.conftest import KEY_A, Server, listen, new_server, start_process, stop_process
 
 ADMIN_KEY = "gateway-test-admin-key"
 TENANT_KEY = "gateway-test-tenant-key-a"
@@ -42,10 +41,10 @@ def destroy_runtime_dir(data_dir: Path) -> list[str]:
     settings = Settings(data_dir=data_dir)
     errors: list[str] = []
     try:
-        rt = Runtime(settings)
+        rt = Runtime(settings).open()
         for info in rt.list():
             try:
-                asyncio.run(rt.kill(info.id))
+                rt.kill(info.id)
             except Exception as e:
                 errors.append(f"kill {info.id}: {e!r}")
     finally:
@@ -58,12 +57,14 @@ def destroy_runtime_dir(data_dir: Path) -> list[str]:
 
 
 class Gateway:
-    """One `sandhold gateway serve` process; can be stopped, killed and started again."""
+    """One `sandhold gateway serve` process on a socket of the test's (see tests/e2b/conftest.py);
+    can be stopped, killed and started again on the same port; ``close`` when done."""
 
     def __init__(self, data_dir: Path, env: dict[str, str], log: Path) -> None:
         self.data_dir = data_dir
         self.env = env
-        self.port = free_port()
+        self.sock = listen()
+        self.port: int = self.sock.getsockname()[1]
         self.log = log
         self.proc: subprocess.Popen[bytes] | None = None
         self.workspaces = Path(env["SANDHOLD_GATEWAY_WORKSPACE_ROOT"])
@@ -82,12 +83,17 @@ class Gateway:
 
     def start(self) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SANDHOLD_")}
-        env.update(self.env, SANDHOLD_GATEWAY_PORT=str(self.port), NO_PROXY="127.0.0.1,localhost")
-        self.proc = start_process(["gateway", "serve"], env, self.log, self.url)
+        env.update(self.env, NO_PROXY="127.0.0.1,localhost")
+        self.proc = start_process(["gateway", "serve"], env, self.log, self.sock)
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         stop_process(self.proc, sig)
         self.proc = None
+
+    def close(self) -> None:
+        """Stop the process and give the port up."""
+        self.stop()
+        self.sock.close()
 
     def client(self, key: str = TENANT_KEY) -> httpx.Client:
         return httpx.Client(
@@ -186,7 +192,7 @@ def make_gateway(
     yield make
     problems: list[str] = []
     for gw, name, server in made:
-        gw.stop()
+        gw.close()
         if server is not None:
             kill_tagged(server, name)
         problems += destroy_runtime_dir(gw.data_dir)

@@ -166,7 +166,7 @@ def test_provider_tokens_are_sealed_at_rest(make_gateway: Callable[..., Gateway]
         tool(c, "t1", "run_command", command="true")
         tool(c, "t2", "run_command", command="true")
         sandbox_id = c.get("/v1/sessions/t1").json()["sandbox"]["id"]
-    envd_token = gw.server.runtime().get(sandbox_id).extra["e2b"]["envd_token"]
+    envd_token = gw.server.runtime().get(sandbox_id).extra["lifecycle"]["access_token"]
     stored = b"".join(f.read_bytes() for f in (gw.data_dir / "gateway").glob("gateway.db*"))
     assert stored and envd_token.encode() not in stored
 

@@ -1,16 +1,18 @@
 from __future__ import annotations
 
-from sandhold.runtime.client import AgentClient, CommandResult
+from sandhold.runtime.client import AgentClient, CommandOutput
 from sandhold.runtime.runtime import SandboxInfo
 
 
-async def sh(info: SandboxInfo, cmd: str, user: str | None = None, **kw: object) -> CommandResult:
+async def sh(
+    info: SandboxInfo, cmd: str, user: str | None = None, timeout: float | None = None
+) -> CommandOutput:
     """Run ``cmd`` with bash inside the sandbox through its agent."""
     async with AgentClient(info.agent_socket, timeout=120) as client:
-        return await client.run(cmd, user=user, **kw)  # type: ignore[arg-type]
+        return await client.sh(cmd, user=user, timeout_s=timeout)
 
 
-async def py(info: SandboxInfo, code: str, user: str | None = None) -> CommandResult:
+async def py(info: SandboxInfo, code: str, user: str | None = None) -> CommandOutput:
     """Run Python code inside the sandbox (passed on stdin-free argv, quoted by bash)."""
     import shlex
 

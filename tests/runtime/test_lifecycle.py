@@ -28,14 +28,14 @@ async def test_pause_stops_cpu_and_resume_continues_the_same_process(make_sandbo
                   " >/dev/null 2>&1 & echo $! > /tmp/pid")  # fmt: skip
     await asyncio.sleep(0.3)
     pid_before = (await sh(sbx, "cat /tmp/pid")).text.strip()
-    await runtime.pause(sbx.id)
+    runtime.pause(sbx.id)
     assert runtime.get(sbx.id).state == "paused"
     cpu0 = _cpu_ns(runtime, sbx.id)
     await asyncio.sleep(0.5)
     assert _cpu_ns(runtime, sbx.id) == cpu0, "a paused sandbox used CPU"
     with pytest.raises(Conflict):
-        await runtime.pause(sbx.id)
-    await runtime.resume(sbx.id)
+        runtime.pause(sbx.id)
+    runtime.resume(sbx.id)
     count1 = int((await sh(sbx, "cat /tmp/count")).text)
     await asyncio.sleep(0.3)
     count2 = int((await sh(sbx, "cat /tmp/count")).text)
@@ -43,7 +43,7 @@ async def test_pause_stops_cpu_and_resume_continues_the_same_process(make_sandbo
     r = await sh(sbx, f"kill -0 {pid_before} && echo alive")
     assert r.text.strip() == "alive"
     with pytest.raises(Conflict):
-        await runtime.resume(sbx.id)
+        runtime.resume(sbx.id)
 
 
 async def test_memory_survives_pause(make_sandbox, runtime):
@@ -51,10 +51,10 @@ async def test_memory_survives_pause(make_sandbox, runtime):
     await sh(sbx, "python3 -c 'import time; x = bytearray(b\"s\" * (50 << 20)); time.sleep(600)' &"
                   " sleep 0.5")  # fmt: skip
     before = runtime.usage(sbx.id).memory_bytes
-    await runtime.pause(sbx.id)
+    runtime.pause(sbx.id)
     await asyncio.sleep(0.2)
     assert runtime.usage(sbx.id).memory_bytes >= before * 0.9
-    await runtime.resume(sbx.id)
+    runtime.resume(sbx.id)
     r = await sh(sbx, "pgrep -fc bytearray")
     assert r.text.strip() == "1"
 
@@ -63,7 +63,7 @@ async def test_workspace_outlives_the_sandbox(make_sandbox, runtime):
     first = await make_sandbox(workspace_id="persist")
     await sh(first, "echo kept > /workspace/notes.txt; mkdir -p /workspace/sub; "
                     "echo x > /workspace/sub/f; echo lost > /home/user/scratch")  # fmt: skip
-    await runtime.kill(first.id)
+    runtime.kill(first.id)
     second = await make_sandbox(workspace_id="persist")
     r = await sh(second, "cat /workspace/notes.txt /workspace/sub/f; cat /home/user/scratch")
     assert r.text.split("\n")[:2] == ["kept", "x"]
@@ -78,7 +78,7 @@ async def test_kill_removes_everything(make_sandbox, runtime):
     cg = CgroupSet(sbx.id, runtime.settings.cgroup_group)
     pids = cg.pids()
     assert len(pids) >= 4
-    await runtime.kill(sbx.id)
+    runtime.kill(sbx.id)
     for pid in pids:
         assert not os.path.exists(f"/proc/{pid}"), f"process {pid} survived kill"
     assert not any(d.exists() for d in cg.dirs())
@@ -89,7 +89,7 @@ async def test_kill_removes_everything(make_sandbox, runtime):
     with pytest.raises(SandboxNotFound):
         runtime.get(sbx.id)
     with pytest.raises(SandboxNotFound):
-        await runtime.kill(sbx.id)
+        runtime.kill(sbx.id)
 
 
 @pytest.mark.parametrize(
@@ -115,7 +115,7 @@ async def test_kill_removes_everything(make_sandbox, runtime):
 async def test_bad_input_is_rejected_and_leaves_nothing(runtime, spec, error):
     before = sorted(p.name for p in runtime.sandboxes_dir.iterdir())
     with pytest.raises(error) as exc:
-        await runtime.create(spec)
+        runtime.create(spec)
     assert exc.value.message  # a human-readable reason
     assert sorted(p.name for p in runtime.sandboxes_dir.iterdir()) == before
 
@@ -128,7 +128,7 @@ async def test_failed_start_leaves_nothing(runtime, monkeypatch):
     monkeypatch.setattr(launcher, "AGENT_MAIN", "/bin/sleep")  # not the agent: never ready
     before = sorted(p.name for p in runtime.sandboxes_dir.iterdir())
     with pytest.raises(Exception, match=r"not ready|failed"):
-        await runtime.create({})
+        runtime.create({})
     assert sorted(p.name for p in runtime.sandboxes_dir.iterdir()) == before
     from sandhold.runtime import cgroups
 
@@ -146,15 +146,15 @@ async def test_sandboxes_survive_the_process_that_created_them(runtime, settings
     sid = out.strip().split()[-1]
     subprocess.run([sys.executable, "-m", "sandhold.cli", "sandbox", "pause", sid],
                    env=env, check=True, capture_output=True)  # fmt: skip
-    fresh = Runtime(settings)
+    fresh = Runtime(settings).open()
     try:
         info = fresh.get(sid)
         assert info.state == "paused"
-        await fresh.resume(sid)
+        fresh.resume(sid)
         r = await sh(info, "echo alive; ls /workspace >/dev/null && echo ws")
         assert r.text.split() == ["alive", "ws"]
     finally:
-        await fresh.kill(sid)
+        fresh.kill(sid)
 
 
 async def test_parallel_creates(make_sandbox):
@@ -168,7 +168,7 @@ async def test_operator_mounts_appear_at_new_paths_read_only(make_sandbox, runti
     hidden = tmp_path / "skill"  # under pytest's 0700 tmp dir: unreachable for the sandbox
     hidden.mkdir()
     with pytest.raises(InvalidRequest, match="not searchable by others"):
-        await runtime.create({"mounts": [{"source": str(hidden), "target": "/skills/demo"}]})
+        runtime.create({"mounts": [{"source": str(hidden), "target": "/skills/demo"}]})
     src = Path(tempfile.mkdtemp(dir="/var/tmp"))
     src.chmod(0o755)
     (src / "SKILL.md").write_text("how to\n")

@@ -24,6 +24,7 @@ EXIT_STATUS: dict[type[SandholdError], int] = {
     e.Conflict: 73,
     e.SessionClosed: 73,
     e.NeedsNewSandbox: 73,
+    e.IdempotencyMismatch: 73,
     e.PreconditionFailed: 73,
     e.PayloadTooLarge: 65,
     e.QuotaExceeded: 75,

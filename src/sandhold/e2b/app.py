@@ -15,11 +15,10 @@ from starlette.applications import Starlette
 from sandhold.config import Settings
 from sandhold.e2b.auth import Teams
 from sandhold.e2b.control import ControlPlane
-from sandhold.e2b.lifecycle import Lifecycle
 from sandhold.e2b.proxy import DataPlane, route
-from sandhold.e2b.sandboxes import Sandboxes
 from sandhold.e2b.volumes import VolumeStore
 from sandhold.runtime.runtime import Runtime
+from sandhold.service import SandboxService
 
 log = logging.getLogger(__name__)
 
@@ -29,30 +28,24 @@ class E2bApp:
         self.settings = settings
         self.runtime = runtime or Runtime(settings)
         self.volumes = VolumeStore(settings)
-        self.sandboxes = Sandboxes(self.runtime, settings, self.volumes)
-        self.lifecycle = Lifecycle(self.sandboxes, settings.lifecycle_interval_s)
-        self.data_plane = DataPlane(self.sandboxes)
-        control = ControlPlane(self.sandboxes, self.volumes, Teams(settings.api_keys))
+        self.service = SandboxService(self.runtime, settings)
+        self.data_plane = DataPlane(self.service, settings)
+        control = ControlPlane(self.service, settings, self.volumes, Teams(settings.api_keys))
         self.control_plane = control.app(self._lifespan)
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
-        # Build `base` and the agent's library copy before the first create: creates run on
-        # worker threads, and concurrent first creates would each build them.
-        await asyncio.to_thread(self.runtime.templates.get, "base")
-        await asyncio.to_thread(self.runtime.agent_lib)
+        await self.service.open()
         # Templates that take long to build (code-interpreter-v1: about a minute on a fresh
         # machine) are built in the background; a create that needs one meanwhile waits for it.
         warmups = [asyncio.create_task(self._prebuild(name))
                    for name in self.settings.prebuild_templates]  # fmt: skip
-        self.lifecycle.start()
         try:
             yield
         finally:
             for task in warmups:
                 task.cancel()
-            await self.lifecycle.stop()
-            await self.sandboxes.drain()
+            await self.service.close()
             self.data_plane.file_audit.close()
 
     async def _prebuild(self, name: str) -> None:

@@ -13,10 +13,9 @@ import socket
 import time
 from collections.abc import Mapping
 
-from sandhold.e2b.errors import ApiError
+from sandhold.errors import Forbidden, Unauthenticated
 
 DEFAULT_TEAM = "default"
-ENVD_PORT = 49983
 
 
 def listening_host(fd: int) -> str:
@@ -46,11 +45,11 @@ class Teams:
         if not self._keys:
             return DEFAULT_TEAM  # loopback-only mode (enforced at start): any key, one team
         if not key:
-            raise ApiError(401, "missing X-API-KEY header")
+            raise Unauthenticated("missing X-API-KEY header")
         for known, team in self._keys.items():
             if hmac.compare_digest(known.encode(), key.encode()):
                 return team
-        raise ApiError(401, "invalid API key")
+        raise Unauthenticated("invalid API key")
 
 
 def file_signature(path: str, operation: str, user: str, token: str, expiration: int | None) -> str:
@@ -92,12 +91,12 @@ def check_envd_access(
     if given is not None:
         if hmac.compare_digest(given.encode(), token.encode()):
             return
-        raise ApiError(401, "invalid access token")
+        raise Unauthenticated("invalid access token")
     if path == "/files" and "signature" in query:
         if signature_valid(token, method, query):
             return
-        raise ApiError(401, "invalid or expired signature")
-    raise ApiError(401, "missing access token (X-Access-Token header)")
+        raise Unauthenticated("invalid or expired signature")
+    raise Unauthenticated("missing access token (X-Access-Token header)")
 
 
 def check_traffic_access(
@@ -114,4 +113,4 @@ def check_traffic_access(
         given = headers.get(header)
         if given is not None and hmac.compare_digest(given.encode(), expected.encode()):
             return
-    raise ApiError(403, "this sandbox port requires the E2B-Traffic-Access-Token header")
+    raise Forbidden("this sandbox port requires the E2B-Traffic-Access-Token header")

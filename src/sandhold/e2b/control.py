@@ -1,4 +1,4 @@
-"""The control plane: E2B's REST API (v2 and the v1 forms) over the runtime.
+"""The control plane: E2B's REST API (v2 and the v1 forms), translated to the sandbox service.
 
 Status codes and bodies follow what the pinned SDK parses (see the wire-protocol reference): a
 wrong success code makes the SDK fail with "Body of the request is None", and every error needs
@@ -21,12 +21,21 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from sandhold.e2b import models
+from sandhold.config import Settings
+from sandhold.e2b import models, wire
 from sandhold.e2b.auth import Teams
-from sandhold.e2b.errors import ApiError, error_response, from_sandhold
-from sandhold.e2b.sandboxes import Sandbox, Sandboxes
+from sandhold.e2b.creates import DEFAULT_TIMEOUT_S, create_request
+from sandhold.e2b.errors import answer, error_response
+from sandhold.e2b.network import egress_policy
 from sandhold.e2b.volumes import VolumeStore
-from sandhold.errors import SandholdError
+from sandhold.errors import (
+    Conflict,
+    InvalidRequest,
+    NotFound,
+    PayloadTooLarge,
+    SandholdError,
+)
+from sandhold.service import Sandbox, SandboxService
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
 MAX_PAGE = 100
@@ -40,7 +49,7 @@ async def read_body(request: Request) -> bytes:
     async for chunk in request.stream():
         size += len(chunk)
         if size > MAX_BODY_BYTES:
-            raise ApiError(413, f"request body is larger than {MAX_BODY_BYTES} bytes")
+            raise PayloadTooLarge(f"request body is larger than {MAX_BODY_BYTES} bytes")
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -54,7 +63,7 @@ def parse_metadata_filter(raw: str) -> dict[str, str]:
             continue
         key, sep, value = pair.partition("=")
         if not sep:
-            raise ApiError(400, f"invalid metadata filter {pair!r}: expected key=value")
+            raise InvalidRequest(f"invalid metadata filter {pair!r}: expected key=value")
         out[unquote(key)] = unquote(value)
     return out
 
@@ -70,7 +79,7 @@ def decode_token(token: str) -> tuple[float, str]:
         started, _, sandbox_id = raw.partition("__")
         return float(started), sandbox_id
     except (ValueError, UnicodeDecodeError, binascii.Error):
-        raise ApiError(400, f"invalid nextToken {token!r}") from None
+        raise InvalidRequest(f"invalid nextToken {token!r}") from None
 
 
 def int_param(request: Request, name: str) -> int | None:
@@ -80,14 +89,30 @@ def int_param(request: Request, name: str) -> int | None:
     try:
         return int(value)
     except ValueError:
-        raise ApiError(400, f"query parameter {name!r} must be an integer, got {value!r}") from None
+        raise InvalidRequest(
+            f"query parameter {name!r} must be an integer, got {value!r}"
+        ) from None
 
 
 class ControlPlane:
-    def __init__(self, sandboxes: Sandboxes, volumes: VolumeStore, teams: Teams) -> None:
-        self.sandboxes = sandboxes
+    def __init__(
+        self, service: SandboxService, settings: Settings, volumes: VolumeStore, teams: Teams
+    ) -> None:
+        self.service = service
+        self.settings = settings
         self.volumes = volumes
         self.teams = teams
+
+    @property
+    def domain(self) -> str | None:
+        return self.settings.public_domain
+
+    @property
+    def disk_size_mb(self) -> int:
+        return self.service.disk_total // (1024 * 1024)
+
+    async def owned(self, team: str, sandbox_id: str) -> Sandbox:
+        return await self.service.owned(team, wire.short_id(sandbox_id))
 
     def authed(self, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
@@ -131,7 +156,6 @@ class ControlPlane:
             routes=routes,
             lifespan=lifespan,
             exception_handlers={
-                ApiError: _api_error,
                 SandholdError: _sandhold_error,
                 HTTPException: _http_error,
                 Exception: _internal_error,
@@ -143,16 +167,19 @@ class ControlPlane:
         return JSONResponse({"status": "ok"})
 
     async def unsupported(self, request: Request, team: str) -> Response:
-        raise ApiError(501, f"{request.method} {request.url.path} is not supported by this server")
+        # A known E2B endpoint, not an option of one: 501, the wire's own answer for that.
+        return error_response(501, f"{request.method} {request.url.path} is not supported by "
+                              "this server")  # fmt: skip
 
     async def _create(self, request: Request, team: str, v1: bool) -> Response:
         raw = await read_body(request)
         body = models.parse(models.NewSandboxV1 if v1 else models.NewSandbox, raw)
         key = request.headers.get("idempotency-key") or None
         if key is not None and not 1 <= len(key) <= 255:
-            raise ApiError(400, "Idempotency-Key must be 1-255 characters")
-        sbx = await self.sandboxes.create(team, body, v1=v1, idempotency_key=key)
-        return JSONResponse(sbx.to_sandbox(self.sandboxes.domain), status_code=201)
+            raise InvalidRequest("Idempotency-Key must be 1-255 characters")
+        req = create_request(self.settings, self.volumes, team, body, v1=v1, idempotency_key=key)
+        sbx = await self.service.create(req)
+        return JSONResponse(wire.created(sbx, self.domain), status_code=201)
 
     async def create_v2(self, request: Request, team: str) -> Response:
         return await self._create(request, team, v1=False)
@@ -160,9 +187,7 @@ class ControlPlane:
     async def create_v1(self, request: Request, team: str) -> Response:
         return await self._create(request, team, v1=True)
 
-    def _filtered(
-        self, request: Request, team: str, states: set[str], sandboxes: list[Sandbox]
-    ) -> list[Sandbox]:
+    async def _filtered(self, request: Request, team: str, states: set[str]) -> list[Sandbox]:
         q = request.query_params
         metadata = parse_metadata_filter(q["metadata"]) if q.get("metadata") else {}
         started_after: float | None = None
@@ -170,14 +195,10 @@ class ControlPlane:
             try:
                 started_after = datetime.fromisoformat(q["startedAfter"]).timestamp()
             except ValueError:
-                raise ApiError(400, f"invalid startedAfter {q['startedAfter']!r}") from None
+                raise InvalidRequest(f"invalid startedAfter {q['startedAfter']!r}") from None
         template = q.get("template")
         out = []
-        for sbx in sandboxes:
-            if sbx.st.team != team or sbx.info.state not in states:
-                continue
-            if any(sbx.info.metadata.get(k) != v for k, v in metadata.items()):
-                continue
+        for sbx in await self.service.list(team, states=states, metadata=metadata):
             if started_after is not None and sbx.info.created_at < started_after:
                 continue
             if template and sbx.info.template != template:
@@ -192,17 +213,16 @@ class ControlPlane:
             states = set(q["state"].split(","))
             bad = states - {"running", "paused"}
             if bad:
-                raise ApiError(400, f"invalid state {sorted(bad)[0]!r}: use running or paused")
+                raise InvalidRequest(f"invalid state {sorted(bad)[0]!r}: use running or paused")
         order = q.get("order") or "desc"
         if order not in ("asc", "desc"):
-            raise ApiError(400, f"invalid order {order!r}: use asc or desc")
+            raise InvalidRequest(f"invalid order {order!r}: use asc or desc")
         limit = int_param(request, "limit")
         limit = MAX_PAGE if limit is None else limit
         if not 1 <= limit <= MAX_PAGE:
-            raise ApiError(400, f"limit must be between 1 and {MAX_PAGE}")
-        everything = self.sandboxes.all()
+            raise InvalidRequest(f"limit must be between 1 and {MAX_PAGE}")
         items = sorted(
-            self._filtered(request, team, states, everything),
+            await self._filtered(request, team, states),
             key=lambda s: (s.info.created_at, s.id),
             reverse=order == "desc",
         )
@@ -213,44 +233,43 @@ class ControlPlane:
             else:
                 items = [s for s in items if (s.info.created_at, s.id) > cursor]
         page = items[:limit]
-        running = sum(s.running for s in everything if s.st.team == team)
+        running = len(await self.service.list(team, states=("running",)))
         headers = {"X-Total-Running": str(running)}
         if len(items) > limit:
             headers["X-Next-Token"] = encode_token(page[-1])
-        size = self.sandboxes.disk_size_mb
-        return JSONResponse([s.to_listed(size) for s in page], headers=headers)
+        size = self.disk_size_mb
+        return JSONResponse([wire.listed(s, size) for s in page], headers=headers)
 
     async def list_v1(self, request: Request, team: str) -> Response:
-        items = self._filtered(request, team, {"running"}, self.sandboxes.all())
+        items = await self._filtered(request, team, {"running"})
         items.sort(key=lambda s: (s.info.created_at, s.id), reverse=True)
-        size = self.sandboxes.disk_size_mb
-        return JSONResponse([s.to_listed(size) for s in items])
+        return JSONResponse([wire.listed(s, self.disk_size_mb) for s in items])
 
     async def get_info(self, request: Request, team: str) -> Response:
-        sbx = self.sandboxes.owned(team, request.path_params["id"])
-        return JSONResponse(sbx.to_detail(self.sandboxes.disk_size_mb, self.sandboxes.domain))
+        sbx = await self.owned(team, request.path_params["id"])
+        return JSONResponse(wire.detail(sbx, self.disk_size_mb, self.domain))
 
     async def kill(self, request: Request, team: str) -> Response:
-        # Sandhold's conditional kill (see Sandboxes.kill); E2B clients send neither header.
+        # Sandhold's conditional kill (see SandboxService.kill); E2B clients send neither header.
         if_end_at = None
         if raw := request.headers.get("x-sandhold-if-end-at"):
             try:
                 if_end_at = datetime.fromisoformat(raw).timestamp()
             except ValueError:
-                raise ApiError(400, f"invalid X-Sandhold-If-End-At {raw!r}") from None
+                raise InvalidRequest(f"invalid X-Sandhold-If-End-At {raw!r}") from None
         if_state = request.headers.get("x-sandhold-if-state")
         if if_state is not None and if_state not in ("running", "paused"):
-            raise ApiError(400, f"invalid X-Sandhold-If-State {if_state!r}: use running or paused")
-        await self.sandboxes.kill(team, request.path_params["id"], if_state, if_end_at)
+            raise InvalidRequest(f"invalid X-Sandhold-If-State {if_state!r}: use running or paused")
+        sandbox_id = wire.short_id(request.path_params["id"])
+        await self.service.kill(team, sandbox_id, if_state=if_state, if_end_at=if_end_at)
         return Response(status_code=204)
 
     async def _connect(self, request: Request, team: str, body: models.ConnectV2) -> Response:
-        sbx, resumed = await self.sandboxes.connect(
-            team, request.path_params["id"], body.timeout, body.memory
+        timeout = DEFAULT_TIMEOUT_S if body.timeout is None else body.timeout
+        sbx, resumed = await self.service.connect(
+            team, wire.short_id(request.path_params["id"]), timeout, memory=body.memory
         )
-        return JSONResponse(
-            sbx.to_sandbox(self.sandboxes.domain), status_code=201 if resumed else 200
-        )
+        return JSONResponse(wire.created(sbx, self.domain), status_code=201 if resumed else 200)
 
     async def connect_v2(self, request: Request, team: str) -> Response:
         body = models.parse(models.ConnectV2, await read_body(request), empty_ok=True)
@@ -262,49 +281,74 @@ class ControlPlane:
 
     async def resume(self, request: Request, team: str) -> Response:
         body = models.parse(models.Resume, await read_body(request), empty_ok=True)
-        sbx = await self.sandboxes.resume(
-            team, request.path_params["id"], body.timeout, body.autoPause, body.memory
-        )
-        return JSONResponse(sbx.to_sandbox(self.sandboxes.domain), status_code=201)
+        sbx = await self.service.resume(
+            team, wire.short_id(request.path_params["id"]), body.timeout,
+            auto_pause=body.autoPause, memory=body.memory,
+        )  # fmt: skip
+        return JSONResponse(wire.created(sbx, self.domain), status_code=201)
 
     async def pause(self, request: Request, team: str) -> Response:
         models.parse(models.Pause, await read_body(request), empty_ok=True)
-        await self.sandboxes.pause(team, request.path_params["id"])
+        await self.service.pause(team, wire.short_id(request.path_params["id"]))
         return Response(status_code=204)
 
     async def set_timeout(self, request: Request, team: str) -> Response:
         body = models.parse(models.SetTimeout, await read_body(request))
-        await self.sandboxes.set_timeout(team, request.path_params["id"], body.timeout)
+        await self.service.set_timeout(team, wire.short_id(request.path_params["id"]), body.timeout)
         return Response(status_code=204)
 
     async def update_network(self, request: Request, team: str) -> Response:
         body = models.parse(models.NetworkUpdate, await read_body(request), empty_ok=True)
-        await self.sandboxes.update_network(team, request.path_params["id"], body)
+        await self._update_network(team, wire.short_id(request.path_params["id"]), body)
         return Response(status_code=204)
+
+    async def _update_network(self, team: str, sandbox_id: str, body: models.NetworkUpdate) -> None:
+        """``PUT /sandboxes/{id}/network``: replace the egress rules (fields left out are
+        cleared, as in E2B); the sandbox's next connection is judged by the new ones."""
+        network = body.model_dump(exclude_none=True, exclude={"allow_internet_access"})
+        sbx = await self.owned(team, sandbox_id)
+        if not self.settings.egress_e2b_enabled:
+            raise InvalidRequest("egress is not enabled on this server: sandboxes have no "
+                                 "network access unless the operator sets "
+                                 "egress_e2b_enabled")  # fmt: skip
+        tenant = sbx.info.spec.network.tenant or team  # as chosen at create
+        policy = egress_policy(self.settings, tenant, body.allow_internet_access, network)
+        if sbx.info.spec.network.mode == "none":
+            raise Conflict(f"sandbox {sbx.id!r} was created without egress, so its "
+                           "network cannot be changed (the operator disabled "
+                           "egress_e2b_updatable)")  # fmt: skip
+        if policy.mode == "none":
+            policy = policy.model_copy(update={"mode": "allowlist"})
+        kept = {k: v for k, v in (sbx.life.surface.get("network") or {}).items()
+                if k in ("allowPublicTraffic", "maskRequestHost")}  # fmt: skip
+        await self.service.set_network(
+            team, sbx.id, policy, allow_internet_access=body.allow_internet_access,
+            network={**kept, **network} or None,
+        )  # fmt: skip
 
     async def refresh(self, request: Request, team: str) -> Response:
         body = models.parse(models.Refresh, await read_body(request), empty_ok=True)
-        await self.sandboxes.refresh(team, request.path_params["id"], body.duration)
+        await self.service.refresh(team, wire.short_id(request.path_params["id"]), body.duration)
         return Response(status_code=204)
 
     async def metrics(self, request: Request, team: str) -> Response:
         start, end = int_param(request, "start"), int_param(request, "end")
-        sbx = self.sandboxes.owned(team, request.path_params["id"])
-        await self.sandboxes.sample(sbx)
-        return JSONResponse(self.sandboxes.history(sbx.id, start, end))
+        sbx = await self.owned(team, request.path_params["id"])
+        await self.service.sample(sbx)
+        return JSONResponse([wire.metric(s) for s in self.service.history(sbx.id, start, end)])
 
     async def batch_metrics(self, request: Request, team: str) -> Response:
         ids = [i for i in request.query_params.get("sandbox_ids", "").split(",") if i]
         if not ids:
-            raise ApiError(400, "sandbox_ids must list at least one sandbox id")
+            raise InvalidRequest("sandbox_ids must list at least one sandbox id")
         if len(ids) > MAX_METRICS_IDS:
-            raise ApiError(400, f"sandbox_ids may list at most {MAX_METRICS_IDS} sandboxes")
+            raise InvalidRequest(f"sandbox_ids may list at most {MAX_METRICS_IDS} sandboxes")
         out: dict[str, Any] = {}
         for sandbox_id in dict.fromkeys(ids):
             try:
-                sbx = self.sandboxes.owned(team, sandbox_id)
-                out[sbx.id] = await self.sandboxes.sample(sbx)
-            except ApiError:
+                sbx = await self.owned(team, sandbox_id)
+                out[sbx.id] = wire.metric(await self.service.sample(sbx))
+            except NotFound:
                 continue  # unknown or foreign ids are left out, as E2B does
         return JSONResponse({"sandboxes": out})
 
@@ -322,23 +366,18 @@ class ControlPlane:
 
     async def delete_volume(self, request: Request, team: str) -> Response:
         vol = self.volumes.get(team, request.path_params["id"])
-        users = [s.id for s in self.sandboxes.all()
-                 if any(m.get("name") == vol.name for m in s.st.volume_mounts)]  # fmt: skip
+        users = [s.id for s in await self.service.list()
+                 if any(m.get("name") == vol.name
+                        for m in s.life.surface.get("volume_mounts") or [])]  # fmt: skip
         if users:
-            raise ApiError(409, f"volume {vol.name!r} is mounted by sandbox {users[0]}")
+            raise Conflict(f"volume {vol.name!r} is mounted by sandbox {users[0]}")
         self.volumes.delete(vol)
         return Response(status_code=204)
 
 
-async def _api_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, ApiError)
-    return error_response(exc.status, exc.message)
-
-
 async def _sandhold_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, SandholdError)
-    e = from_sandhold(exc)
-    return error_response(e.status, e.message)
+    return answer(exc)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

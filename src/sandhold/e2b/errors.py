@@ -27,6 +27,7 @@ E2B_STATUS: dict[type[SandholdError], int] = {
     e.Conflict: 409,
     e.SessionClosed: 409,
     e.NeedsNewSandbox: 409,
+    e.IdempotencyMismatch: 422,
     e.PreconditionFailed: 412,
     e.PayloadTooLarge: 413,
     e.QuotaExceeded: 429,
@@ -57,17 +58,3 @@ def error_response(status: int, message: str) -> JSONResponse:
 def answer(err: SandholdError) -> JSONResponse:
     return error_response(e2b_status(err), err.message)
 
-
-class ApiError(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-def not_found(sandbox_id: str) -> ApiError:
-    return ApiError(404, f"sandbox {sandbox_id!r} doesn't exist or you don't have access to it")
-
-
-def from_sandhold(err: SandholdError) -> ApiError:
-    return ApiError(e2b_status(err), err.message)

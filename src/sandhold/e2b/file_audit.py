@@ -18,9 +18,9 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from sandhold.audit import FILE_FIELDS, AuditLog, files_dir
-from sandhold.e2b.sandboxes import Sandbox
 from sandhold.runtime.agent.view import DENIED_MARK
-from sandhold.runtime.runtime import session_of
+from sandhold.runtime.records import session_of
+from sandhold.service import Sandbox
 
 FILESYSTEM = "/filesystem.Filesystem/"
 HEAD = 64 * 1024  # enough of a request body for its paths, of a response for its error
@@ -121,7 +121,7 @@ class FileOpRecord:
             decision = "denied"
         base = {
             "sandbox": self.sbx.id,
-            "team": self.sbx.st.team,
+            "team": self.sbx.owner,
             "session": session_of(self.sbx.info.metadata),
             "op": self.op,
             "user": self._user(),

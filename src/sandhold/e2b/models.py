@@ -11,9 +11,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from sandhold.e2b.errors import ApiError
-
-MAX_METADATA_BYTES = 64 * 1024
+from sandhold.errors import InvalidRequest
 
 
 class Body(BaseModel):
@@ -116,7 +114,7 @@ def parse(model: type[M], raw: bytes, *, empty_ok: bool = False) -> M:
     try:
         return model.model_validate_json(raw)
     except ValidationError as e:
-        raise ApiError(400, describe(e)) from None
+        raise InvalidRequest(describe(e)) from None
 
 
 def describe(e: ValidationError) -> str:
@@ -132,11 +130,3 @@ def describe(e: ValidationError) -> str:
         else:
             problems.append(f"field {loc!r}: {err['msg']}")
     return "invalid request: " + "; ".join(problems)
-
-
-def check_metadata(metadata: dict[str, str]) -> None:
-    size = sum(len(k.encode()) + len(v.encode()) for k, v in metadata.items())
-    if size > MAX_METADATA_BYTES:
-        raise ApiError(400, f"metadata is {size} bytes; the limit is {MAX_METADATA_BYTES}")
-    if any(not k for k in metadata):
-        raise ApiError(400, "metadata keys must not be empty")

@@ -14,11 +14,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from sandhold.config import Settings
-from sandhold.e2b.errors import ApiError
+from sandhold.egress.policy import ALL_TRAFFIC
+from sandhold.errors import InvalidRequest
 from sandhold.runtime.spec import NAME_RE, NetworkPolicy
+from sandhold.service.metadata import SECRETS_SCOPE_KEY
 
-ALL_TRAFFIC = ("0.0.0.0/0", "::/0")
-SECRETS_SCOPE_KEY = "sandhold.secrets-scope"
 # network keys that only make sense with egress
 EGRESS_KEYS = ("allowOut", "dnsServers", "egressProxy", "httpsPorts", "rules")
 
@@ -30,8 +30,7 @@ def secrets_tenant(team: str, scope: str | None) -> str:
     if scope is None:
         return team
     if not NAME_RE.match(scope):
-        raise ApiError(
-            400,
+        raise InvalidRequest(
             f"metadata {SECRETS_SCOPE_KEY!r} must be 1-64 letters, digits, '.', '_' or '-', "
             "starting with a letter or digit",
         )
@@ -45,34 +44,30 @@ def egress_policy(
     deny = list(network.get("denyOut") or [])
     if not settings.egress_e2b_enabled:
         if allow_internet_access:
-            raise ApiError(
-                400,
+            raise InvalidRequest(
                 "allow_internet_access=true is not enabled on this server: sandboxes have no "
                 "network access unless the operator sets egress_e2b_enabled (omit it or pass "
                 "false)",
             )
         refused = [k for k in EGRESS_KEYS if network.get(k)]
         if refused:
-            raise ApiError(
-                400,
+            raise InvalidRequest(
                 f"network.{refused[0]} is not enabled on this server: sandboxes have no network "
                 "access unless the operator sets egress_e2b_enabled",
             )
         return NetworkPolicy(mode="none")
     if network.get("egressProxy"):
-        raise ApiError(
-            400,
+        raise InvalidRequest(
             "network.egressProxy is not supported: egress always goes through "
             "this server's own proxy",
         )
     if network.get("rules"):
-        raise ApiError(
-            400,
+        raise InvalidRequest(
             "network.rules (header transforms) is not supported: store the "
             "credential with `sandhold secret set`, the egress proxy injects it",
         )
     if network.get("httpsPorts"):
-        raise ApiError(400, "network.httpsPorts is not supported by this server")
+        raise InvalidRequest("network.httpsPorts is not supported by this server")
     deny_all = any(d.strip() in ALL_TRAFFIC for d in deny)
     deny = [d for d in deny if d.strip() not in ALL_TRAFFIC]
     if (allow_internet_access is True and not deny_all) or (
@@ -92,4 +87,4 @@ def egress_policy(
         field = {"allow": "network.allowOut", "deny": "network.denyOut"}.get(
             str(err["loc"][0]) if err["loc"] else "", "network"
         )
-        raise ApiError(400, f"{field}: {err['msg'].removeprefix('Value error, ')}") from None
+        raise InvalidRequest(f"{field}: {err['msg'].removeprefix('Value error, ')}") from None

@@ -23,10 +23,21 @@ from urllib.parse import parse_qsl
 
 import h11
 
-from sandhold.e2b.auth import ENVD_PORT, check_envd_access, check_traffic_access, signature_valid
-from sandhold.e2b.errors import ApiError
+from sandhold.config import Settings
+from sandhold.e2b.auth import check_envd_access, check_traffic_access, signature_valid
+from sandhold.e2b.errors import e2b_status
 from sandhold.e2b.file_audit import FileAudit, FileOpRecord, file_op
-from sandhold.e2b.sandboxes import Sandbox, Sandboxes
+from sandhold.envd import ENVD_PORT
+from sandhold.envd.transports import check_tunnel_reply, tunnel_request
+from sandhold.errors import (
+    Forbidden,
+    InvalidRequest,
+    PortClosed,
+    SandboxGone,
+    SandholdError,
+    Unauthenticated,
+)
+from sandhold.service import Sandbox, SandboxService
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -77,39 +88,29 @@ def _port(value: str) -> int:
     return port if 0 < port < 65536 else 0
 
 
-class ProxyError(Exception):
-    def __init__(self, status: int, body: dict[str, Any]) -> None:
-        super().__init__(body.get("message", ""))
-        self.status = status
-        self.body = body
+def gone(sandbox_id: str) -> SandboxGone:
+    return SandboxGone("The sandbox was not found", sandbox_id)
 
 
-def gone(sandbox_id: str) -> ProxyError:
-    # E2B's proxy answer; the SDK keys on "was not found" (is_running() -> False).
-    return ProxyError(502, {"sandboxId": sandbox_id, "message": "The sandbox was not found",
-                            "code": 502})  # fmt: skip
-
-
-def port_closed(sandbox_id: str, port: int) -> ProxyError:
-    return ProxyError(502, {"sandboxId": sandbox_id, "port": port, "code": 502,
-                            "message": "The sandbox is running but port is not open"})  # fmt: skip
-
-
-class TunnelRefused(Exception):
-    pass
+def answer(e: SandholdError, target: Target) -> tuple[int, dict[str, Any]]:
+    """E2B's proxy answers: the SDK keys on "was not found" (is_running() -> False) and on
+    "port is not open"."""
+    if isinstance(e, SandboxGone):
+        return 502, {"sandboxId": e.sandbox_id, "message": e.message, "code": 502}
+    if isinstance(e, PortClosed):  # only for ports other than envd's, so for a named sandbox
+        return 502, {"sandboxId": target.sandbox_id, "port": e.port, "code": 502,
+                     "message": "The sandbox is running but port is not open"}  # fmt: skip
+    status = e2b_status(e)
+    return status, {"code": status, "message": e.message}
 
 
 async def open_tunnel(
     reader: asyncio.StreamReader, writer: asyncio.StreamWriter, port: int
 ) -> None:
     """Ask the agent for a raw byte stream to ``127.0.0.1:port`` inside the sandbox."""
-    authority = f"127.0.0.1:{port}"
-    writer.write(f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n".encode())
+    writer.write(tunnel_request(port))
     await writer.drain()
-    head = await reader.readuntil(b"\r\n\r\n")
-    status = head.split(b"\r\n", 1)[0].split(b" ", 2)
-    if len(status) < 2 or not status[0].startswith(b"HTTP/1.") or status[1] != b"200":
-        raise TunnelRefused(head.split(b"\r\n", 1)[0].decode("latin-1"))
+    check_tunnel_reply(await reader.readuntil(b"\r\n\r\n"), port)
 
 
 async def send_json(send: Send, status: int, body: dict[str, Any]) -> None:
@@ -121,9 +122,9 @@ async def send_json(send: Send, status: int, body: dict[str, Any]) -> None:
 
 
 class DataPlane:
-    def __init__(self, sandboxes: Sandboxes) -> None:
-        self.sandboxes = sandboxes
-        self.file_audit = FileAudit(sandboxes.settings.data_dir)
+    def __init__(self, service: SandboxService, settings: Settings) -> None:
+        self.service = service
+        self.file_audit = FileAudit(settings.data_dir)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, target: Target) -> None:
         try:
@@ -139,41 +140,38 @@ class DataPlane:
                 )
             finally:
                 self.file_audit.write(record)  # once: a no-op if the response completed
-        except ProxyError as e:
-            await send_json(send, e.status, e.body)
+        except (SandboxGone, PortClosed, Unauthenticated, Forbidden, InvalidRequest) as e:
+            await send_json(send, *answer(e, target))
 
     async def _admit(self, scope: Scope, target: Target) -> Sandbox:
         if not target.port:
-            raise ProxyError(400, {"code": 400, "message": "invalid sandbox port"})
+            raise InvalidRequest("invalid sandbox port")
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         query = dict(parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True))
         method, path = scope["method"], scope["path"]
         if target.sandbox_id is None:
-            sbx = self._by_signature(method, query)
+            sbx = await self._by_signature(method, query)
         else:
-            found = self.sandboxes.get(target.sandbox_id)
+            found = await self.service.get(target.sandbox_id)
             if found is None:
                 raise gone(target.sandbox_id)
             sbx = found
-            try:
-                if target.port == ENVD_PORT:
-                    check_envd_access(sbx.st.envd_token, method, path, headers, query)
-                else:
-                    check_traffic_access(sbx.st.traffic_token, sbx.st.envd_token, headers)
-            except ApiError as e:
-                raise ProxyError(e.status, {"code": e.status, "message": e.message}) from None
+            if target.port == ENVD_PORT:
+                check_envd_access(sbx.life.access_token, method, path, headers, query)
+            else:
+                check_traffic_access(sbx.life.traffic_token, sbx.life.access_token, headers)
         if not sbx.running:
-            resumed = await self.sandboxes.auto_resume(sbx.id)
+            resumed = await self.service.auto_resume(sbx.id)
             if resumed is None or not resumed.running:
                 raise gone(sbx.id)
             sbx = resumed
         return sbx
 
-    def _by_signature(self, method: str, query: dict[str, str]) -> Sandbox:
-        for sbx in self.sandboxes.all():
-            if signature_valid(sbx.st.envd_token, method, query):
+    async def _by_signature(self, method: str, query: dict[str, str]) -> Sandbox:
+        for sbx in await self.service.list():
+            if signature_valid(sbx.life.access_token, method, query):
                 return sbx
-        raise ProxyError(401, {"code": 401, "message": "invalid or expired signature"})
+        raise Unauthenticated("invalid or expired signature")
 
     async def _forward(
         self, scope: Scope, receive: Receive, send: Send, sbx: Sandbox, port: int
@@ -188,8 +186,6 @@ class DataPlane:
             if port != ENVD_PORT:
                 try:
                     await open_tunnel(reader, writer, port)
-                except TunnelRefused:
-                    raise port_closed(sbx.id, port) from None
                 except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
                     raise gone(sbx.id) from None
             await self._exchange(scope, receive, send, reader, writer, sbx, port)
@@ -220,7 +216,8 @@ class DataPlane:
         if b"transfer-encoding" in names and b"content-length" not in names:
             headers.append((b"transfer-encoding", b"chunked"))
         host = dict(scope["headers"]).get(b"host", b"sandbox")
-        mask = (sbx.st.network or {}).get("maskRequestHost") if port != ENVD_PORT else None
+        network = sbx.life.surface.get("network") or {}
+        mask = network.get("maskRequestHost") if port != ENVD_PORT else None
         if mask:
             host = mask.replace("${PORT}", str(port)).encode()
         target = scope.get("raw_path") or scope["path"].encode()

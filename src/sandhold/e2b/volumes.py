@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from sandhold.config import Settings
-from sandhold.e2b.errors import ApiError
+from sandhold.errors import Conflict, InvalidRequest, VolumeNotFound
 from sandhold.runtime.spec import NAME_RE
 from sandhold.runtime.templates import SANDBOX_USER_UID
 
@@ -67,23 +67,22 @@ class VolumeStore:
         for v in self._all():
             if v.volumeID == volume_id and v.team == team:
                 return v
-        raise ApiError(404, f"volume {volume_id!r} not found")
+        raise VolumeNotFound(f"volume {volume_id!r} not found")
 
     def by_name(self, team: str, name: str) -> Volume:
         for v in self._all():
             if v.name == name and v.team == team:
                 return v
-        raise ApiError(400, f"volume {name!r} does not exist")
+        raise InvalidRequest(f"volume {name!r} does not exist")
 
     def create(self, team: str, name: str) -> Volume:
         if not NAME_RE.match(name):
-            raise ApiError(
-                400,
+            raise InvalidRequest(
                 f"volume name {name!r} is not valid: 1-64 letters, digits, '.', '_' or '-', "
                 "starting with a letter or digit",
             )
         if any(v.name == name for v in self._all()):
-            raise ApiError(409, f"a volume named {name!r} already exists")
+            raise Conflict(f"a volume named {name!r} already exists")
         vol = Volume(
             volumeID="".join(secrets.choice(ID_ALPHABET) for _ in range(20)),
             name=name,
@@ -95,7 +94,7 @@ class VolumeStore:
         try:
             directory.mkdir(mode=0o755)
         except FileExistsError:  # a concurrent create of the same name won
-            raise ApiError(409, f"a volume named {name!r} already exists") from None
+            raise Conflict(f"a volume named {name!r} already exists") from None
         os.chown(directory, self.owner, self.owner)
         record = self.records_dir / f"{vol.volumeID}.json"
         tmp = record.with_suffix(".tmp")

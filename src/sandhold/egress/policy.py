@@ -29,6 +29,7 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 _LABEL = r"(?!-)[a-z0-9_-]{1,63}(?<!-)"
 _DOMAIN_RE = re.compile(rf"^{_LABEL}(\.{_LABEL})*$")
 MAX_RULES = 1000
+ALL_TRAFFIC = ("0.0.0.0/0", "::/0")  # a rule that names every address
 
 # Never dialled unless the operator opens a range. ::ffff:0:0/96 (IPv4-mapped) is checked through
 # the mapped IPv4 address instead.

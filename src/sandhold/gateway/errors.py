@@ -23,6 +23,7 @@ REST_STATUS: dict[type[SandholdError], int] = {
     e.Conflict: 409,
     e.SessionClosed: 409,
     e.NeedsNewSandbox: 409,
+    e.IdempotencyMismatch: 409,
     e.PreconditionFailed: 412,
     e.PayloadTooLarge: 413,
     e.QuotaExceeded: 429,

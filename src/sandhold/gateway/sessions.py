@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from sandhold.config import Settings
-from sandhold.e2b.sandboxes import KeyedLocks
 from sandhold.egress.policy import EgressPolicy
 from sandhold.errors import (
     NotFound,
@@ -56,6 +55,7 @@ from sandhold.gateway.providers.base import (
 )
 from sandhold.gateway.timeline import Timeline
 from sandhold.gateway.views import READ_ROOTS, WRITE_ROOTS, view_mounts
+from sandhold.service.locks import KeyedLocks
 from sandhold.store.db import LockLost, SessionRow, Store
 
 T = TypeVar("T")

@@ -13,29 +13,30 @@ Allowed and denied paths are recorded in the timeline (``reason`` of the ``tool_
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import mimetypes
 import posixpath
 import shlex
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Literal
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from sandhold.envd import ENVD_PORT, INTERPRETER_PORT
+from sandhold.envd.client import CommandOutput, EnvdClient
 from sandhold.errors import EnvdError, InvalidRequest, PayloadTooLarge, PortClosed, SandholdError
-from sandhold.gateway import envd
 from sandhold.gateway.deliverables import DeliverableStore
 from sandhold.gateway.errors import server_fault
 from sandhold.gateway.policy import SESSION_ID_RE, check_id
-from sandhold.gateway.providers.base import Channel, ProviderError
+from sandhold.gateway.providers.base import ProviderError
 from sandhold.gateway.sessions import Lease, SandboxSessionManager
 from sandhold.gateway.timeline import Timeline
 from sandhold.gateway.views import RULES, Access, ViewDenied, allowed, authorize, normalize
 
-ENVD_PORT = 49983
 SANDBOX_USER = "user"
 WORKSPACE = "/workspace"
 INTERPRETER_LANGUAGES = {"python": "python", "javascript": "js", "bash": "bash"}
@@ -276,10 +277,15 @@ class Tools:
             )  # fmt: skip
 
     # -- handlers -------------------------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def _envd(self, lease: Lease, port: int = ENVD_PORT) -> AsyncIterator[EnvdClient]:
+        async with self.m.provider.channel(lease.sandbox_id, lease.handle, port) as ch:
+            yield EnvdClient(ch)
+
     async def _run_command(self, lease: Lease, a: RunCommand) -> dict[str, Any]:
-        async with self.m.provider.channel(lease.sandbox_id, lease.handle, ENVD_PORT) as ch:
-            out = await envd.run(
-                ch, a.command, user=SANDBOX_USER, cwd=sandbox_path(a.cwd or WORKSPACE),
+        async with self._envd(lease) as sbx:
+            out = await sbx.sh(
+                a.command, user=SANDBOX_USER, cwd=sandbox_path(a.cwd or WORKSPACE),
                 env=a.env, timeout_s=a.timeout_s, background=a.background,
                 max_output=self.max_payload,
             )  # fmt: skip
@@ -287,11 +293,9 @@ class Tools:
 
     async def _run_code(self, lease: Lease, a: RunCode) -> dict[str, Any]:
         try:
-            async with self.m.provider.channel(
-                lease.sandbox_id, lease.handle, envd.INTERPRETER_PORT
-            ) as ch:
-                ex = await envd.execute(
-                    ch, a.code, language=INTERPRETER_LANGUAGES[a.language],
+            async with self._envd(lease, INTERPRETER_PORT) as interpreter:
+                ex = await interpreter.execute(
+                    a.code, language=INTERPRETER_LANGUAGES[a.language],
                     timeout_s=a.timeout_s, max_output=self.max_payload,
                 )  # fmt: skip
         except (PortClosed, httpx.ConnectError):  # no interpreter in this template
@@ -306,12 +310,12 @@ class Tools:
         """No code interpreter in this template: run the code as a script."""
         ext, program = FALLBACK[a.language]
         path = f"/tmp/sandhold-code-{uuid.uuid4().hex}.{ext}"
-        async with self.m.provider.channel(lease.sandbox_id, lease.handle, ENVD_PORT) as ch:
-            await envd.write_file(ch, path, a.code.encode(), user=SANDBOX_USER)
-            out = await envd.run(
-                ch, f"{program} {path}; rc=$?; rm -f {shlex.quote(path)}; exit $rc",
-                user=SANDBOX_USER, cwd=WORKSPACE, env={}, timeout_s=a.timeout_s,
-                background=False, max_output=self.max_payload,
+        async with self._envd(lease) as sbx:
+            await sbx.write_file(path, a.code.encode(), user=SANDBOX_USER)
+            out = await sbx.sh(
+                f"{program} {path}; rc=$?; rm -f {shlex.quote(path)}; exit $rc",
+                user=SANDBOX_USER, cwd=WORKSPACE, timeout_s=a.timeout_s,
+                max_output=self.max_payload,
             )  # fmt: skip
         return {"interpreter": False, "results": [], **_command_result(out)}
 
@@ -334,32 +338,34 @@ class Tools:
                 "_bytes_out": len(data)}  # fmt: skip
 
     async def _fetch(self, lease: Lease, path: str) -> bytes:
-        async with self.m.provider.channel(lease.sandbox_id, lease.handle, ENVD_PORT) as ch:
-            return await envd.read_file(
-                ch, sandbox_path(path), user=SANDBOX_USER, max_bytes=self.max_payload
+        async with self._envd(lease) as sbx:
+            return await sbx.read_file(
+                sandbox_path(path), user=SANDBOX_USER, max_bytes=self.max_payload
             )
 
     async def _store(self, lease: Lease, tool: str, path: str, data: bytes) -> dict[str, Any]:
         if len(data) > self.max_payload:
             raise PayloadTooLarge(f"the file is larger than {self.max_payload} bytes")
         target = sandbox_path(path)
-        async with self.m.provider.channel(lease.sandbox_id, lease.handle, ENVD_PORT) as ch:
-            await self._resolved(ch, tool, target, "write", must_exist=False)
-            await envd.write_file(ch, target, data, user=SANDBOX_USER)
+        async with self._envd(lease) as sbx:
+            await self._resolved(sbx, tool, target, "write", must_exist=False)
+            await sbx.write_file(target, data, user=SANDBOX_USER)
         return {"path": target, "size": len(data)}
 
     async def _resolved(
-        self, ch: Channel, tool: str, path: str, access: Access, *, must_exist: bool
+        self, sbx: EnvdClient, tool: str, path: str, access: Access, *, must_exist: bool
     ) -> str:
         """``path`` as the sandbox resolves it (symlinks followed, inside the sandbox), which
         must be in the view too: a symlink in the workspace cannot turn a write into one to
         /skills or /etc, nor a deliverable into a file outside the view. (The read-only binds
         enforce it regardless: this makes the refusal clear and recorded.)"""
-        out = await envd.run(
-            ch, f"realpath {'-e' if must_exist else '-m'} -- {shlex.quote(path)}",
-            user=SANDBOX_USER, cwd="/", env={}, timeout_s=30, background=False,
+        out = await sbx.sh(
+            f"realpath {'-e' if must_exist else '-m'} -- {shlex.quote(path)}",
+            user=SANDBOX_USER,
+            cwd="/",
+            timeout_s=30,
             max_output=64 * 1024,
-        )  # fmt: skip
+        )
         real = out.stdout.decode(errors="replace").rstrip("\n")
         if out.exit_code != 0 or not real.startswith("/") or "\n" in real:
             why = out.stderr.decode(errors="replace").strip() or "cannot resolve the path"
@@ -381,20 +387,19 @@ class Tools:
         return await self._store(lease, "upload", a.path, data)
 
     async def _list_files(self, lease: Lease, a: ListFiles) -> dict[str, Any]:
-        async with self.m.provider.channel(lease.sandbox_id, lease.handle, ENVD_PORT) as ch:
-            entries = await envd.list_dir(ch, sandbox_path(a.path), user=SANDBOX_USER,
-                                          depth=a.depth)  # fmt: skip
+        async with self._envd(lease) as sbx:
+            entries = await sbx.list_dir(sandbox_path(a.path), user=SANDBOX_USER, depth=a.depth)
         return {"path": sandbox_path(a.path), "entries": entries}
 
     async def _publish(self, lease: Lease, a: PublishDeliverable) -> dict[str, Any]:
         # Read through the sandbox (inside its boundary), never from the host's view of the
         # workspace: a symlink there would point at host files. The file read is the one the
         # sandbox resolved, and it must be in the view.
-        async with self.m.provider.channel(lease.sandbox_id, lease.handle, ENVD_PORT) as ch:
+        async with self._envd(lease) as sbx:
             real = await self._resolved(
-                ch, "publish_deliverable", sandbox_path(a.path), "read", must_exist=True
+                sbx, "publish_deliverable", sandbox_path(a.path), "read", must_exist=True
             )
-            data = await envd.read_file(ch, real, user=SANDBOX_USER, max_bytes=self.max_payload)
+            data = await sbx.read_file(real, user=SANDBOX_USER, max_bytes=self.max_payload)
         name = a.name or posixpath.basename(sandbox_path(a.path))
         check_id(name, "deliverable name")
         deliverable_id = uuid.uuid4().hex
@@ -424,7 +429,7 @@ def _precheck(args: Args) -> None:
         check_id(args.name, "deliverable name")
 
 
-def _command_result(out: envd.CommandOutput) -> dict[str, Any]:
+def _command_result(out: CommandOutput) -> dict[str, Any]:
     return {
         "exit_code": out.exit_code,
         "stdout": out.stdout.decode(errors="replace"),

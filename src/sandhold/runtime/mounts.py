@@ -50,3 +50,32 @@ def mounts_under(prefix: Path) -> list[str]:
     p = str(prefix).rstrip("/") + "/"
     with open("/proc/self/mountinfo") as f:
         return [line.split()[4] for line in f if line.split()[4].startswith(p)]
+
+
+def make_mount_point(root: Path, target: str, owner: int) -> None:
+    """Create a bind target in the sandbox's root as sandbox root, mode 0755 (bwrap would make
+    missing ones 0700, hiding the mount from `user`). Never through a symlink of the template:
+    as host root that could create directories outside the sandbox."""
+    from sandhold.errors import InvalidRequest
+
+    path = root
+    for part in target.strip("/").split("/"):
+        path = path / part
+        if path.is_symlink():
+            raise InvalidRequest(f"mount target {target} goes through a symlink in the template")
+        if not path.exists():
+            path.mkdir(mode=0o755)
+            os.lchown(path, owner, owner)
+
+
+def check_traversable(path: Path) -> None:
+    """bwrap runs as the unprivileged uid_base: every parent of a bound directory must let
+    others through, or the sandbox would fail to start with a less helpful message."""
+    from sandhold.errors import InvalidRequest
+
+    for parent in [*reversed(path.parents), path]:
+        if not parent.stat().st_mode & 0o001:
+            raise InvalidRequest(
+                f"mount source {path} is not reachable by the sandbox's unprivileged owner: "
+                f"{parent} is not searchable by others (chmod o+x)"
+            )

@@ -11,6 +11,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    ValidationError,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -215,3 +216,12 @@ class SandboxSpec(BaseModel):
         if self.workdir is not None and not self.workdir.startswith("/"):
             raise ValueError(f"workdir {self.workdir!r} must be an absolute path")
         return self
+
+
+def validation_message(e: ValidationError) -> str:
+    """A pydantic error as one line naming each offending field."""
+    parts = []
+    for err in e.errors():
+        loc = ".".join(str(x) for x in err["loc"]) or "spec"
+        parts.append(f"{loc}: {err['msg']}")
+    return "; ".join(parts)

@@ -12,13 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import httpx
-
 from sandhold.egress.policy import EgressPolicy
+from sandhold.envd.transports import Channel
 from sandhold.errors import NeedsNewSandbox, PreconditionFailed, ProviderError, SandboxGone
 
 State = Literal["running", "paused", "pausing"]
-__all__ = ["NeedsNewSandbox", "PreconditionFailed", "ProviderError", "SandboxGone"]
+__all__ = ["Channel", "NeedsNewSandbox", "PreconditionFailed", "ProviderError", "SandboxGone"]
 
 
 @dataclass(frozen=True)
@@ -68,16 +67,6 @@ class CreateRequest:
     file_view: dict[str, list[str]] | None = None
 
 
-@dataclass
-class Channel:
-    """An HTTP client to one port of one sandbox: requests go to ``base + path`` with
-    ``headers`` (routing and access tokens)."""
-
-    client: httpx.AsyncClient
-    base: str
-    headers: dict[str, str]
-
-
 class Provider(abc.ABC):
     name: str
     capabilities: Capabilities
@@ -125,4 +114,4 @@ class Provider(abc.ABC):
     def channel(
         self, sandbox_id: str, handle: dict[str, Any], port: int
     ) -> contextlib.AbstractAsyncContextManager[Channel]:
-        """An HTTP channel to ``port`` inside the sandbox (envd is 49983)."""
+        """An HTTP channel to ``port`` inside the sandbox (``sandhold.envd`` names the ports)."""

@@ -20,9 +20,8 @@ from urllib.parse import quote, urlencode
 import httpx
 
 from sandhold.config import Settings
-from sandhold.e2b.network import ALL_TRAFFIC, SECRETS_SCOPE_KEY
-from sandhold.e2b.sandboxes import FILE_VIEW_KEY, HOST_MOUNT_KEY
-from sandhold.egress.policy import EgressPolicy
+from sandhold.egress.policy import ALL_TRAFFIC, EgressPolicy
+from sandhold.envd.transports import remote_channel
 from sandhold.gateway.providers.base import (
     Capabilities,
     Channel,
@@ -34,8 +33,8 @@ from sandhold.gateway.providers.base import (
     ProviderSandbox,
     SandboxGone,
 )
+from sandhold.service.metadata import FILE_VIEW_KEY, HOST_MOUNT_KEY, SECRETS_SCOPE_KEY
 
-ENVD_PORT = 49983
 PAGE = 100
 BUSY_RETRIES = 5  # CubeSandbox answers 503 + Retry-After while a sandbox is pausing or locked
 
@@ -257,17 +256,7 @@ class E2bProvider(Provider):
     async def channel(
         self, sandbox_id: str, handle: dict[str, Any], port: int
     ) -> AsyncIterator[Channel]:
-        headers: dict[str, str] = {}
-        if handle.get("envd_token"):
-            headers["X-Access-Token"] = handle["envd_token"]
-        if port != ENVD_PORT and handle.get("traffic_token"):
-            headers["e2b-traffic-access-token"] = handle["traffic_token"]
-        if self.sandbox_url:
-            base = self.sandbox_url.rstrip("/")
-            headers.update({"E2b-Sandbox-Id": sandbox_id, "E2b-Sandbox-Port": str(port)})
-        else:
-            domain = handle.get("domain") or self.domain
-            if not domain:
-                raise ProviderError("no sandbox domain: set gateway_e2b_sandbox_url or _domain")
-            base = f"https://{port}-{sandbox_id}.{domain}"
-        yield Channel(self.data, base, headers)
+        tokens = {"envd": handle.get("envd_token") or "",
+                  "traffic": handle.get("traffic_token") or ""}  # fmt: skip
+        domain = handle.get("domain") or self.domain
+        yield remote_channel(self.data, self.sandbox_url, domain, sandbox_id, port, tokens)

@@ -1,5 +1,5 @@
-"""The timer: every ``lifecycle_interval_s`` it kills (or pauses, with ``autoPause``) each running
-sandbox whose stored ``endAt`` has passed.
+"""The timer: every ``interval_s`` it expires each running sandbox whose stored end time has
+passed (pause with on_timeout=pause, else kill).
 
 It keeps no timers of its own: the due list is recomputed from the runtime's records on every
 tick, so a sandbox that fell due while the server was down is handled on the first tick after
@@ -11,46 +11,53 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 
-from sandhold.e2b.sandboxes import Sandboxes
+from sandhold.service.records import Sandbox
 
 log = logging.getLogger(__name__)
 
 
-class Lifecycle:
-    def __init__(self, sandboxes: Sandboxes, interval_s: float) -> None:
-        self.sandboxes = sandboxes
+class Timer:
+    def __init__(
+        self,
+        listing: Callable[[], Awaitable[list[Sandbox]]],
+        expire: Callable[[str], Awaitable[None]],
+        interval_s: float,
+    ) -> None:
+        self._listing = listing
+        self._expire_one = expire
         self.interval_s = interval_s
         self._task: asyncio.Task[None] | None = None
         self._expiring: dict[str, asyncio.Task[None]] = {}
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="sandhold-e2b-lifecycle")
+        self._task = asyncio.create_task(self._run(), name="sandhold-lifecycle-timer")
 
     async def stop(self) -> None:
         tasks = [t for t in (self._task, *self._expiring.values()) if t is not None]
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        self._task = None
 
     async def _run(self) -> None:
         while True:
             try:
-                self.tick()
+                await self.tick()
             except Exception:
                 log.exception("lifecycle tick failed")
             await asyncio.sleep(self.interval_s)
 
-    def tick(self) -> None:
+    async def tick(self) -> None:
         now = time.time()
-        for sbx in self.sandboxes.all():
-            if sbx.running and sbx.st.end_at <= now and sbx.id not in self._expiring:
-                task = asyncio.create_task(self._expire(sbx.id))
-                self._expiring[sbx.id] = task
+        for sbx in await self._listing():
+            if sbx.running and sbx.life.end_at <= now and sbx.id not in self._expiring:
+                self._expiring[sbx.id] = asyncio.create_task(self._expire(sbx.id))
 
     async def _expire(self, sandbox_id: str) -> None:
         try:
-            await self.sandboxes.expire(sandbox_id)
+            await self._expire_one(sandbox_id)
         except Exception:
             log.exception("could not expire sandbox %s", sandbox_id)
         finally:

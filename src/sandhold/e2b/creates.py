@@ -1,0 +1,130 @@
+"""A create on the E2B surface (``NewSandbox``) as a service request (``CreateSandbox``).
+
+What the wire smuggles in metadata is parsed out here and never reaches the sandbox's labels:
+CubeSandbox's ``host-mount`` (host binds, only under ``host_mount_roots``), Sandhold's
+``sandhold.file-view`` and ``sandhold.secrets-scope`` (see ``sandhold.service.metadata``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from sandhold.config import Settings
+from sandhold.e2b.models import NewSandbox
+from sandhold.e2b.network import egress_policy, secrets_tenant
+from sandhold.e2b.volumes import VolumeStore
+from sandhold.errors import InvalidRequest, Unsupported
+from sandhold.service.metadata import FILE_VIEW_KEY, HOST_MOUNT_KEY, SECRETS_SCOPE_KEY
+from sandhold.service.records import CreateSandbox, Mount
+
+DEFAULT_TIMEOUT_S = 300
+V1_DEFAULT_TIMEOUT_S = 15
+MAX_METADATA_BYTES = 64 * 1024
+
+
+def create_request(
+    settings: Settings, volumes: VolumeStore, team: str, body: NewSandbox, *, v1: bool,
+    idempotency_key: str | None,
+) -> CreateSandbox:  # fmt: skip
+    timeout = body.timeout
+    if timeout is None:
+        timeout = V1_DEFAULT_TIMEOUT_S if v1 else DEFAULT_TIMEOUT_S
+    metadata = dict(body.metadata or {})
+    check_metadata(metadata)
+    workspace_dir, mounts = host_mounts(settings, metadata.pop(HOST_MOUNT_KEY, None))
+    file_view = parse_file_view(metadata.pop(FILE_VIEW_KEY, None))
+    requested = body.network.model_dump(exclude_none=True) if body.network else {}
+    tenant = secrets_tenant(team, metadata.pop(SECRETS_SCOPE_KEY, None))
+    policy = egress_policy(settings, tenant, body.allow_internet_access, requested)
+    if body.mcp:
+        raise Unsupported("mcp is not supported by this server")
+    if body.iam:
+        raise Unsupported("iam (workload identity tokens) is not supported by this server")
+    for m in body.volumeMounts or []:
+        mounts.append(Mount(volumes.path(volumes.by_name(team, m.name)), m.path))
+    public = requested.get("allowPublicTraffic")
+    digest = hashlib.sha256(body.model_dump_json().encode()).hexdigest()
+    return CreateSandbox(
+        owner=team,
+        template=body.templateID,
+        timeout_s=timeout,
+        on_timeout="pause" if body.autoPause else "kill",
+        auto_resume=bool(body.autoResume and body.autoResume.enabled),
+        auto_pause_memory=body.autoPauseMemory,
+        env=body.envVars or {},
+        metadata=metadata,
+        workspace_dir=workspace_dir,
+        mounts=mounts,
+        file_view=file_view,
+        network=policy,
+        public_traffic=settings.public_traffic_default if public is None else public,
+        idempotency=(idempotency_key, digest) if idempotency_key else None,
+        surface={
+            "allow_internet_access": body.allow_internet_access,
+            "network": requested or None,
+            "volume_mounts": [m.model_dump() for m in body.volumeMounts or []],
+        },
+    )
+
+
+def check_metadata(metadata: dict[str, str]) -> None:
+    size = sum(len(k.encode()) + len(v.encode()) for k, v in metadata.items())
+    if size > MAX_METADATA_BYTES:
+        raise InvalidRequest(f"metadata is {size} bytes; the limit is {MAX_METADATA_BYTES}")
+    if any(not k for k in metadata):
+        raise InvalidRequest("metadata keys must not be empty")
+
+
+def host_mounts(settings: Settings, raw: str | None) -> tuple[Path | None, list[Mount]]:
+    """CubeSandbox's ``host-mount`` metadata: a JSON list of ``{hostPath, mountPath,
+    readOnly}``. Only paths under ``host_mount_roots`` may be bound; ``/workspace`` becomes
+    the sandbox's workspace, the rest plain mounts. Returns (workspace_dir, mounts)."""
+    if raw is None:
+        return None, []
+    if not settings.host_mount_roots:
+        raise InvalidRequest(f"metadata {HOST_MOUNT_KEY!r} is not enabled on this server")
+    try:
+        items = json.loads(raw)
+        if not isinstance(items, list):
+            raise ValueError
+        parsed = [
+            (str(i["hostPath"]), str(i["mountPath"]), bool(i.get("readOnly", False))) for i in items
+        ]
+    except (ValueError, TypeError, KeyError):
+        raise InvalidRequest(
+            f"metadata {HOST_MOUNT_KEY!r} must be a JSON list of {{hostPath, mountPath}}"
+        ) from None
+    roots = [r.resolve() for r in settings.host_mount_roots]
+    workspace_dir: Path | None = None
+    mounts: list[Mount] = []
+    for host_path, mount_path, read_only in parsed:
+        real = Path(host_path).resolve()
+        if not real.is_absolute() or not any(real.is_relative_to(r) for r in roots):
+            raise InvalidRequest(f"host-mount path {host_path!r} is outside the allowed roots")
+        if not real.is_dir():
+            raise InvalidRequest(f"host-mount path {host_path!r} is not a directory")
+        if mount_path.rstrip("/") == "/workspace":
+            if read_only or workspace_dir is not None:
+                raise InvalidRequest("host-mount may bind one writable /workspace")
+            workspace_dir = real
+        else:
+            mounts.append(Mount(real, mount_path, read_only))
+    return workspace_dir, mounts
+
+
+def parse_file_view(raw: str | None) -> dict[str, Any]:
+    """The ``sandhold.file-view`` metadata: a JSON object ``{read, write}`` of sandbox paths."""
+    if raw is None:
+        return {}
+    try:
+        view = json.loads(raw)
+    except ValueError:
+        view = None
+    if not isinstance(view, dict):
+        raise InvalidRequest(
+            f"metadata {FILE_VIEW_KEY!r} must be a JSON object {{read: [...], write: [...]}}"
+        )
+    return view

@@ -1,0 +1,89 @@
+"""Service records as E2B's JSON: what the pinned SDK parses from create, connect, get, list
+and metrics answers."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from sandhold.envd import ENVD_VERSION
+from sandhold.service.metrics import Sample
+from sandhold.service.records import Sandbox
+from sandhold.service.service import iso
+
+CLIENT_ID = "6532622b"  # legacy constant the API still returns
+
+
+def short_id(sandbox_id: str) -> str:
+    """Old SDKs address sandboxes as ``<id>-<clientID>``."""
+    return sandbox_id.split("-", 1)[0]
+
+
+def created(sbx: Sandbox, domain: str | None) -> dict[str, Any]:
+    """``Sandbox``: the answer to create, connect and resume."""
+    return {
+        "templateID": sbx.info.template,
+        "sandboxID": sbx.id,
+        "alias": sbx.info.template,
+        "clientID": CLIENT_ID,
+        "envdVersion": ENVD_VERSION,
+        "envdAccessToken": sbx.life.access_token,
+        "trafficAccessToken": sbx.life.traffic_token,
+        "domain": domain,
+    }
+
+
+def listed(sbx: Sandbox, disk_size_mb: int) -> dict[str, Any]:
+    """``ListedSandbox``."""
+    limits = sbx.info.spec.limits
+    return {
+        "templateID": sbx.info.template,
+        "alias": sbx.info.template,
+        "sandboxID": sbx.id,
+        "clientID": CLIENT_ID,
+        "startedAt": iso(sbx.info.created_at),
+        "endAt": iso(sbx.end_at),
+        "cpuCount": max(1, math.ceil(limits.cpu)),
+        "memoryMB": limits.memory_mb,
+        "diskSizeMB": disk_size_mb,
+        "metadata": sbx.metadata,
+        "state": sbx.info.state,
+        "envdVersion": ENVD_VERSION,
+        "volumeMounts": sbx.life.surface.get("volume_mounts") or [],
+    }
+
+
+def detail(sbx: Sandbox, disk_size_mb: int, domain: str | None) -> dict[str, Any]:
+    """``SandboxDetail`` (``GET /sandboxes/{id}``)."""
+    out = listed(sbx, disk_size_mb)
+    out.update(
+        envdAccessToken=sbx.life.access_token,
+        allowInternetAccess=sbx.life.surface.get("allow_internet_access"),
+        domain=domain,
+        network={
+            **(sbx.life.surface.get("network") or {}),
+            "allowPublicTraffic": sbx.life.traffic_token is None,
+        },
+        lifecycle={
+            "autoResume": sbx.life.auto_resume,
+            "onTimeout": "pause" if sbx.life.auto_pause else "kill",
+        },
+    )
+    if not sbx.running:
+        out["pauseMode"] = "full"  # a frozen sandbox keeps its memory
+    return out
+
+
+def metric(s: Sample) -> dict[str, Any]:
+    """``SandboxMetric``."""
+    return {
+        "timestamp": iso(s.at),
+        "timestampUnix": int(s.at),
+        "cpuCount": s.cpu_count,
+        "cpuUsedPct": s.cpu_used_pct,
+        "memUsed": s.mem_used,
+        "memTotal": s.mem_total,
+        "memCache": s.mem_cache,
+        "diskUsed": s.disk_used,
+        "diskTotal": s.disk_total,
+    }

@@ -1,0 +1,61 @@
+"""The read-only copy of the agent's code (and its one dependency, h11) that sandboxes run.
+
+Keyed by content hash: running sandboxes keep the version they started with, and the copy
+carries compiled bytecode so the agent starts without compiling.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+AGENT_SRC = Path(__file__).parent / "agent"
+
+
+class AgentLib:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._cached: tuple[tuple[tuple[str, int, int], ...], Path] | None = None
+
+    def path(self) -> Path:
+        import h11
+
+        h11_src = Path(h11.__file__).parent
+        files = sorted(AGENT_SRC.glob("*.py")) + sorted(h11_src.glob("*.py"))
+        # Hashing the sources on every create cost ~2-4 ms: redo it only when a file changed.
+        stamp = tuple((str(f), st.st_mtime_ns, st.st_size) for f in files for st in [f.stat()])
+        cached = self._cached
+        if cached is not None and cached[0] == stamp and cached[1].exists():
+            return cached[1]
+        digest = hashlib.sha256()
+        for f in files:
+            digest.update(f.name.encode() + f.read_bytes())
+        target = self.root / digest.hexdigest()[:16]
+        if not target.exists():
+            self._build(target, h11_src)
+        self._cached = (stamp, target)
+        return target
+
+    def _build(self, target: Path, h11_src: Path) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=self.root, prefix=".staging-"))
+        pkg = staging / "sandhold"
+        (pkg / "runtime" / "agent").mkdir(parents=True)
+        (pkg / "__init__.py").write_text("")
+        (pkg / "runtime" / "__init__.py").write_text("")
+        for f in AGENT_SRC.glob("*.py"):
+            shutil.copy2(f, pkg / "runtime" / "agent" / f.name)
+        shutil.copytree(h11_src, staging / "h11", ignore=shutil.ignore_patterns("__pycache__"))
+        subprocess.run(["/usr/bin/python3", "-m", "compileall", "-q", str(staging)], check=False)
+        for dirpath, dirnames, filenames in os.walk(staging):
+            for n in (*dirnames, *filenames):
+                os.chmod(os.path.join(dirpath, n), 0o755 if n in dirnames else 0o644)
+        os.chmod(staging, 0o755)
+        try:
+            staging.rename(target)
+        except OSError:
+            shutil.rmtree(staging, ignore_errors=True)  # another process won the race

@@ -1,0 +1,63 @@
+"""Waiting for a sandbox's processes to be gone: the runtime is a child subreaper, so a
+sandbox's pid 1 (whose parent, bwrap, dies with it) is re-parented to us and reaped here."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import select
+import time
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> None:
+    ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def parent_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rpartition(")")[2].split()[1])
+    except (FileNotFoundError, IndexError, ValueError):
+        return None
+
+
+def reap_init(init_pid: int | None, timeout: float = 5.0) -> None:
+    """Wait until the sandbox's pid 1 is gone, reaping it if it was adopted by us."""
+    if not init_pid:
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if parent_of(init_pid) != os.getpid():
+                raise ChildProcessError  # not adopted by us (yet), or a reused pid
+            if os.waitpid(init_pid, os.WNOHANG)[0] == init_pid:
+                return
+        except ChildProcessError:
+            # Not (yet) ours. A zombie that is not ours is dead already: whoever adopted it
+            # (the host's init, after a server restart) reaps it in its own time.
+            try:
+                with open(f"/proc/{init_pid}/stat") as f:
+                    if f.read().rpartition(")")[2].split()[0] == "Z":
+                        return
+            except FileNotFoundError:
+                return
+        time.sleep(0.001)
+
+
+def read_ready(fd: int, timeout: float) -> bytes | None:
+    """The first bytes the agent writes on its ready pipe, or None if none came in time (an
+    empty result means the agent closed the pipe: it died before getting ready)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        try:
+            if poller.poll(left * 1000):
+                return os.read(fd, 64)
+        except InterruptedError:
+            continue

@@ -1,0 +1,345 @@
+"""``SandboxService``: create, connect/resume, pause, kill, list, timeouts, network and metrics
+of sandboxes on this host, for any surface. See the package docstring."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from pydantic import ValidationError
+
+from sandhold.config import Settings
+from sandhold.errors import (
+    Conflict,
+    IdempotencyMismatch,
+    InvalidRequest,
+    PreconditionFailed,
+    SandboxNotFound,
+    Unsupported,
+)
+from sandhold.runtime.records import SandboxInfo
+from sandhold.runtime.runtime import Runtime
+from sandhold.runtime.spec import NetworkPolicy, SandboxSpec, validation_message
+from sandhold.service.locks import KeyedLocks
+from sandhold.service.metrics import Sample, Samples
+from sandhold.service.records import RECORD_KEY, CreateSandbox, Lifecycle, Sandbox, view
+from sandhold.service.timers import Timer
+
+RUNTIME_THREADS = 16  # creates, kills, pauses and resumes in flight at once
+REFRESH_MIN_S = 15
+
+T = TypeVar("T")
+
+
+def iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
+
+
+def not_found(sandbox_id: str) -> SandboxNotFound:
+    # Also what another owner gets: the existence of foreign sandboxes is not revealed.
+    return SandboxNotFound(f"sandbox {sandbox_id!r} doesn't exist or you don't have access to it")
+
+
+class SandboxService:
+    def __init__(self, runtime: Runtime, settings: Settings, *, timers: bool = True) -> None:
+        self.runtime = runtime
+        self.settings = settings
+        self._locks = KeyedLocks()
+        self._executor = ThreadPoolExecutor(RUNTIME_THREADS, thread_name_prefix="sandhold-rt")
+        self._timer = (
+            Timer(self.list, self.expire, settings.lifecycle_interval_s) if timers else None
+        )
+        self.samples = Samples(0)
+        self.disk_total = 0
+
+    # -- running the runtime -----------------------------------------------------------------
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        """Runtime work on a worker thread, so that its blocking parts (create mounts and waits
+        for bwrap, kill waits for processes and removes directories, flocks) never stall other
+        traffic, and creates overlap (twice the creates per second on 2 CPUs)."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    async def open(self) -> SandboxService:
+        """Open the runtime (re-attach, clean up), build ``base`` and the agent's library before
+        the first create (concurrent first creates would each build them), start the timer."""
+        await self._run(self.runtime.open)
+        await self._run(self.runtime.templates.get, "base")
+        await self._run(self.runtime.agent_lib)
+        st = os.statvfs(self.settings.data_dir)
+        self.disk_total = st.f_blocks * st.f_frsize
+        self.samples.disk_total = self.disk_total
+        if self._timer is not None:
+            self._timer.start()
+        return self
+
+    async def close(self) -> None:
+        """Stop the timer and wait for runtime work already started: a kill cut short would
+        leave a half-removed sandbox behind. Sandboxes themselves are left as they are."""
+        if self._timer is not None:
+            await self._timer.stop()
+        await asyncio.to_thread(self._executor.shutdown, True)
+
+    def lock(self, sandbox_id: str) -> contextlib.AbstractAsyncContextManager[None]:
+        return self._locks(sandbox_id)
+
+    # -- reading -------------------------------------------------------------------------------
+    def _get_now(self, sandbox_id: str) -> Sandbox | None:
+        try:
+            return view(self.runtime.get(sandbox_id))
+        except SandboxNotFound:
+            return None
+
+    async def get(self, sandbox_id: str) -> Sandbox | None:
+        return await self._run(self._get_now, sandbox_id)
+
+    async def owned(self, owner: str, sandbox_id: str) -> Sandbox:
+        sbx = await self.get(sandbox_id)
+        if sbx is None or sbx.owner != owner:
+            raise not_found(sandbox_id)
+        return sbx
+
+    async def list(
+        self,
+        owner: str | None = None,
+        *,
+        states: Iterable[str] = ("running", "paused"),
+        metadata: dict[str, str] | None = None,
+    ) -> list[Sandbox]:
+        """Sandboxes of ``owner`` (everyone's when None) in ``states`` whose metadata has all
+        the given pairs."""
+        wanted, pairs = set(states), (metadata or {}).items()
+        everything = await self._run(self.runtime.list)
+        return [
+            s
+            for s in map(view, everything)
+            if s is not None
+            and (owner is None or s.owner == owner)
+            and s.info.state in wanted
+            and all(s.metadata.get(k) == v for k, v in pairs)
+        ]
+
+    async def _save(self, sbx: Sandbox) -> Sandbox:
+        info = await self._run(
+            lambda: self.runtime.update_extra(sbx.id, **{RECORD_KEY: sbx.life.model_dump()})
+        )
+        return Sandbox(info, sbx.life)
+
+    def check_timeout(self, timeout: int) -> None:
+        if timeout <= 0:
+            raise InvalidRequest("timeout must be a positive number of seconds")
+        if timeout > self.settings.max_timeout_hours * 3600:
+            raise InvalidRequest(
+                f"Timeout cannot be greater than {self.settings.max_timeout_hours} hours"
+            )
+
+    # -- create --------------------------------------------------------------------------------
+    async def create(self, req: CreateSandbox) -> Sandbox:
+        """Create and start a sandbox; returns once its agent answers. With ``idempotency`` a
+        repeated request returns the sandbox the first one made."""
+        if req.idempotency is None:
+            return await self._create(req)
+        key, digest = req.idempotency
+        async with self._locks((req.owner, key)):
+            for sbx in await self.list(req.owner):
+                if sbx.life.idempotency_key == key:
+                    if sbx.life.idempotency_hash != digest:
+                        raise IdempotencyMismatch(
+                            "Idempotency-Key was already used with a different request"
+                        )
+                    return sbx
+            return await self._create(req)
+
+    async def _create(self, req: CreateSandbox) -> Sandbox:
+        self.check_timeout(req.timeout_s)
+        if req.auto_resume and req.on_timeout != "pause":
+            raise InvalidRequest("autoResume is only allowed with autoPause (on_timeout='pause')")
+        if req.auto_resume and req.auto_pause_memory is False:
+            raise InvalidRequest(
+                "autoResume cannot be combined with a filesystem-only pause (autoPauseMemory)"
+            )
+        s = self.settings
+        try:
+            spec = SandboxSpec.model_validate({
+                "template": req.template,
+                "limits": {"memory_mb": req.memory_mb or s.default_memory_mb,
+                           "cpu": req.cpu or s.default_cpu, "pids": req.pids or s.default_pids},
+                "env": req.env,
+                "metadata": req.metadata,
+                "mounts": [{"source": str(m.source), "target": m.target,
+                            "read_only": m.read_only} for m in req.mounts],
+                "workspace_dir": req.workspace_dir,
+                "network": req.network.model_dump(),
+                "file_view": req.file_view,
+            })  # fmt: skip
+        except ValidationError as e:
+            raise InvalidRequest(f"invalid request: {validation_message(e)}") from None
+        life = Lifecycle(
+            owner=req.owner,
+            access_token=secrets.token_urlsafe(32),
+            traffic_token=None if req.public_traffic else secrets.token_urlsafe(32),
+            timeout=req.timeout_s,
+            end_at=time.time() + req.timeout_s,
+            auto_pause=req.on_timeout == "pause",
+            auto_pause_memory=req.auto_pause_memory,
+            auto_resume=req.auto_resume,
+            idempotency_key=req.idempotency[0] if req.idempotency else None,
+            idempotency_hash=req.idempotency[1] if req.idempotency else None,
+            surface=req.surface,
+        )
+        info = await self._run(self.runtime.create, spec, {RECORD_KEY: life.model_dump()})
+        return Sandbox(info, life)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    async def _resume(self, sbx: Sandbox, end_at: float) -> Sandbox:
+        # endAt first: if we die in between, the sandbox is still paused, not running past its end.
+        sbx.life.end_at = end_at
+        await self._save(sbx)
+        info = await self._run(self.runtime.resume, sbx.id)
+        return Sandbox(info, sbx.life)
+
+    async def connect(
+        self, owner: str, sandbox_id: str, timeout: int, *, memory: bool | None = None
+    ) -> tuple[Sandbox, bool]:
+        """Extend a running sandbox (never shorten), resume a paused one. Returns the sandbox
+        and whether it was resumed."""
+        self.check_timeout(timeout)
+        async with self.lock(sandbox_id):
+            sbx = await self.owned(owner, sandbox_id)
+            now = time.time()
+            if sbx.running:
+                sbx.life.end_at = max(sbx.life.end_at, now + timeout)
+                return await self._save(sbx), False
+            if memory is False:
+                raise Unsupported(
+                    "resuming without memory (on_resume='reboot') is not supported: a paused "
+                    "sandbox here keeps its memory and resumes from it"
+                )
+            return await self._resume(sbx, now + timeout), True
+
+    async def resume(
+        self, owner: str, sandbox_id: str, timeout: int, *, auto_pause: bool | None = None,
+        memory: bool | None = None,
+    ) -> Sandbox:  # fmt: skip
+        """Resume a paused sandbox (Conflict for a running one)."""
+        self.check_timeout(timeout)
+        async with self.lock(sandbox_id):
+            sbx = await self.owned(owner, sandbox_id)
+            if sbx.running:
+                raise Conflict(f"sandbox {sbx.id!r} is already running")
+            if memory is False:
+                raise Unsupported("resuming without memory is not supported")
+            if auto_pause is not None:
+                sbx.life.auto_pause = auto_pause
+            return await self._resume(sbx, time.time() + timeout)
+
+    async def set_timeout(self, owner: str, sandbox_id: str, timeout: int) -> None:
+        """A running sandbox ends ``timeout`` seconds from now (0 or less: at once)."""
+        timeout = max(timeout, 0)
+        if timeout > self.settings.max_timeout_hours * 3600:
+            self.check_timeout(timeout)
+        async with self.lock(sandbox_id):
+            sbx = await self.owned(owner, sandbox_id)
+            if not sbx.running:  # as in E2B: only running sandboxes have a timer
+                raise not_found(sbx.id)
+            sbx.life.end_at = time.time() + timeout
+            await self._save(sbx)
+
+    async def refresh(self, owner: str, sandbox_id: str, duration: int | None) -> None:
+        """Keep a running sandbox at least ``duration`` (at least 15) more seconds."""
+        duration = max(duration or REFRESH_MIN_S, REFRESH_MIN_S)
+        async with self.lock(sandbox_id):
+            sbx = await self.owned(owner, sandbox_id)
+            if not sbx.running:
+                raise not_found(sbx.id)
+            sbx.life.end_at = max(sbx.life.end_at, time.time() + duration)
+            await self._save(sbx)
+
+    async def pause(self, owner: str, sandbox_id: str) -> None:
+        async with self.lock(sandbox_id):
+            sbx = await self.owned(owner, sandbox_id)
+            if not sbx.running:
+                raise Conflict(f"sandbox {sbx.id!r} is already paused")
+            await self._run(self.runtime.pause, sbx.id)
+
+    async def kill(
+        self, owner: str, sandbox_id: str, *, if_state: str | None = None,
+        if_end_at: float | None = None,
+    ) -> None:  # fmt: skip
+        """Kill a sandbox; with ``if_state``/``if_end_at`` only if it is still in that state with
+        that end time (PreconditionFailed otherwise), checked under the sandbox's lock so that no
+        resume can slip in between: the gateway's reclaimer never kills a sandbox resumed since
+        it looked."""
+        async with self.lock(sandbox_id):
+            sbx = await self.owned(owner, sandbox_id)
+            if if_state is not None and sbx.info.state != if_state:
+                raise PreconditionFailed(f"sandbox {sbx.id!r} is {sbx.info.state}, not {if_state}")
+            if if_end_at is not None and abs(sbx.end_at - if_end_at) > 1e-3:
+                raise PreconditionFailed(
+                    f"sandbox {sbx.id!r} has changed since endAt {iso(if_end_at)}"
+                )
+            await self._kill(sbx.id)
+
+    async def _kill(self, sandbox_id: str) -> None:
+        with contextlib.suppress(SandboxNotFound):
+            await self._run(self.runtime.kill, sandbox_id)
+        self.samples.forget(sandbox_id)
+
+    async def set_network(
+        self, owner: str, sandbox_id: str, policy: NetworkPolicy, **surface: Any
+    ) -> Sandbox:
+        """Replace a sandbox's egress policy (its next connection is judged by it) and, with
+        ``surface``, update the surface's echo of it in the same step."""
+        async with self.lock(sandbox_id):
+            sbx = await self.owned(owner, sandbox_id)
+            info = await self._run(self.runtime.update_network, sbx.id, policy)
+            sbx = Sandbox(info, sbx.life)
+            if surface:
+                sbx.life.surface = {**sbx.life.surface, **surface}
+                sbx = await self._save(sbx)
+            return sbx
+
+    async def auto_resume(self, sandbox_id: str) -> Sandbox | None:
+        """Traffic reached a paused sandbox: resume it if its owner asked for that."""
+        async with self.lock(sandbox_id):
+            sbx = await self.get(sandbox_id)
+            if sbx is None or sbx.running:
+                return sbx
+            if not sbx.life.auto_resume:
+                return None
+            timeout = max(sbx.life.timeout, self.settings.auto_resume_min_timeout_s)
+            timeout = min(timeout, self.settings.max_timeout_hours * 3600)
+            return await self._resume(sbx, time.time() + timeout)
+
+    async def expire(self, sandbox_id: str) -> None:
+        """Pause or kill a sandbox whose end time has passed, judged from its stored record."""
+        async with self.lock(sandbox_id):
+            sbx = await self.get(sandbox_id)
+            if sbx is None or not sbx.running or sbx.life.end_at > time.time():
+                return
+            if sbx.life.auto_pause:
+                with contextlib.suppress(Conflict, SandboxNotFound):
+                    await self._run(self.runtime.pause, sbx.id)
+            else:
+                await self._kill(sbx.id)
+
+    # -- metrics -------------------------------------------------------------------------------
+    async def sample(self, sbx: Sandbox) -> Sample:
+        """Take one metrics sample of a sandbox now."""
+        try:
+            usage = await self._run(self.runtime.usage, sbx.id)
+        except SandboxNotFound:
+            raise not_found(sbx.id) from None
+        return self.samples.add(sbx.id, sbx.info.created_at, usage, time.time())
+
+    def history(self, sandbox_id: str, start: int | None, end: int | None) -> list[Sample]:
+        return self.samples.history(sandbox_id, start, end)
+
+
+__all__ = ["SandboxInfo", "SandboxService", "iso", "not_found"]
