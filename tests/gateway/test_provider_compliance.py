@@ -6,9 +6,9 @@ to hold; one it does not declare is not assumed."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
-import json
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -47,9 +47,7 @@ def e2b_egress_server(
 
 
 @pytest.fixture(params=PROVIDERS)
-async def provider(
-    request: pytest.FixtureRequest, workspace_root: Path
-) -> AsyncIterator[Provider]:
+async def provider(request: pytest.FixtureRequest, workspace_root: Path) -> AsyncIterator[Provider]:
     p: Provider
     data_dir = None
     if request.param == "local":
@@ -131,8 +129,12 @@ async def test_mount_workspace(provider: Provider, workspace_root: Path) -> None
     await sh(provider, sid, handle, "echo hi > /workspace/out.txt")
     assert req.workspace_dir is not None
     assert (req.workspace_dir / "out.txt").read_text() == "hi\n"
-    out = await sh(provider, sid, handle,
-                   "cat /reference/docs/ref.txt; touch /reference/docs/x 2>/dev/null || echo ro")
+    out = await sh(
+        provider,
+        sid,
+        handle,
+        "cat /reference/docs/ref.txt; touch /reference/docs/x 2>/dev/null || echo ro",
+    )
     assert out.split() == ["reference", "ro"]
 
 
@@ -199,8 +201,8 @@ async def test_kill_and_conditional_kill(provider: Provider, workspace_root: Pat
 async def test_update_network(provider: Provider, workspace_root: Path) -> None:
     sid, _ = await create(provider, request_for(workspace_root))  # created without egress
     try:
-        await provider.update_network(sid, "acme", EgressPolicy(mode="allowlist",
-                                                                allow=["example.test"]))  # fmt: skip
+        allow = EgressPolicy(mode="allowlist", allow=["example.test"])
+        await provider.update_network(sid, "acme", allow)
     except NeedsNewSandbox:
         pass  # the contract: either it takes the change, or it says only a new sandbox can
     assert await provider.kill(sid) is True

@@ -49,14 +49,14 @@ def _syscall_probe(nr: int, args: tuple[int, ...]) -> str:
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def victim(runtime):
     """One sandbox attacked by every test of this module, and a neighbour that must not notice."""
-    info = await runtime.create({"workspace_id": "victim-ws"})
-    neighbour = await runtime.create({"workspace_id": "neighbour-ws"})
+    info = runtime.create({"workspace_id": "victim-ws"})
+    neighbour = runtime.create({"workspace_id": "neighbour-ws"})
     await sh(neighbour, "echo untouched > /workspace/canary; sleep 100000 >/dev/null 2>&1 &")
     yield info
     r = await sh(neighbour, "cat /workspace/canary; pgrep -c sleep")
     assert r.text.split() == ["untouched", "1"], "the neighbour was affected"
-    await runtime.kill(info.id)
-    await runtime.kill(neighbour.id)
+    runtime.kill(info.id)
+    runtime.kill(neighbour.id)
 
 
 async def py(info, code: str, user: str | None = None) -> str:
@@ -138,13 +138,13 @@ async def test_root_cannot_ptrace_or_read_agent_memory(victim):
 
 
 async def test_ipc_namespaces_are_private(victim, runtime):
-    other = await runtime.create({})
+    other = runtime.create({})
     try:
         await sh(victim, "echo secret > /dev/shm/leak; ipcmk -M 4096")
         r = await sh(other, "cat /dev/shm/leak 2>&1; ipcs -m | grep -c 0x")
         assert "secret" not in r.text and r.text.split()[-1] == "0"
     finally:
-        await runtime.kill(other.id)
+        runtime.kill(other.id)
 
 
 async def test_runtime_code_and_template_are_read_only(victim):
@@ -198,7 +198,7 @@ async def test_workspace_of_another_session_is_unreachable(victim, runtime):
 async def test_fork_exhaustion_never_reaches_the_host(victim, runtime):
     """A self-sustaining fork bomb fills the sandbox's pid quota and nothing more; the sandbox
     can still be killed cleanly (the victim of the other tests is spared: this one is its own)."""
-    bomber = await runtime.create({"limits": {"pids": 128}})
+    bomber = runtime.create({"limits": {"pids": 128}})
     host_pids_before = len([p for p in os.listdir("/proc") if p.isdigit()])
     bomb = "import os\nwhile True:\n  try: os.fork()\n  except OSError: pass"
     await sh(bomber, f"(python3 -c {shlex.quote(bomb)} >/dev/null 2>&1 &); sleep 2; echo ok")
@@ -206,5 +206,5 @@ async def test_fork_exhaustion_never_reaches_the_host(victim, runtime):
     assert len([p for p in os.listdir("/proc") if p.isdigit()]) < host_pids_before + 200
     assert (await sh(victim, "echo unaffected")).text.strip() == "unaffected"
     cg_dirs = runtime._cg(bomber.id).dirs()
-    await runtime.kill(bomber.id)
+    runtime.kill(bomber.id)
     assert not any(d.exists() for d in cg_dirs)

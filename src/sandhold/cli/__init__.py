@@ -27,7 +27,7 @@ err = Console(stderr=True)
 def _runtime() -> Any:
     from sandhold.runtime.runtime import Runtime
 
-    return Runtime()
+    return Runtime().open()
 
 
 def _fail(e: SandholdError) -> None:
@@ -116,7 +116,7 @@ def sandbox_create(
         "workspace_id": workspace,
     }
     try:
-        info = asyncio.run(rt.create(spec))
+        info = rt.create(spec)
     except SandholdError as e:
         _fail(e)
     console.print(info.id)
@@ -155,7 +155,7 @@ def sandbox_exec(
     """Run a command inside a sandbox through its agent; exits with the command's exit code."""
     import shlex
 
-    from sandhold.runtime.client import AgentClient, AgentError
+    from sandhold.runtime.client import AgentClient
 
     rt = _runtime()
     try:
@@ -167,16 +167,15 @@ def sandbox_exec(
 
     async def go() -> int:
         async with AgentClient(info.agent_socket, timeout=None) as c:  # type: ignore[arg-type]
-            res = await c.run(shlex.join(command), user=user, cwd=cwd)
+            res = await c.sh(shlex.join(command), user=user, cwd=cwd)
         sys.stdout.buffer.write(res.stdout)
         sys.stderr.buffer.write(res.stderr)
-        return res.exit_code
+        return res.exit_code if res.exit_code is not None else 1
 
     try:
         code = asyncio.run(go())
-    except AgentError as e:
-        err.print(f"[red]error[/red] ({e.code}): {e.message}")
-        raise typer.Exit(2) from None
+    except SandholdError as e:  # the agent refused (EnvdError), or the sandbox went away
+        _fail(e)
     raise typer.Exit(code)
 
 
@@ -184,7 +183,7 @@ def _simple(op: str) -> Any:
     def command(sandbox_id: str) -> None:
         rt = _runtime()
         try:
-            asyncio.run(getattr(rt, op)(sandbox_id))
+            getattr(rt, op)(sandbox_id)
         except SandholdError as e:
             _fail(e)
         console.print(f"{op}: {sandbox_id}")
