@@ -45,6 +45,11 @@ answers in envd's own codes, which ``EnvdError`` carries back.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import TypeVar
+
+V = TypeVar("V")
+
 
 class SandholdError(Exception):
     """Base class of every error Sandhold raises on purpose."""
@@ -241,7 +246,7 @@ def leaves() -> list[type[SandholdError]]:
     return out
 
 
-def lookup(table: dict[type[SandholdError], object], e: SandholdError) -> object:
+def lookup(table: Mapping[type[SandholdError], V], e: SandholdError) -> V:
     """The answer of the nearest class of ``e`` in a wire table (tables list every class; a
     subclass defined outside this module still finds its parent's answer)."""
     for cls in type(e).__mro__:

@@ -45,4 +45,4 @@ EXIT_STATUS: dict[type[SandholdError], int] = {
 
 
 def exit_status(err: SandholdError) -> int:
-    return int(lookup(EXIT_STATUS, err))  # type: ignore[call-overload]
+    return lookup(EXIT_STATUS, err)

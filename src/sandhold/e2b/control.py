@@ -198,7 +198,7 @@ class ControlPlane:
                 raise InvalidRequest(f"invalid startedAfter {q['startedAfter']!r}") from None
         template = q.get("template")
         out = []
-        for sbx in await self.service.list(team, states=states, metadata=metadata):
+        for sbx in await self.service.query(team, states=states, metadata=metadata):
             if started_after is not None and sbx.info.created_at < started_after:
                 continue
             if template and sbx.info.template != template:
@@ -233,7 +233,7 @@ class ControlPlane:
             else:
                 items = [s for s in items if (s.info.created_at, s.id) > cursor]
         page = items[:limit]
-        running = len(await self.service.list(team, states=("running",)))
+        running = len(await self.service.query(team, states=("running",)))
         headers = {"X-Total-Running": str(running)}
         if len(items) > limit:
             headers["X-Next-Token"] = encode_token(page[-1])
@@ -366,7 +366,7 @@ class ControlPlane:
 
     async def delete_volume(self, request: Request, team: str) -> Response:
         vol = self.volumes.get(team, request.path_params["id"])
-        users = [s.id for s in await self.service.list()
+        users = [s.id for s in await self.service.query()
                  if any(m.get("name") == vol.name
                         for m in s.life.surface.get("volume_mounts") or [])]  # fmt: skip
         if users:

@@ -48,7 +48,7 @@ E2B_STATUS: dict[type[SandholdError], int] = {
 
 
 def e2b_status(err: SandholdError) -> int:
-    return int(lookup(E2B_STATUS, err))  # type: ignore[call-overload]
+    return lookup(E2B_STATUS, err)
 
 
 def error_response(status: int, message: str) -> JSONResponse:
@@ -57,4 +57,3 @@ def error_response(status: int, message: str) -> JSONResponse:
 
 def answer(err: SandholdError) -> JSONResponse:
     return error_response(e2b_status(err), err.message)
-

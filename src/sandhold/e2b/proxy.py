@@ -168,7 +168,7 @@ class DataPlane:
         return sbx
 
     async def _by_signature(self, method: str, query: dict[str, str]) -> Sandbox:
-        for sbx in await self.service.list():
+        for sbx in await self.service.query():
             if signature_valid(sbx.life.access_token, method, query):
                 return sbx
         raise Unauthenticated("invalid or expired signature")

@@ -50,11 +50,11 @@ MCP_RETRYABLE: dict[type[SandholdError], bool] = {
 
 
 def rest_status(err: SandholdError) -> int:
-    return int(lookup(REST_STATUS, err))  # type: ignore[call-overload]
+    return lookup(REST_STATUS, err)
 
 
 def mcp_retryable(err: SandholdError) -> bool:
-    return bool(lookup(MCP_RETRYABLE, err))
+    return lookup(MCP_RETRYABLE, err)
 
 
 def server_fault(err: SandholdError) -> bool:

@@ -32,6 +32,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from sandhold.envd import INTERPRETER_PORT
 from sandhold.errors import HostUnsupported, TemplateBuildFailed
 from sandhold.interpreter.packages import PACKAGES
 from sandhold.runtime.templates import (
@@ -49,7 +50,7 @@ PYTHON = "/usr/bin/python3"
 SANDBOX_SITE = "/opt/sandhold/python"
 SANDBOX_CODE = "/opt/sandhold/interpreter"
 SANDBOX_MPLCONFIG = "/home/user/.config/matplotlib"
-SERVICE_PORT = 49999
+SERVICE_PORT = INTERPRETER_PORT
 
 # What the in-sandbox agent must start at boot and keep running (as `user`, in /home/user),
 # on top of the template's env. The code copy comes first on PYTHONPATH; the server removes it

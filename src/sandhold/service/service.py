@@ -54,7 +54,7 @@ class SandboxService:
         self._locks = KeyedLocks()
         self._executor = ThreadPoolExecutor(RUNTIME_THREADS, thread_name_prefix="sandhold-rt")
         self._timer = (
-            Timer(self.list, self.expire, settings.lifecycle_interval_s) if timers else None
+            Timer(self.query, self.expire, settings.lifecycle_interval_s) if timers else None
         )
         self.samples = Samples(0)
         self.disk_total = 0
@@ -105,7 +105,7 @@ class SandboxService:
             raise not_found(sandbox_id)
         return sbx
 
-    async def list(
+    async def query(
         self,
         owner: str | None = None,
         *,
@@ -147,7 +147,7 @@ class SandboxService:
             return await self._create(req)
         key, digest = req.idempotency
         async with self._locks((req.owner, key)):
-            for sbx in await self.list(req.owner):
+            for sbx in await self.query(req.owner):
                 if sbx.life.idempotency_key == key:
                     if sbx.life.idempotency_hash != digest:
                         raise IdempotencyMismatch(

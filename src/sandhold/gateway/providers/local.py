@@ -111,7 +111,7 @@ class LocalProvider(Provider):
         return _listed(sbx) if sbx is not None and sbx.owner == OWNER else None
 
     async def list(self, metadata: dict[str, str]) -> list[ProviderSandbox]:
-        return [_listed(s) for s in await self.service.list(OWNER, metadata=metadata)]
+        return [_listed(s) for s in await self.service.query(OWNER, metadata=metadata)]
 
     async def kill(self, sandbox_id: str, if_paused_end_at: float | None = None) -> bool:
         cond: dict[str, Any] = {}
