@@ -92,9 +92,16 @@ class ViewDenied(Forbidden):
 
 
 class EgressRefused(Forbidden):
-    """The egress policy refuses a connection (its message is what the sandbox is told)."""
+    """The egress proxy refuses a connection: its message is what the sandbox is told,
+    ``status`` the HTTP status it is answered with (403 for the policy, 400 for a malformed
+    request, 502/504 for an upstream that failed), ``rule`` what the audit log records."""
 
     code = "egress_refused"
+
+    def __init__(self, message: str, status: int = 403, rule: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.rule = rule
 
 
 class NotFound(SandholdError):

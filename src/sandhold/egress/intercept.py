@@ -13,7 +13,7 @@ import h11
 from sandhold.egress.connection import MAX_HEAD, Connection, Target
 from sandhold.egress.forward import exchange
 from sandhold.egress.http_parts import authority, header, origin_form
-from sandhold.egress.refusal import framed_reply, refused, rule_of, status_of
+from sandhold.egress.refusal import framed_reply, refused
 from sandhold.errors import EgressRefused
 
 
@@ -88,9 +88,9 @@ async def serve_requests(c: Connection, target: Target, tls: bool) -> None:
                 host=target.host,
                 port=target.port,
                 path=origin_form(ev.target),
-                status=status_of(e),
+                status=e.status,
                 decision="deny",
-                rule=rule_of(e),
+                rule=e.rule,
                 reason=e.message,
             )
             return

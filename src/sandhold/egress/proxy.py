@@ -34,7 +34,7 @@ from sandhold.egress.dns_query import dns_query
 from sandhold.egress.forward import forward_plain
 from sandhold.egress.http_parts import authority
 from sandhold.egress.intercept import intercept
-from sandhold.egress.refusal import refused, reply, rule_of, status_of
+from sandhold.egress.refusal import refused, reply
 from sandhold.egress.tunnel import tunnel
 from sandhold.errors import EgressRefused, SecretKeyError
 
@@ -112,9 +112,9 @@ def _refuse(c: Connection, e: EgressRefused, req: h11.Request | None, started: f
         host=host,
         port=port,
         path=path,
-        status=status_of(e),
+        status=e.status,
         decision="deny",
-        rule=rule_of(e),
+        rule=e.rule,
         reason=e.message,
         duration_ms=round((time.monotonic() - started) * 1e3, 2),
     )

@@ -1,6 +1,6 @@
 """How the egress proxy says no. A refusal is an ``EgressRefused`` (the error tree's leaf) whose
-message is the reason the client is told; ``refused`` gives it the HTTP status it is answered
-with and the rule the audit log records. ``reply`` and ``framed_reply`` write it as a plain-text
+message is the reason the client is told, with the HTTP status it is answered with and the
+rule the audit log records. ``reply`` and ``framed_reply`` write it as a plain-text
 response that names the rule."""
 
 from __future__ import annotations
@@ -12,24 +12,12 @@ from sandhold.errors import EgressRefused
 
 def refused(status: int, reason: str, rule: str = "") -> EgressRefused:
     """An ``EgressRefused`` the proxy answers with ``status`` and records under ``rule``."""
-    e = EgressRefused(reason)
-    # The tree's class carries only its message; what the proxy answers rides on the instance.
-    vars(e).update(status=status, rule=rule)
-    return e
-
-
-def status_of(e: EgressRefused) -> int:
-    """The HTTP status of a refusal (403 for one not made by ``refused``)."""
-    return int(getattr(e, "status", 403))
-
-
-def rule_of(e: EgressRefused) -> str:
-    return str(getattr(e, "rule", ""))
+    return EgressRefused(reason, status, rule)
 
 
 def reply(e: EgressRefused) -> bytes:
     """The refusal as raw bytes, for a client whose request h11 could not frame or answer."""
-    status, rule = status_of(e), rule_of(e)
+    status, rule = e.status, e.rule
     body = f"sandhold egress proxy: {e.message}\n".encode()
     head = [
         f"HTTP/1.1 {status} {phrase(status)}",
@@ -46,7 +34,7 @@ def reply(e: EgressRefused) -> bytes:
 def framed_reply(conn: h11.Connection, e: EgressRefused) -> bytes:
     """The refusal as the response to ``conn``'s current request (inside an intercepted tunnel,
     where h11 frames the responses)."""
-    status = status_of(e)
+    status = e.status
     body = f"sandhold egress proxy: {e.message}\n".encode()
     out = conn.send(
         h11.Response(

@@ -9,7 +9,7 @@ import time
 import h11
 
 from sandhold.egress.connection import CHUNK, Connection, Target
-from sandhold.egress.refusal import refused, rule_of
+from sandhold.egress.refusal import refused
 from sandhold.errors import EgressRefused
 
 CLIENT_HELLO_MAX = 16 * 1024
@@ -47,7 +47,7 @@ async def tunnel(
             path=authority,
             status=403,
             decision="deny",
-            rule=rule_of(e),
+            rule=e.rule,
             reason=e.message,
         )
         up_writer.close()
