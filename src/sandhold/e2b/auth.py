@@ -9,31 +9,12 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import socket
 import time
 from collections.abc import Mapping
 
 from sandhold.errors import Forbidden, Unauthenticated
 
 DEFAULT_TEAM = "default"
-
-
-def listening_host(fd: int) -> str:
-    """The address an inherited listening socket (``--fd``) is really bound to: what the bind
-    check judges, whatever the host setting says. A unix socket counts as loopback."""
-    try:
-        sock = socket.socket(fileno=fd)
-    except OSError as e:
-        raise ValueError(f"--fd {fd} is not an open socket: {e.strerror}") from None
-    try:
-        listening = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
-        if sock.type != socket.SOCK_STREAM or not listening:
-            raise ValueError(f"--fd {fd} is not a listening stream socket")
-        if sock.family == socket.AF_UNIX:
-            return "localhost"
-        return str(sock.getsockname()[0])
-    finally:
-        sock.detach()  # the descriptor stays open for the server
 
 
 class Teams:

@@ -3,31 +3,18 @@
 from __future__ import annotations
 
 import logging
-import socket
 
 import uvicorn
 
 from sandhold.config import Settings
 from sandhold.e2b.app import create_app
-from sandhold.e2b.auth import listening_host
+from sandhold.listening import listening_host, no_delay
 
 # Longer than the SDK's pool keep-alive (300 s): a server that closes idle connections first
 # races with clients reusing them.
 KEEP_ALIVE_S = 320
 # Command and watch streams never end on their own; do not wait for them on shutdown.
 GRACEFUL_SHUTDOWN_S = 2
-
-
-def no_delay(fd: int) -> None:
-    """Switch Nagle off on an inherited listening TCP socket (``--fd``). uvicorn opens the
-    descriptor as AF_UNIX whatever it is, so asyncio does not set TCP_NODELAY on the connections
-    it accepts; on Linux they inherit it from the listener."""
-    sock = socket.socket(fileno=fd)
-    try:
-        if sock.family in (socket.AF_INET, socket.AF_INET6):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    finally:
-        sock.detach()
 
 
 def build_config(settings: Settings, fd: int | None = None) -> uvicorn.Config:

@@ -10,12 +10,11 @@ import anyio
 import uvicorn
 
 from sandhold.config import Settings
-from sandhold.e2b.auth import listening_host
-from sandhold.e2b.server import no_delay
 from sandhold.gateway.app import Gateway
 from sandhold.gateway.mcp_server import build_mcp
 from sandhold.gateway.policy import SESSION_ID_RE, check_id
 from sandhold.gateway.rest import build_app
+from sandhold.listening import listening_host, no_delay
 
 
 def _quiet() -> None:

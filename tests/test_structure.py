@@ -1,0 +1,68 @@
+"""The structure the architecture page promises (docs/architecture.md), checked on the sources:
+which way imports go, how large a module may grow, where the ports are named."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "sandhold"
+MAX_LINES = 500
+# (importing package, package it must never import)
+FORBIDDEN = [
+    ("gateway", "sandhold.e2b"),  # the gateway speaks E2B as a client, never through the server
+    ("service", "sandhold.e2b"),  # the service knows nothing of any surface
+    ("service", "sandhold.gateway"),
+    ("runtime", "sandhold.service"),  # the runtime is below the service
+    ("runtime", "sandhold.e2b"),
+    ("runtime", "sandhold.gateway"),
+    ("envd", "sandhold.e2b"),
+    ("envd", "sandhold.gateway"),
+    ("envd", "sandhold.service"),
+]
+
+
+def modules(package: str = "") -> list[Path]:
+    return sorted((SRC / package).rglob("*.py"))
+
+
+def imported(path: Path) -> set[str]:
+    """Every module a source file imports, at the top or inside functions."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module)
+    return out
+
+
+@pytest.mark.parametrize(("package", "forbidden"), FORBIDDEN)
+def test_imports_go_down_only(package: str, forbidden: str) -> None:
+    bad = [f"{p.relative_to(SRC)} imports {m}" for p in modules(package) for m in imported(p)
+           if m == forbidden or m.startswith(forbidden + ".")]  # fmt: skip
+    assert not bad, bad
+
+
+def test_no_module_over_the_limit() -> None:
+    big = {str(p.relative_to(SRC)): n for p in modules()
+           if (n := len(p.read_text().splitlines())) > MAX_LINES}  # fmt: skip
+    assert not big, f"modules over {MAX_LINES} lines: {big}"
+
+
+def test_the_envd_ports_are_named_once_on_the_host_side() -> None:
+    """The in-sandbox code (agent, interpreter service) cannot import the host's constants."""
+    in_sandbox = ("runtime/agent/", "interpreter/")
+    host_interpreter = ("interpreter/template.py", "interpreter/packages.py")
+    literal = []
+    for p in modules():
+        rel = str(p.relative_to(SRC))
+        sandboxed = rel.startswith(in_sandbox) and rel not in host_interpreter
+        if sandboxed or rel == "envd/__init__.py":
+            continue
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.Constant) and node.value in (49983, 49999):
+                literal.append(f"{rel}:{node.lineno}")
+    assert not literal, f"envd/interpreter port literals outside sandhold.envd: {literal}"
