@@ -1,0 +1,62 @@
+"""The top-level commands around the E2B-compatible server: `doctor`, `demo` and `serve`."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from sandhold.cli.common import FD_HELP, console, err, fail, load_settings
+from sandhold.errors import SandholdError
+
+
+def doctor() -> None:
+    """Check the kernel features and tools the runtime needs, and say how to fix what is missing."""
+    from rich.table import Table
+
+    from sandhold.config import get_settings
+    from sandhold.runtime.doctor import run_checks
+
+    try:
+        checks = run_checks(get_settings().uid_base)
+    except SandholdError as e:
+        fail(e)
+    table = Table("check", "status", "detail", "fix")
+    for c in checks:
+        status = "[green]ok[/green]" if c.ok else ("[red]MISSING[/red]" if c.required else
+                                                   "[yellow]optional[/yellow]")  # fmt: skip
+        table.add_row(c.name, status, c.detail, "" if c.ok else c.fix)
+    console.print(table)
+    if any(c.required and not c.ok for c in checks):  # a report, not an error of the tree
+        raise typer.Exit(1)
+
+
+def demo(
+    serve: Annotated[bool, typer.Option(help="keep serving after the tour")] = True,
+) -> None:
+    """Start the E2B-compatible server and drive it once with the official SDKs (`make run`)."""
+    from sandhold.demo import main
+
+    try:
+        main(serve=serve)
+    except SandholdError as e:  # settings refused (ConfigError) before the server starts
+        fail(e)
+
+
+def serve(
+    host: Annotated[str | None, typer.Option(help="listen address (default: server_host)")] = None,
+    port: Annotated[int | None, typer.Option(help="listen port (default: server_port)")] = None,
+    fd: Annotated[int | None, typer.Option("--fd", help=FD_HELP)] = None,
+) -> None:
+    """Run the E2B-compatible server: the official SDKs' API and sandbox traffic on one port."""
+    from rich.markup import escape
+
+    from sandhold.e2b.server import run
+
+    try:  # settings refused (ConfigError) exit 78 before anything listens
+        run(load_settings(server_host=host, server_port=port), fd)
+    except ValueError as e:  # an --fd that is not a listening socket
+        err.print(f"[red]error[/red]: {escape(str(e))}")
+        raise typer.Exit(2) from None
+    except SandholdError as e:
+        fail(e)
