@@ -100,7 +100,7 @@ def test_cli_set_ls_rm_rotate(tmp_path: Path) -> None:
     assert r.returncode == 0 and "re-encrypted 1 secret" in r.stdout
     assert len((tmp_path / "egress" / "secrets.key").read_text().split()) == 2
     r = run("set", "acme", "tok", "--host", "1.2.3.4", stdin="x-123456\n")
-    assert r.returncode == 2 and "not an address" in r.stderr
+    assert r.returncode == 65 and "not an address" in r.stderr  # InvalidRequest (cli.errors)
     assert run("rm", "acme", "tok").returncode == 0
     r = run("rm", "acme", "tok")
-    assert r.returncode == 2 and "does not exist" in r.stderr
+    assert r.returncode == 66 and "does not exist" in r.stderr  # NotFound
