@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import socket
 
+from sandhold.errors import InvalidRequest
+
 
 def listening_host(fd: int) -> str:
     """The address an inherited listening socket (``--fd``) is really bound to: what the bind
@@ -12,11 +14,11 @@ def listening_host(fd: int) -> str:
     try:
         sock = socket.socket(fileno=fd)
     except OSError as e:
-        raise ValueError(f"--fd {fd} is not an open socket: {e.strerror}") from None
+        raise InvalidRequest(f"--fd {fd} is not an open socket: {e.strerror}") from None
     try:
         listening = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
         if sock.type != socket.SOCK_STREAM or not listening:
-            raise ValueError(f"--fd {fd} is not a listening stream socket")
+            raise InvalidRequest(f"--fd {fd} is not a listening stream socket")
         if sock.family == socket.AF_UNIX:
             return "localhost"
         return str(sock.getsockname()[0])

@@ -15,7 +15,7 @@ from sandhold.cli.errors import exit_status
 from sandhold.errors import SandholdError
 
 console = Console()
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # an error is one line, whatever the terminal
 
 FD_HELP = (
     "serve on this inherited, already listening socket instead of binding host and port "

@@ -8,25 +8,20 @@ from typing import Annotated, Any
 
 import typer
 
-from sandhold.cli.common import FD_HELP, console, err, fail, load_settings
-from sandhold.errors import SandholdError
+from sandhold.cli.common import FD_HELP, console, fail, load_settings
+from sandhold.errors import InvalidRequest, SandholdError
 
 app = typer.Typer(no_args_is_help=True, help="The session gateway (MCP and REST tools).")
 
 
 def _run(fn: Callable[[], Any]) -> None:
     from pydantic import ValidationError
-    from rich.markup import escape
 
     try:  # settings refused (ConfigError) exit 78 before anything listens
         fn()
     except ValidationError as e:  # a tenant policy (configured, or given with --policy)
-        err.print(f"[red]error[/red]: invalid settings: {escape(str(e))}")
-        raise typer.Exit(2) from None
-    except ValueError as e:  # a bad --fd, an unknown --tenant
-        err.print(f"[red]error[/red]: {escape(str(e))}")
-        raise typer.Exit(2) from None
-    except SandholdError as e:
+        fail(InvalidRequest(f"invalid tenant policy: {e}"))
+    except SandholdError as e:  # a bad --fd, an unknown --tenant, ...
         fail(e)
 
 
@@ -69,7 +64,11 @@ def gateway_tenant(
         gw = Gateway(load_settings())
         gw.bootstrap()
         check_id(tenant_id, "tenant id", ID_RE)
-        p = TenantPolicy.model_validate(json.loads(policy))
+        try:
+            raw = json.loads(policy)
+        except ValueError as e:
+            raise InvalidRequest(f"--policy is not valid JSON: {e}") from None
+        p = TenantPolicy.model_validate(raw)
         gw.store.put_tenant(tenant_id, p.model_dump(), api_key)
         console.print_json(json.dumps({"tenant_id": tenant_id, "policy": p.model_dump()}))
 

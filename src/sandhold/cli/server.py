@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from sandhold.cli.common import FD_HELP, console, err, fail, load_settings
+from sandhold.cli.common import FD_HELP, console, fail, load_settings
 from sandhold.errors import SandholdError
 
 
@@ -49,14 +49,10 @@ def serve(
     fd: Annotated[int | None, typer.Option("--fd", help=FD_HELP)] = None,
 ) -> None:
     """Run the E2B-compatible server: the official SDKs' API and sandbox traffic on one port."""
-    from rich.markup import escape
 
     from sandhold.e2b.server import run
 
     try:  # settings refused (ConfigError) exit 78 before anything listens
         run(load_settings(server_host=host, server_port=port), fd)
-    except ValueError as e:  # an --fd that is not a listening socket
-        err.print(f"[red]error[/red]: {escape(str(e))}")
-        raise typer.Exit(2) from None
-    except SandholdError as e:
+    except SandholdError as e:  # ConfigError, an --fd that is not a listening socket, ...
         fail(e)

@@ -10,6 +10,7 @@ import anyio
 import uvicorn
 
 from sandhold.config import Settings
+from sandhold.errors import NotFound
 from sandhold.gateway.app import Gateway
 from sandhold.gateway.mcp_server import build_mcp
 from sandhold.gateway.policy import SESSION_ID_RE, check_id
@@ -63,7 +64,7 @@ def serve_stdio(settings: Settings, tenant_id: str, session_id: str | None) -> N
     async def main() -> None:
         async with gw.running():
             if await anyio.to_thread.run_sync(gw.store.get_tenant, tenant_id) is None:
-                raise ValueError(f"tenant {tenant_id!r} does not exist")
+                raise NotFound(f"tenant {tenant_id!r} does not exist")
             await build_mcp(gw.tools, identity).run_stdio_async()
 
     anyio.run(main)
