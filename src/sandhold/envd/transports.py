@@ -21,7 +21,7 @@ import httpcore
 import httpx
 
 from sandhold.envd import ENVD_PORT
-from sandhold.errors import PortClosed, ProviderError
+from sandhold.errors import PortClosed, ProviderError, SandboxGone
 
 MAX_REPLY_HEAD = 4096
 
@@ -87,11 +87,25 @@ class TunnelTransport(httpx.AsyncHTTPTransport):
         self._pool = httpcore.AsyncConnectionPool(network_backend=TunnelBackend(socket_path))
 
 
+class AgentSocketTransport(httpx.AsyncHTTPTransport):
+    """envd on the agent's unix socket. Nothing accepting there means the sandbox is gone."""
+
+    def __init__(self, socket_path: str) -> None:
+        # No TLS on a unix socket: verify=False spares building a default SSL context (loading
+        # the CA bundle), which took ~26 ms per client, i.e. per tool call.
+        super().__init__(uds=socket_path, verify=False)
+        self.socket_path = socket_path
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        try:
+            return await super().handle_async_request(request)
+        except httpx.ConnectError:
+            raise SandboxGone(f"no agent answers on {self.socket_path}") from None
+
+
 def agent_transport(socket_path: Path | str, port: int = ENVD_PORT) -> httpx.AsyncBaseTransport:
-    # No TLS on a unix socket: verify=False spares building a default SSL context (loading the
-    # CA bundle), which took ~26 ms per client, i.e. per tool call.
     if port == ENVD_PORT:
-        return httpx.AsyncHTTPTransport(uds=str(socket_path), verify=False)
+        return AgentSocketTransport(str(socket_path))
     return TunnelTransport(str(socket_path))
 
 
