@@ -47,7 +47,11 @@ def timed(fn: Callable[[], object]) -> float:
 
 def start_server(data_dir: Path, log: Path) -> tuple[subprocess.Popen[bytes], str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SANDHOLD_")}
-    env.update(SANDHOLD_DATA_DIR=str(data_dir), SANDHOLD_API_KEYS=json.dumps({API_KEY: "bench"}))
+    env.update(
+        SANDHOLD_DATA_DIR=str(data_dir),
+        SANDHOLD_API_KEYS=json.dumps({API_KEY: "bench"}),
+        SANDHOLD_PREBUILD_TEMPLATES="[]",
+    )  # a background build would skew every figure
     # Bound and listening here, served by the child on the inherited socket (--fd): the port is
     # never free between choosing it and serving on it.
     with socket.socket() as s:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -17,10 +16,9 @@ from sandhold.e2b.auth import Teams
 from sandhold.e2b.control import ControlPlane
 from sandhold.e2b.proxy import DataPlane, route
 from sandhold.e2b.volumes import VolumeStore
+from sandhold.runtime import prebuild
 from sandhold.runtime.runtime import Runtime
 from sandhold.service import SandboxService
-
-log = logging.getLogger(__name__)
 
 
 class E2bApp:
@@ -37,22 +35,16 @@ class E2bApp:
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
         await self.service.open()
         # Templates that take long to build (code-interpreter-v1: about a minute on a fresh
-        # machine) are built in the background; a create that needs one meanwhile waits for it.
-        warmups = [asyncio.create_task(self._prebuild(name))
-                   for name in self.settings.prebuild_templates]  # fmt: skip
+        # machine) are built in the background, by processes stopped with the server; a create
+        # that needs one meanwhile waits for it.
+        builds = [await prebuild.start(self.runtime.templates.root, self.settings.uid_base, name)
+                  for name in self.settings.prebuild_templates]  # fmt: skip
         try:
             yield
         finally:
-            for task in warmups:
-                task.cancel()
+            await asyncio.gather(*(prebuild.stop(p) for p in builds))  # (they log their failures)
             await self.service.close()
             self.data_plane.file_audit.close()
-
-    async def _prebuild(self, name: str) -> None:
-        try:
-            await asyncio.to_thread(self.runtime.templates.get, name)
-        except Exception as e:  # the server stays useful without it; creates will say why
-            log.error("could not build template %s: %s", name, e)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http" and (target := route(scope)) is not None:
