@@ -12,7 +12,6 @@ import pytest
 from moto.server import ThreadedMotoServer
 
 from sandhold.gateway.tools import MODELS
-from tests.e2b.conftest import free_port
 from tests.gateway.conftest import OTHER_KEY, Gateway, tool
 
 MAX_PAYLOAD = 1024 * 1024
@@ -122,11 +121,11 @@ def test_s3_deliverables(
 ) -> None:
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")  # the gateway process inherits these
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
-    port = free_port()
-    moto = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
-    moto.start()
+    moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    moto.start()  # binds in this process: no port is released and taken again
     try:
-        endpoint = f"http://127.0.0.1:{port}"
+        host, port = moto.get_host_and_port()
+        endpoint = f"http://{host}:{port}"
         creds = {"aws_access_key_id": "test", "aws_secret_access_key": "test"}
         s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", **creds)
         s3.create_bucket(Bucket="deliverables")

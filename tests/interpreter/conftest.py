@@ -19,7 +19,7 @@ from e2b_code_interpreter import Sandbox
 from sandhold.config import Settings
 from sandhold.interpreter.template import SERVICE_PORT, build_code_interpreter_template
 from sandhold.runtime.templates import TemplateStore
-from tests.e2b.conftest import KEY_A, Server, free_port
+from tests.e2b.conftest import KEY_A, Server, listen
 
 API_KEY = KEY_A  # the e2b suite's server configuration: key -> team-a
 # Wheels and the installed package tree survive test sessions (each session has a fresh data
@@ -66,7 +66,7 @@ class InterpreterServer(Server):
 def interp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InterpreterServer]:
     data_dir = Path(tempfile.mkdtemp(prefix="sandhold-interp-", dir="/var/tmp"))
     data_dir.chmod(0o755)  # the sandboxes' unprivileged owner must traverse it
-    srv = InterpreterServer(data_dir, free_port(), tmp_path_factory.mktemp("interp") / "server.log")
+    srv = InterpreterServer(data_dir, listen(), tmp_path_factory.mktemp("interp") / "server.log")
     try:
         srv.build_template()
         srv.start()
