@@ -208,6 +208,8 @@ class Internet:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+            if self.proc.stdout is not None:
+                self.proc.stdout.close()  # the "ready" pipe
             self.proc = None
         subprocess.run(["ip", "link", "del", self.veth_host], capture_output=True)
         subprocess.run(["ip", "netns", "del", self.ns], capture_output=True)

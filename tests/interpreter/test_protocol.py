@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -12,11 +13,12 @@ from tests.interpreter.conftest import InterpreterServer
 
 
 @pytest.fixture
-def http(sbx: Sandbox, interp: InterpreterServer) -> httpx.Client:
+def http(sbx: Sandbox, interp: InterpreterServer) -> Iterator[httpx.Client]:
     headers = {"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "49999"}
     if sbx.traffic_access_token:
         headers["E2B-Traffic-Access-Token"] = sbx.traffic_access_token
-    return httpx.Client(base_url=interp.sandbox_url, headers=headers, timeout=60)
+    with httpx.Client(base_url=interp.sandbox_url, headers=headers, timeout=60) as client:
+        yield client
 
 
 def lines(response: httpx.Response) -> list[dict]:  # type: ignore[type-arg]
