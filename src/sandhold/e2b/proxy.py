@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import json
+import logging
 import re
+import struct
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl
@@ -28,6 +31,7 @@ from sandhold.e2b.auth import check_envd_access, check_traffic_access, signature
 from sandhold.e2b.errors import e2b_status
 from sandhold.e2b.file_audit import FileAudit, FileOpRecord, file_op
 from sandhold.envd import ENVD_PORT
+from sandhold.envd.framing import END_STREAM, envelope
 from sandhold.envd.transports import check_tunnel_reply, tunnel_request
 from sandhold.errors import (
     Forbidden,
@@ -53,6 +57,12 @@ DROP_REQUEST = frozenset({
     b"e2b-sandbox-id", b"e2b-sandbox-port",
 })  # fmt: skip
 DROP_RESPONSE = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding"})
+CONNECT_STREAM = b"application/connect+"  # the content type of Connect's streamed responses
+
+log = logging.getLogger(__name__)
+# Set when this request's response was cut off on purpose (see ``_exchange``), for
+# ``DeliberateAbort``: the server's log then has our line, not the server's generic complaint.
+aborted: contextvars.ContextVar[bool] = contextvars.ContextVar("sandhold_aborted", default=False)
 
 
 @dataclass
@@ -119,6 +129,49 @@ async def send_json(send: Send, status: int, body: dict[str, Any]) -> None:
                 "headers": [(b"content-type", b"application/json"),
                             (b"content-length", str(len(payload)).encode())]})  # fmt: skip
     await send({"type": "http.response.body", "body": payload})
+
+
+class Envelopes:
+    """The Connect envelopes of a streamed response (``[flags][length][message]``), passed on
+    whole and only whole: a stream whose sandbox goes away mid-way can then still end with a
+    valid end-of-stream envelope."""
+
+    def __init__(self) -> None:
+        self.buf = bytearray()
+        self.ended = False  # the end-of-stream envelope went through
+
+    def feed(self, data: bytes) -> bytes:
+        """``data`` appended; returns the envelopes now complete, keeps the rest."""
+        self.buf += data
+        whole = 0
+        while len(self.buf) - whole >= 5:
+            flags, size = struct.unpack_from(">BI", self.buf, whole)
+            if len(self.buf) - whole - 5 < size:
+                break
+            self.ended = self.ended or bool(flags & END_STREAM)
+            whole += 5 + size
+        out = bytes(self.buf[:whole])
+        del self.buf[:whole]
+        return out
+
+
+def ended_early(sandbox_id: str) -> bytes:
+    """What E2B's proxy ends a Connect stream with when the sandbox's side of it goes away (the
+    sandbox was killed, or its agent died): ``unavailable``, a message that does not say why. The
+    SDK then probes ``/health``, which answers 502 "was not found" for a sandbox that is gone,
+    and raises ``SandboxNotRunningException`` ("... killed or reached its end of life ...")."""
+    message = f"the connection to sandbox {sandbox_id} ended before the stream completed"
+    return envelope({"error": {"code": "unavailable", "message": message}}, END_STREAM)
+
+
+class DeliberateAbort(logging.Filter):
+    """Drops uvicorn's "returned without completing response" for a response ``_exchange`` cut
+    off on purpose: for a plain HTTP body that broke mid-way, closing the client's connection
+    is the only signal HTTP has (and what E2B's proxy does), and ASGI has no other way to
+    close it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (aborted.get() and "without completing response" in record.getMessage())
 
 
 class DataPlane:
@@ -250,21 +303,27 @@ class DataPlane:
 
         pump = asyncio.create_task(pump_request())
         started = False
+        stream: Envelopes | None = None  # a Connect stream's framing
         try:
             while True:
                 event = conn.next_event()
                 if event is h11.NEED_DATA:
                     conn.receive_data(await reader.read(READ_CHUNK))
                 elif isinstance(event, h11.Response):
+                    headers = [(k, v) for k, v in event.headers if k not in DROP_RESPONSE]
+                    ctype = dict(headers).get(b"content-type", b"")
+                    stream = Envelopes() if ctype.startswith(CONNECT_STREAM) else None
                     await send({"type": "http.response.start", "status": event.status_code,
-                                "headers": [(k, v) for k, v in event.headers
-                                            if k not in DROP_RESPONSE]})  # fmt: skip
+                                "headers": headers})  # fmt: skip
                     started = True
                 elif isinstance(event, h11.Data):
-                    await send({"type": "http.response.body", "body": bytes(event.data),
-                                "more_body": True})  # fmt: skip
+                    data = stream.feed(event.data) if stream else bytes(event.data)
+                    if data:
+                        await send({"type": "http.response.body", "body": data,
+                                    "more_body": True})  # fmt: skip
                 elif isinstance(event, h11.EndOfMessage):
-                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+                    rest = bytes(stream.buf) if stream else b""  # (a stream that ends whole: b"")
+                    await send({"type": "http.response.body", "body": rest, "more_body": False})
                     return
                 elif isinstance(event, h11.ConnectionClosed):
                     raise ConnectionResetError("the agent closed the connection")
@@ -274,8 +333,17 @@ class DataPlane:
                 return
             if not started:
                 raise gone(sbx.id) from None
-            # Mid-response: returning makes the server drop the client connection, which is how
-            # the SDK learns that a stream broke (it then probes /health, which answers 502).
+            # Mid-response: the sandbox was killed (or its agent died) under an open stream.
+            if stream is not None:  # a Connect stream ends with an error envelope, as E2B's
+                end = b"" if stream.ended else ended_early(sbx.id)
+                await send({"type": "http.response.body", "body": end, "more_body": False})
+                return
+            # Any other body can only be cut off: returning without completing the response
+            # makes the server close the client's connection, which is how the SDK learns that
+            # the response broke (it then probes /health, which answers 502 for a gone sandbox).
+            log.info("sandbox %s: its side of %s %s ended mid-response; closing the client's "
+                     "connection", sbx.id, scope["method"], scope["path"])  # fmt: skip
+            aborted.set(True)
             return
         finally:
             pump.cancel()

@@ -8,6 +8,7 @@ import uvicorn
 
 from sandhold.config import Settings
 from sandhold.e2b.app import create_app
+from sandhold.e2b.proxy import DeliberateAbort
 from sandhold.listening import listening_host, no_delay
 
 # Longer than the SDK's pool keep-alive (300 s): a server that closes idle connections first
@@ -23,7 +24,7 @@ def build_config(settings: Settings, fd: int | None = None) -> uvicorn.Config:
     settings.check_server_serve(settings.server_host if fd is None else listening_host(fd))
     if fd is not None:
         no_delay(fd)
-    return uvicorn.Config(
+    config = uvicorn.Config(
         create_app(settings),
         host=settings.server_host,
         port=settings.server_port,
@@ -37,6 +38,10 @@ def build_config(settings: Settings, fd: int | None = None) -> uvicorn.Config:
         backlog=2048,
         log_level="info",
     )
+    # (after the Config: it configures logging) A response the data plane cuts off on purpose
+    # is logged by the data plane, not as a broken application.
+    logging.getLogger("uvicorn.error").addFilter(DeliberateAbort())
+    return config
 
 
 def run(settings: Settings, fd: int | None = None) -> None:
