@@ -62,20 +62,22 @@ def assert_killed(e: BaseException) -> None:
 def test_background_command_being_waited_for() -> None:
     sbx = Sandbox.create(timeout=120)
     handle = sbx.commands.run("sleep 60", background=True)
-    kill_soon(sbx)
+    timer = kill_soon(sbx)
     with pytest.raises(SandboxNotRunningException) as exc:
         handle.wait()
     assert_killed(exc.value)
+    timer.join()
 
 
 @pytest.mark.usefixtures("clean_log")
 def test_foreground_command_with_output() -> None:
     sbx = Sandbox.create(timeout=120)
     seen: list[str] = []
-    kill_soon(sbx)
+    timer = kill_soon(sbx)
     with pytest.raises(SandboxNotRunningException) as exc:
         sbx.commands.run("while true; do echo tick; sleep 0.1; done", on_stdout=seen.append)
     assert_killed(exc.value)
+    timer.join()
     assert seen and set("".join(seen).split()) == {"tick"}  # every chunk whole, up to the end
 
 
@@ -126,10 +128,11 @@ def test_plain_http_stream_through_a_port(server: Server) -> None:
                     continue
                 chunks = r.iter_bytes()
                 assert next(chunks).startswith(b"tick")
-                kill_soon(sbx, 0.3)
+                timer = kill_soon(sbx, 0.3)
                 # The only signal plain HTTP has: the connection closes before the body's end.
                 with pytest.raises(httpx.RemoteProtocolError):
                     for _ in chunks:
                         pass
                 break
+    timer.join()  # the kill has returned: the sandbox is gone, not going
     assert not sbx.is_running()
