@@ -57,6 +57,12 @@ class ServerSettings(Layer):
     lifecycle_interval_s: float = Field(
         0.5, gt=0, description="How often the server enforces sandbox end times."
     )
+    reconcile_interval_s: float = Field(
+        30.0,
+        gt=0,
+        description="How often the server cleans up sandboxes a crash left half-created or "
+        "half-killed (and at start-up), whatever their age.",
+    )
     host_mount_roots: list[Path] = Field(
         default_factory=list,
         description="Host directories under which a create's `host-mount` metadata (CubeSandbox's "

@@ -33,7 +33,8 @@ from sandhold.errors import (
     SandboxStartFailed,
     SandholdError,
 )
-from sandhold.runtime import cgroups, mounts
+from sandhold.runtime import mounts
+from sandhold.runtime import reconcile as reconciling
 from sandhold.runtime.agentlib import AgentLib
 from sandhold.runtime.cgroups import CgroupSet
 from sandhold.runtime.launcher import Launch, spawn
@@ -157,8 +158,8 @@ class Runtime:
             mounts.check_traversable(m.source)
         sandbox_id = new_sandbox_id()
         d = self.sandboxes_dir / sandbox_id
-        d.mkdir()
-        (d / "lock").touch()
+        # Held until the create is over: reconcile leaves a directory alone while it is held.
+        claim = reconciling.claim(d)
         cg = self._cg(sandbox_id)
         proc: subprocess.Popen[bytes] | None = None
         init_pid: int | None = None
@@ -239,6 +240,7 @@ class Runtime:
             os.close(ready_r)
             if ready_w >= 0:
                 os.close(ready_w)
+            os.close(claim)
 
     def _wait_ready(self, fd: int, proc: subprocess.Popen[bytes], d: Path) -> None:
         data = read_ready(fd, self.settings.ready_timeout_s)
@@ -265,7 +267,7 @@ class Runtime:
         had_egress = (d / "egress.json").exists()
         if had_egress:
             self.egress.forget(d)
-        shutil.rmtree(d, ignore_errors=True)
+        reconciling.remove_dir(d)  # the lock file last: reconcile tells debris by it
         if had_egress:
             try:
                 self.egress.sync(start=False)  # close its socket; the daemon exits after the last
@@ -391,51 +393,10 @@ class Runtime:
         except SandboxNotFound:
             pass
 
-    def _mark_paused(self, sandbox_id: str) -> None:
-        """A crash between freezing and recording left a frozen sandbox marked running."""
-        try:
-            with self._locked(sandbox_id) as d:
-                info = self._load(d)
-                if info.state != "paused" and self._cg(sandbox_id).freezer_state() == "FROZEN":
-                    info.state = "paused"
-                    self._save(info)
-        except SandboxNotFound:
-            pass
-
-    def reconcile(self) -> None:
-        """Re-attach to live sandboxes and clean up what a crash or a failed create left behind."""
-        for d in list(self.sandboxes_dir.iterdir()):
-            state = d / "state.json"
-            if (d / "killing.json").exists():
-                self._destroy(d.name)
-                continue
-            if not state.exists():
-                # Either being created right now by another process, or debris of a crash.
-                if time.time() - d.stat().st_mtime > 60:
-                    self._destroy(d.name)
-                continue
-            try:
-                info = self._load(d)
-            except FileNotFoundError:
-                continue  # killed meanwhile by another process
-            except (ValueError, KeyError) as e:
-                log.error("unreadable sandbox state %s (%s); removing it", d, e)
-                self._destroy(d.name)
-                continue
-            if not self._alive(info):
-                self._reap(info)
-            elif self._cg(info.id).freezer_state() == "FROZEN" and info.state != "paused":
-                self._mark_paused(info.id)
-        if any((d / "egress.json").exists() for d in self.sandboxes_dir.iterdir()):
-            try:
-                self.egress.sync()  # re-attach: the daemon serves every egress sandbox again
-            except SandholdError as e:
-                log.error("egress daemon unavailable: %s", e)
-        known = {d.name for d in self.sandboxes_dir.iterdir()}
-        for name in cgroups.list_names(self.settings.cgroup_group):
-            if name not in known:
-                self._cg(name).kill_all()
-                self._cg(name).remove()
+    def reconcile(self) -> reconciling.Report:
+        """Re-attach to live sandboxes and clean up whatever a crash left half-created or
+        half-killed, at any age, leaving creates in flight alone (see reconcile.py)."""
+        return reconciling.reconcile(self)
 
 
 __all__ = [

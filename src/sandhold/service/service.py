@@ -30,7 +30,7 @@ from sandhold.runtime.spec import NetworkPolicy, SandboxSpec, validation_message
 from sandhold.service.locks import KeyedLocks
 from sandhold.service.metrics import Sample, Samples
 from sandhold.service.records import RECORD_KEY, CreateSandbox, Lifecycle, Sandbox, view
-from sandhold.service.timers import Timer
+from sandhold.service.timers import Periodic, Timer
 
 RUNTIME_THREADS = 16  # creates, kills, pauses and resumes in flight at once
 REFRESH_MIN_S = 15
@@ -56,6 +56,12 @@ class SandboxService:
         self._timer = (
             Timer(self.query, self.expire, settings.lifecycle_interval_s) if timers else None
         )
+        # Half-made sandboxes of a crash (of any process on this data dir) are cleaned while
+        # we run, not only at the next start.
+        self._reconciler = (
+            Periodic(lambda: self._run(self.runtime.reconcile), settings.reconcile_interval_s,
+                     "sandhold-reconcile") if timers else None
+        )  # fmt: skip
         self.samples = Samples(0)
         self.disk_total = 0
 
@@ -77,6 +83,8 @@ class SandboxService:
         self.samples.disk_total = self.disk_total
         if self._timer is not None:
             self._timer.start()
+        if self._reconciler is not None:
+            self._reconciler.start()
         return self
 
     async def close(self) -> None:
@@ -84,6 +92,8 @@ class SandboxService:
         leave a half-removed sandbox behind. Sandboxes themselves are left as they are."""
         if self._timer is not None:
             await self._timer.stop()
+        if self._reconciler is not None:
+            await self._reconciler.stop()
         await asyncio.to_thread(self._executor.shutdown, True)
 
     def lock(self, sandbox_id: str) -> contextlib.AbstractAsyncContextManager[None]:

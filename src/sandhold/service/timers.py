@@ -1,5 +1,6 @@
 """The timer: every ``interval_s`` it expires each running sandbox whose stored end time has
-passed (pause with on_timeout=pause, else kill).
+passed (pause with on_timeout=pause, else kill). ``Periodic`` runs other upkeep (the runtime's
+reconcile) on an interval of its own.
 
 It keeps no timers of its own: the due list is recomputed from the runtime's records on every
 tick, so a sandbox that fell due while the server was down is handled on the first tick after
@@ -62,3 +63,31 @@ class Timer:
             log.exception("could not expire sandbox %s", sandbox_id)
         finally:
             self._expiring.pop(sandbox_id, None)
+
+
+class Periodic:
+    """Runs ``run`` every ``interval_s`` (the first time one interval after ``start``) until
+    stopped; a failed run is logged and the next one comes anyway."""
+
+    def __init__(self, run: Callable[[], Awaitable[object]], interval_s: float, name: str) -> None:
+        self._run_once = run
+        self.interval_s = interval_s
+        self.name = name
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=self.name)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                await self._run_once()
+            except Exception:
+                log.exception("%s failed", self.name)

@@ -1,0 +1,386 @@
+"""Reconcile: make what is on disk and in the kernel match the sandboxes that really exist,
+whatever a crash interrupted. ``Runtime.open()`` runs it, and the sandbox service every
+``reconcile_interval_s``; runs are serialized across processes by ``data_dir/reconcile.lock``.
+
+How a directory tells who is making or unmaking it:
+
+- ``claim``: a create first makes ``sandboxes/.new-<id>-<pid>-<start>`` (the name says which
+  process, by pid and start time, so a reused pid is not mistaken for it), creates ``lock`` in it
+  and flocks it, and only then renames it to ``sandboxes/<id>``. The lock stays held until the
+  create has returned or undone itself. So under its final name a sandbox directory always has
+  a lock file, held by whoever is still creating it, in this process or any other: a flock
+  conflicts between any two opens of the file, and dies with its holder.
+- ``remove_dir``: every destroy removes cgroups, processes and mounts first and the lock file
+  last, so a directory without one has nothing left but files.
+
+What reconcile does with each entry of ``sandboxes/``:
+
+- ``state.json``: a sandbox; re-attached (one whose processes are gone is reaped, one frozen by
+  a pause that was not recorded is marked paused).
+- lock held: a create, kill or other operation in flight: left alone.
+- ``killing.json``, lock free: a kill that was interrupted: finished.
+- neither, lock free or no lock file: a create (or its undoing) interrupted: removed.
+- ``.new-...`` of a process that is gone: removed (it holds nothing but the lock file).
+
+Removing means every kind of debris a create makes: the processes in the sandbox's cgroups and
+those not in them yet (the shell that joins them, a bwrap adopted by init: named by their command
+line), the cgroups in every hierarchy, the mounts under the directory (the overlay, the disk),
+the egress record, the directory. Last, cgroups of this runtime's parent with no directory are
+killed and removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import shutil
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from sandhold.errors import SandboxNotFound, SandholdError
+from sandhold.runtime import cgroups, mounts
+from sandhold.runtime.reaping import parent_of
+from sandhold.runtime.spec import NAME_RE
+
+if TYPE_CHECKING:
+    from sandhold.runtime.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+STAGING = ".new-"
+KILL_TIMEOUT_S = 10.0
+
+
+@dataclass
+class Report:
+    """What one run found and did."""
+
+    sandboxes: int = 0  # re-attached
+    reaped: int = 0  # records whose processes were gone
+    kills_finished: int = 0
+    creates_removed: int = 0
+    staging_removed: int = 0
+    orphan_cgroups: int = 0
+    in_flight: int = 0  # left alone: someone holds the lock
+    failed: int = 0  # could not be cleaned this time; the next run tries again
+
+    @property
+    def cleaned(self) -> int:
+        return (self.kills_finished + self.creates_removed + self.staging_removed
+                + self.orphan_cgroups)  # fmt: skip
+
+    def __str__(self) -> str:
+        return ", ".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))
+
+
+# -- the contract with create and destroy ---------------------------------------------------------
+
+
+def _start_time(pid: int) -> str | None:
+    """A process's start time (clock ticks since boot): with the pid, it names one process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[19]
+    except (FileNotFoundError, IndexError):
+        return None
+
+
+def claim(d: Path) -> int:
+    """Make the sandbox directory ``d`` with its lock file held; returns the lock's fd, which
+    the caller keeps open until its create is over (then the directory is either a sandbox
+    with ``state.json``, or gone)."""
+    if d.exists():
+        raise FileExistsError(d)
+    pid = os.getpid()
+    staging = d.with_name(f"{STAGING}{d.name}-{pid}-{_start_time(pid)}")
+    staging.mkdir()
+    try:
+        fd = os.open(staging / "lock", os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            os.rename(staging, d)  # appears under its name with the lock already held
+        except BaseException:
+            os.close(fd)
+            raise
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return fd
+
+
+def remove_dir(d: Path) -> None:
+    """Remove a sandbox's directory, its lock file last (see the module's docstring)."""
+    try:
+        entries = list(os.scandir(d))
+    except FileNotFoundError:
+        return
+    for e in entries:
+        if e.name == "lock":
+            continue
+        if e.is_dir(follow_symlinks=False):
+            shutil.rmtree(e.path, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(e.path)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(d / "lock")
+    with contextlib.suppress(FileNotFoundError, OSError):
+        os.rmdir(d)  # not empty: a lock-less directory, which the next reconcile removes
+
+
+@contextlib.contextmanager
+def _try_lock(d: Path) -> Iterator[bool | None]:
+    """True: we hold the directory's lock; False: someone else does; None: it has none."""
+    try:
+        fd = os.open(d / "lock", os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        yield None
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)
+
+
+# -- debris ---------------------------------------------------------------------------------------
+
+
+def _cgroup_dirs(parent: str, name: str) -> list[Path]:
+    """The group ``name`` in every hierarchy it may have been made in, v1 and v2."""
+    roots = [cgroups.CGROUP_ROOT / c for c in cgroups.V1_CONTROLLERS] + [cgroups.V2_ROOT]
+    return [r / parent / name for r in roots]
+
+
+def cgroup_names(parent: str) -> set[str]:
+    """Groups under ``parent`` in any hierarchy (a create can die between two mkdirs)."""
+    names: set[str] = set()
+    for d in _cgroup_dirs(parent, ""):
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+            names |= {p.name for p in d.iterdir() if p.is_dir()}
+    return names
+
+
+def _cgroup_pids(dirs: list[Path]) -> set[int]:
+    pids: set[int] = set()
+    for d in dirs:
+        with contextlib.suppress(FileNotFoundError):
+            pids |= {int(p) for p in (d / "cgroup.procs").read_text().split()}
+    return pids
+
+
+def _strays(prefixes: tuple[str, ...]) -> set[int]:
+    """Session leaders (a sandbox's tree is started in a session of its own) whose command line
+    names one of ``prefixes``: the shell that moves itself into the sandbox's cgroups before
+    it execs bwrap, or a bwrap, when they are not (yet, or any more) in those cgroups."""
+    found = set()
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            stat = (p / "stat").read_text().rpartition(")")[2].split()
+            if stat[0] == "Z" or stat[3] != p.name:
+                continue
+            argv = (p / "cmdline").read_bytes().split(b"\0")
+        except (OSError, IndexError):
+            continue
+        if any(a.decode(errors="replace").startswith(prefixes) for a in argv):
+            found.add(int(p.name))
+    return found
+
+
+def _reap_adopted(pids: set[int]) -> None:
+    """Killed processes that were re-parented to us (the runtime is a subreaper) are ours to
+    reap; those adopted by init are reaped by init."""
+    deadline = time.monotonic() + 1.0
+    for pid in pids:
+        while parent_of(pid) == os.getpid() and time.monotonic() < deadline:
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                    break
+            except ChildProcessError:
+                break
+            time.sleep(0.001)
+
+
+def _kill_once(rt: Runtime, name: str, dirs: list[Path], prefixes: tuple[str, ...]) -> set[int]:
+    """SIGKILL every process of the sandbox, in its cgroups or not, until none is left."""
+    killed: set[int] = set()
+    deadline = time.monotonic() + KILL_TIMEOUT_S
+    while pids := _cgroup_pids(dirs) | _strays(prefixes):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"processes of sandbox {name} survived SIGKILL: {sorted(pids)}")
+        cg = rt._cg(name)
+        if cg.v1("freezer").is_dir() and cg.v1("pids").is_dir():
+            cg.kill_all()  # cgroup.kill, or freeze-kill-thaw: nothing forks away meanwhile
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        freezer = dirs[cgroups.V1_CONTROLLERS.index("freezer")] / "freezer.state"
+        with contextlib.suppress(FileNotFoundError):
+            if freezer.read_text().strip() != "THAWED":
+                freezer.write_text("THAWED")  # SIGKILL is only delivered to thawed tasks
+        killed |= pids
+        time.sleep(0.002)
+    return killed
+
+
+def _rmdirs(dirs: list[Path]) -> bool:
+    """Remove the groups; False if a process joined one meanwhile."""
+    for g in dirs:
+        for _ in range(200):
+            try:
+                g.rmdir()
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                if _cgroup_pids([g]):
+                    return False
+                time.sleep(0.005)  # a dying task can keep the group busy for a moment
+    return True
+
+
+def _kill(rt: Runtime, name: str, d: Path | None) -> None:
+    """Kill every process of sandbox ``name`` and remove its cgroups from every hierarchy. A
+    shell that was started before a crash joins the groups when it gets the CPU: kill again
+    until the groups are gone."""
+    dirs = _cgroup_dirs(rt.settings.cgroup_group, name)
+    prefixes = tuple(f"{p}/" for p in ([d] if d else []) + dirs)
+    killed: set[int] = set()
+    try:
+        for _ in range(10):
+            killed |= _kill_once(rt, name, dirs, prefixes)
+            if _rmdirs(dirs):
+                return
+        raise TimeoutError(f"cgroups of sandbox {name} kept gaining processes")
+    finally:
+        _reap_adopted(killed)
+
+
+def _remove(rt: Runtime, name: str) -> None:
+    """Remove everything of sandbox ``name`` (whose lock we hold, or which has none)."""
+    d = rt.sandboxes_dir / name
+    _kill(rt, name, d)
+    for target in reversed(mounts.mounts_under(d)):  # the overlay, then what is under it
+        mounts.umount(Path(target))
+    rt._destroy(name)  # what else a sandbox holds (the egress record), then the directory
+
+
+# -- the run --------------------------------------------------------------------------------------
+
+
+def _mark_paused(rt: Runtime, sandbox_id: str) -> None:
+    """A crash between freezing and recording left a frozen sandbox marked running."""
+    try:
+        with rt._locked(sandbox_id) as d:
+            info = rt._load(d)
+            if info.state != "paused" and rt._cg(sandbox_id).freezer_state() == "FROZEN":
+                info.state = "paused"
+                rt._save(info)
+    except SandboxNotFound:
+        pass
+
+
+def _attach(rt: Runtime, d: Path, report: Report) -> None:
+    try:
+        info = rt.get(d.name)  # reaps a sandbox whose processes are gone
+    except SandboxNotFound:
+        report.reaped += 1
+        return
+    except (ValueError, KeyError) as e:
+        with _try_lock(d) as held:
+            if held is False:
+                report.in_flight += 1
+                return
+            log.error("unreadable sandbox state %s (%s); removing it", d, e)
+            _remove(rt, d.name)
+            report.creates_removed += 1
+            return
+    report.sandboxes += 1
+    with contextlib.suppress(FileNotFoundError):
+        if rt._cg(info.id).freezer_state() == "FROZEN" and info.state != "paused":
+            _mark_paused(rt, info.id)
+
+
+def _sweep(rt: Runtime, d: Path, report: Report) -> None:
+    if d.name.startswith(STAGING):
+        parts = d.name[len(STAGING) :].split("-")  # <id>-<pid>-<start>
+        pid, start = (parts[1], parts[2]) if len(parts) == 3 else ("", "")
+        if pid.isdigit() and _start_time(int(pid)) == start:
+            report.in_flight += 1  # its creator is alive and will rename or remove it
+            return
+        shutil.rmtree(d, ignore_errors=True)
+        report.staging_removed += 1
+        return
+    if not NAME_RE.match(d.name) or not d.is_dir():
+        return
+    if (d / "state.json").exists():
+        _attach(rt, d, report)
+        return
+    with _try_lock(d) as held:
+        if held is False:
+            report.in_flight += 1
+            return
+        # Decided under the lock: a create that finished a moment ago has its state.json now.
+        if (d / "state.json").exists():
+            pass
+        elif (d / "killing.json").exists():
+            log.warning("finishing the interrupted kill of sandbox %s", d.name)
+            _remove(rt, d.name)
+            report.kills_finished += 1
+            return
+        else:
+            log.warning("removing sandbox %s, whose create was interrupted", d.name)
+            _remove(rt, d.name)
+            report.creates_removed += 1
+            return
+    _attach(rt, d, report)  # outside the lock: reaping takes it
+
+
+def reconcile(rt: Runtime) -> Report:
+    """Re-attach to live sandboxes and clean up what a crash or a failed create left behind."""
+    report = Report()
+    lock = os.open(rt.settings.data_dir / "reconcile.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        group = rt.settings.cgroup_group
+        # Listed before the directories: a create claims its directory before it makes groups,
+        # so a group seen here whose directory is gone below belongs to no create in flight.
+        groups = cgroup_names(group)
+        for d in sorted(rt.sandboxes_dir.iterdir()):
+            try:
+                _sweep(rt, d, report)
+            except Exception:
+                log.exception("reconcile: could not clean up %s", d)
+                report.failed += 1
+        if any((d / "egress.json").exists() for d in rt.sandboxes_dir.iterdir()):
+            try:
+                rt.egress.sync()  # re-attach: the daemon serves every egress sandbox again
+            except SandholdError as e:
+                log.error("egress daemon unavailable: %s", e)
+        known = {d.name for d in rt.sandboxes_dir.iterdir()}
+        for name in sorted(groups - known):
+            if not any(g.exists() for g in _cgroup_dirs(group, name)):
+                continue  # a sandbox removed above
+            try:
+                _kill(rt, name, None)
+                report.orphan_cgroups += 1
+            except Exception:
+                log.exception("reconcile: could not remove cgroup %s", name)
+                report.failed += 1
+    finally:
+        os.close(lock)
+    if report.cleaned or report.failed:
+        log.warning("reconcile: %s", report)
+    return report
