@@ -8,6 +8,7 @@ import re
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -264,10 +265,14 @@ def test_the_gateway_refuses_workspaces_that_die_with_sandboxes() -> None:
 
 
 # -- through the real CLI ------------------------------------------------------------------------
-def free_port() -> int:
+@pytest.fixture
+def port() -> Iterator[int]:
+    """A loopback port held bound (not listening) by the test while the CLI runs: nobody else
+    can take it, and a server that went ahead anyway would fail to bind it instead of
+    listening, so neither a stranger nor a regression passes for "nothing listens"."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        yield int(s.getsockname()[1])
 
 
 def listening(port: int) -> bool:
@@ -291,15 +296,13 @@ def refused(r: subprocess.CompletedProcess[str], port: int, message: str) -> Non
     assert not listening(port)
 
 
-def test_cli_serve_refuses_an_open_api_on_a_public_address(tmp_path: Path) -> None:
-    port = free_port()
+def test_cli_serve_refuses_an_open_api_on_a_public_address(tmp_path: Path, port: int) -> None:
     r = cli(tmp_path, "serve", "--host", "0.0.0.0", "--port", str(port))
     refused(r, port, "refusing to listen on 0.0.0.0: no API keys are configured")
     assert "SANDHOLD_API_KEYS" in r.stderr
 
 
-def test_cli_gateway_serve_refuses_half_configurations(tmp_path: Path) -> None:
-    port = free_port()
+def test_cli_gateway_serve_refuses_half_configurations(tmp_path: Path, port: int) -> None:
     r = cli(tmp_path, "gateway", "serve", "--port", str(port), SANDHOLD_GATEWAY_PROVIDER="e2b")
     refused(r, port, "the e2b provider needs gateway_e2b_api_url")
     r = cli(tmp_path, "gateway", "serve", "--port", str(port), SANDHOLD_GATEWAY_DELIVERABLES="s3")
