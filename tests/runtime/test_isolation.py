@@ -49,13 +49,23 @@ async def test_host_loopback_and_abstract_sockets_are_unreachable(make_sandbox):
     abstract.bind(b"\0sandhold-test-abstract")
     abstract.listen()
     accepted: list[object] = []
-    threading.Thread(target=lambda: accepted.append(srv.accept()), daemon=True).start()
+
+    def accept() -> None:
+        try:
+            accepted.append(srv.accept())
+        except OSError:
+            pass  # closed at the end of the test, with nothing accepted
+
+    waiter = threading.Thread(target=accept, daemon=True)
+    waiter.start()
     try:
         sbx = await make_sandbox()
         r = await py(
             sbx,
             "import socket\n"
-            f"for target in [('127.0.0.1', {port}), ('10.0.0.1', 80), ('1.1.1.1', 53)]:\n"
+            # Only the host's own loopback: the sandbox has no other interface to try (checked
+            # below), and tests never aim at private ranges or the internet.
+            f"for target in [('127.0.0.1', {port})]:\n"
             "    s = socket.socket(); s.settimeout(2)\n"
             "    try: s.connect(target); print('CONNECTED', target)\n"
             "    except OSError as e: print('blocked', target, e.errno)\n"
@@ -64,13 +74,15 @@ async def test_host_loopback_and_abstract_sockets_are_unreachable(make_sandbox):
             "except OSError as e: print('blocked abstract', e.errno)\n",
         )
         assert "CONNECTED" not in r.text, r.text
-        assert r.text.count("blocked") == 4
+        assert r.text.count("blocked") == 2
         assert not accepted
         r = await sh(sbx, "cat /proc/net/dev | tail -n +3 | cut -d: -f1 | tr -d ' '")
         assert r.text.split() == ["lo"]
     finally:
+        srv.shutdown(socket.SHUT_RDWR)
         srv.close()
         abstract.close()
+        waiter.join(5)
 
 
 async def test_template_is_read_only_and_writes_stay_in_the_sandbox(make_sandbox, runtime):
