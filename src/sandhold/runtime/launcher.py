@@ -4,13 +4,21 @@ bwrap alone can map only one uid, but a sandbox needs two real users (``root`` a
 are both unprivileged on the host. So bwrap runs as the unprivileged host uid ``uid_base`` and is
 told to wait (``--userns-block-fd``) until we, as host root, have written the map
 ``0 -> uid_base, n -> uid_base + n``; it reports its child's pid through ``--info-fd``.
+
+The agent is that child, and the init of the sandbox's pid namespace (``--as-pid-1``): the kernel
+drops every signal sent to it from inside for which it has no handler, SIGKILL and SIGSTOP
+included, so root inside cannot kill it. Its socket is made and listened on by the host and
+inherited, so nothing inside can remove it; its configuration comes on an inherited descriptor
+too: no host directory is bound for either.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import select
+import socket
 import subprocess
 import time
 from collections.abc import Sequence
@@ -21,11 +29,16 @@ from sandhold.errors import SandboxStartFailed
 from sandhold.runtime.cgroups import CgroupSet
 from sandhold.runtime.seccomp import filter_fd
 
+log = logging.getLogger(__name__)
+
 ID_RANGE = 65536
 AGENT_LIB = "/opt/sandhold/lib"
-AGENT_RUN = "/run/sandhold"
 AGENT_MAIN = f"{AGENT_LIB}/sandhold/runtime/agent/__main__.py"
-AGENT_SOCKET = f"{AGENT_RUN}/agent.sock"
+# The agent's /proc files that its owner (the sandbox's root has the same uid) could write to
+# make it the OOM killer's first choice; bwrap covers each with a read-only view of itself, taken
+# from the host's procfs (so its mount names the agent's host pid, nothing else). The agent has
+# one thread: /proc/1/task/1 is the only other way to them.
+OOM_FILES = ("oom_score_adj", "oom_adj")
 # Capabilities the agent keeps (inside the user namespace only) to start processes as `user` and
 # to drop everything, bounding set included, in those processes; and to bind the DNS stub of a
 # sandbox with egress to 127.0.0.1:53 (its processes drop that one too).
@@ -43,12 +56,19 @@ class Launch:
 
 
 def bwrap_argv(
-    launch: Launch, *, info_fd: int, block_fd: int, seccomp_fd: int, ready_fd: int
+    launch: Launch,
+    *,
+    info_fd: int,
+    block_fd: int,
+    seccomp_fd: int,
+    ready_fd: int,
+    config_fd: int,
+    socket_fd: int,
 ) -> list[str]:
     argv = [
         "bwrap",
         "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
-        "--unshare-cgroup",
+        "--unshare-cgroup", "--as-pid-1",
         "--uid", "0", "--gid", "0",
         "--userns-block-fd", str(block_fd), "--info-fd", str(info_fd),
         "--cap-drop", "ALL",
@@ -61,11 +81,14 @@ def bwrap_argv(
     ]  # fmt: skip
     for src, dst in launch.ro_binds:
         argv += ["--ro-bind", src, dst]
+    argv += ["--proc", "/proc"]
+    for name in OOM_FILES:
+        argv += ["--ro-bind", f"/proc/self/{name}", f"/proc/1/{name}",
+                 "--ro-bind", f"/proc/thread-self/{name}", f"/proc/1/task/1/{name}"]  # fmt: skip
     argv += [
-        "--proc", "/proc", "--dev", "/dev",
+        "--dev", "/dev",
         "--perms", "1777", "--tmpfs", "/tmp",
         "--perms", "1777", "--tmpfs", "/dev/shm",
-        "--bind", str(launch.run_dir), AGENT_RUN,
         "--ro-bind", str(launch.agent_lib), AGENT_LIB,
     ]  # fmt: skip
     for src, dst, ro in launch.binds:
@@ -74,7 +97,7 @@ def bwrap_argv(
     for k, v in launch.env.items():
         argv += ["--setenv", k, v]
     argv += ["--chdir", "/", "/usr/bin/python3", "-I", "-S", AGENT_MAIN,
-             "--config", f"{AGENT_RUN}/agent.json", "--socket", AGENT_SOCKET,
+             "--config-fd", str(config_fd), "--socket-fd", str(socket_fd),
              "--ready-fd", str(ready_fd)]  # fmt: skip
     return argv
 
@@ -98,16 +121,64 @@ def _read_info(fd: int, timeout: float) -> dict[str, int]:
     return json.loads(data[: data.index(b"}") + 1])
 
 
+def listen(path: Path) -> socket.socket:
+    """The agent's socket, bound by host root: mode 0600 in a 0700 directory, never seen inside."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(str(path))  # (no umask games: other threads create files meanwhile)
+        os.chmod(path, 0o600)
+        sock.listen(1024)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+_oom_warned = False
+
+
+def protect_from_oom(pid: int) -> bool:
+    """Exempt the sandbox's agent (not yet running) from the OOM killer: ``oom_score_adj`` 0 first,
+    which, written with CAP_SYS_RESOURCE, is also the floor below which neither it nor anything
+    it starts may go; then the legacy ``oom_adj`` -17, i.e. -1000, which leaves that floor alone.
+    So user processes (500, see the agent's spawn) can never protect themselves at -1000. Without
+    CAP_SYS_RESOURCE (e.g. in a container) the agent stays at 0; returns whether it is exempt."""
+    global _oom_warned
+    for name, value in (("oom_score_adj", b"0"), ("oom_adj", b"-17")):
+        try:
+            fd = os.open(f"/proc/{pid}/{name}", os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                os.write(fd, value)
+            finally:
+                os.close(fd)
+        except PermissionError:
+            if name == "oom_adj":
+                if not _oom_warned:
+                    _oom_warned = True
+                    log.warning("no CAP_SYS_RESOURCE: sandbox agents stay at oom_score_adj 0, "
+                                "user processes at 500, instead of being exempt")  # fmt: skip
+                return False
+    return True
+
+
 def spawn(
     launch: Launch, cgroups: CgroupSet, uid_base: int, ready_w: int, log_path: Path
 ) -> tuple[subprocess.Popen[bytes], int]:
-    """Start the sandbox; returns bwrap's Popen and the host pid of the sandbox's init."""
+    """Start the sandbox; returns bwrap's Popen and the host pid of the sandbox's init (its
+    agent). ``launch.run_dir`` holds ``agent.json`` and gets the agent's socket."""
+    sock = listen(launch.run_dir / "agent.sock")
+    try:
+        config = os.open(launch.run_dir / "agent.json", os.O_RDONLY | os.O_CLOEXEC)
+    except BaseException:
+        sock.close()
+        raise
     info_r, info_w = os.pipe()
     block_r, block_w = os.pipe()
     seccomp = filter_fd()
     argv = bwrap_argv(
-        launch, info_fd=info_w, block_fd=block_r, seccomp_fd=seccomp, ready_fd=ready_w
-    )
+        launch, info_fd=info_w, block_fd=block_r, seccomp_fd=seccomp, ready_fd=ready_w,
+        config_fd=config, socket_fd=sock.fileno(),
+    )  # fmt: skip
 
     # Before bwrap creates the cgroup namespace, its process must be in the sandbox's cgroups
     # (so the sandbox sees its own group as the root, not the host's paths) and be the
@@ -123,12 +194,13 @@ def spawn(
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,
-            pass_fds=(info_w, block_r, seccomp, ready_w),
+            pass_fds=(info_w, block_r, seccomp, ready_w, config, sock.fileno()),
             start_new_session=True,  # survives the server: no shared session or signals
         )
     finally:
-        for fd in (info_w, block_r, seccomp, log):
+        for fd in (info_w, block_r, seccomp, log, config):
             os.close(fd)
+        sock.close()  # the agent has its own copy
     try:
         child = int(_read_info(info_r, 5.0)["child-pid"])
         mapping = f"0 {uid_base} {ID_RANGE}\n"
@@ -136,6 +208,7 @@ def spawn(
             f.write(mapping)
         with open(f"/proc/{child}/gid_map", "w") as f:
             f.write(mapping)
+        protect_from_oom(child)  # before it runs anything: what it starts inherits the floor
         os.write(block_w, b"1")
     except BaseException:
         proc.kill()

@@ -29,8 +29,17 @@ def mount_overlay(lower: Path, upper: Path, work: Path, target: Path) -> None:
     # sandbox's root), so that bwrap, running as that user, can create mount points in it.
     st = lower.stat()
     os.chown(upper, st.st_uid, st.st_gid)
-    opts = f"lowerdir={lower},upperdir={upper},workdir={work}".encode()
-    _check(_libc.mount(b"overlay", str(target).encode(), b"overlay", 0, opts), f"overlay {target}")
+    # overlayfs shows its layers in mountinfo as the strings it was given, inside the sandbox
+    # too: naming them by descriptor keeps the host's paths out of it.
+    fds = [os.open(d, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) for d in (lower, upper, work)]
+    try:
+        lo, up, wo = (f"/proc/self/fd/{fd}" for fd in fds)
+        opts = f"lowerdir={lo},upperdir={up},workdir={wo}".encode()
+        rc = _libc.mount(b"overlay", str(target).encode(), b"overlay", 0, opts)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    _check(rc, f"overlay {target}")
 
 
 def umount(target: Path) -> None:

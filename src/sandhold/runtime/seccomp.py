@@ -49,6 +49,9 @@ def filter_bpf() -> bytes:
     f.add_rule(S.ERRNO(errno.ENOSYS), "clone3")
     f.add_rule(S.ERRNO(errno.EAFNOSUPPORT), "socket", S.Arg(0, S.EQ, AF_NETLINK))
     f.add_rule(S.ERRNO(errno.EAFNOSUPPORT), "socket", S.Arg(0, S.EQ, AF_PACKET))
+    # Setting the limits of pid 1, the agent (root inside has its uid): RLIMIT_CPU would have
+    # the kernel SIGKILL it, which its being init does not stop; RLIMIT_NOFILE would starve it.
+    f.add_rule(S.ERRNO(errno.EPERM), "prlimit64", S.Arg(0, S.EQ, 1), S.Arg(2, S.NE, 0))
     # Typing into a terminal the sandbox does not own (bwrap --new-session also covers this).
     f.add_rule(S.ERRNO(errno.EPERM), "ioctl", S.Arg(1, S.MASKED_EQ, 0xFFFFFFFF, TIOCSTI))
     with tempfile.TemporaryFile() as tmp:

@@ -1,8 +1,10 @@
 """Entry point of the in-sandbox agent.
 
 Started as ``/usr/bin/python3 -I -S /opt/sandhold/lib/sandhold/runtime/agent/__main__.py
---config /run/sandhold/agent.json``: isolated mode, no site-packages, so the directory four
-levels up (which holds the ``sandhold`` and ``h11`` packages) goes on sys.path first.
+--config-fd N --socket-fd N --ready-fd N`` (in a sandbox: descriptors the host opened) or
+``--config FILE [--socket PATH]`` (tests on a host): isolated mode, no site-packages, so the
+directory four levels up (which holds the ``sandhold`` and ``h11`` packages) goes on sys.path
+first.
 """
 
 import _socket  # the C module: `socket` alone imports enum and re (~10 ms on a slow core)
@@ -47,15 +49,22 @@ def signal_ready(fd: int | None) -> None:
             os.close(fd)
 
 
+OPTIONS = ("--config", "--config-fd", "--socket", "--socket-fd", "--ready-fd")
+USAGE = (
+    "usage: __main__.py (--config FILE | --config-fd N) [--socket PATH | --socket-fd N] "
+    "[--ready-fd N]\n"
+)
+
+
 def _parse(argv: list[str]) -> dict[str, str]:
-    """``--config FILE [--socket PATH --ready-fd N]``: with the last two the agent is ready
-    before it imports anything but ``os`` (the host passes what the config file also says)."""
+    """With a socket and ``--ready-fd`` the agent is ready before it imports anything but ``os``
+    (the host passes what the config file also says)."""
     opts: dict[str, str] = {}
-    while len(argv) >= 2 and argv[0] in ("--config", "--socket", "--ready-fd"):
+    while len(argv) >= 2 and argv[0] in OPTIONS:
         opts[argv[0][2:]] = argv[1]
         argv = argv[2:]
-    if argv or "config" not in opts:
-        sys.stderr.write("usage: __main__.py --config FILE [--socket PATH --ready-fd N]\n")
+    if argv or ("config" in opts) == ("config-fd" in opts) or {"socket", "socket-fd"} <= set(opts):
+        sys.stderr.write(USAGE)
         raise SystemExit(2)
     return opts
 
@@ -63,19 +72,20 @@ def _parse(argv: list[str]) -> dict[str, str]:
 if __name__ == "__main__":
     _bootstrap()
     opts = _parse(sys.argv[1:])
-    early = "socket" in opts and "ready-fd" in opts
+    early = ("socket" in opts or "socket-fd" in opts) and "ready-fd" in opts
     if early:
         # Ready as soon as connections are accepted: they wait in the backlog while the rest of
         # the agent (json, dataclasses, asyncio: most of its start-up time) is imported.
-        listening = listen(opts["socket"])
+        listening = int(opts["socket-fd"]) if "socket-fd" in opts else listen(opts["socket"])
         signal_ready(int(opts["ready-fd"]))
     import socket
 
     from sandhold.runtime.agent.config import AgentConfig
 
-    config = AgentConfig.load(opts["config"])
+    config = AgentConfig.load(int(opts["config-fd"]) if "config-fd" in opts else opts["config"])
+    config.socket_owned = "socket-fd" not in opts
     if not early:
-        listening = listen(config.socket)
+        listening = int(opts["socket-fd"]) if "socket-fd" in opts else listen(config.socket)
         signal_ready(config.ready_fd)
     config.ready_fd = None
     from sandhold.runtime.agent.server import main

@@ -22,10 +22,15 @@ class AgentConfig:
     egress: dict[str, Any] | None = None
     # {"read": [...], "write": [...], "read_only": [...]}: what the file API may touch (view.py)
     file_view: dict[str, Any] | None = None
+    # Whether the agent bound ``socket`` itself (and removes it when it stops); in a sandbox the
+    # host binds it and hands over the listening descriptor.
+    socket_owned: bool = True
 
     @classmethod
-    def load(cls, path: str) -> AgentConfig:
-        with open(path, encoding="utf-8") as f:
+    def load(cls, source: str | int) -> AgentConfig:
+        """From a file, or a descriptor (read, then closed)."""
+        path = source if isinstance(source, str) else f"fd {source}"
+        with open(source, encoding="utf-8") as f:
             raw = json.load(f)
         if not isinstance(raw, dict) or not isinstance(raw.get("socket"), str):
             raise ValueError(f"{path}: a JSON object with a 'socket' path is required")

@@ -278,6 +278,9 @@ class ProcessManager:
         loop.add_signal_handler(signal.SIGCHLD, self._reap)
 
     def _reap(self) -> None:
+        # waitpid(-1): as the sandbox's init the agent adopts every orphan (a daemon's double
+        # fork, the children of a killed command) and must reap it too, or zombies pile up.
+        # Only the processes it started have a callback; the others' status goes nowhere.
         while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)

@@ -1,4 +1,13 @@
-"""Wires the services to routes, listens on the unix socket and runs until SIGTERM."""
+"""Wires the services to routes, listens on the unix socket and runs: in a sandbox for as long as
+the sandbox lives, elsewhere (tests on a host) until SIGTERM or SIGINT.
+
+In a sandbox the agent is pid 1 of the sandbox's pid namespace. The kernel delivers a signal sent
+to that init from inside the namespace only if init has a handler for it, so every handler here
+is a way for code inside to reach the agent. It has exactly one: SIGCHLD, which only makes it
+reap (harmless, whoever sends it). SIGTERM and SIGINT keep no handler (SIGINT's default Python
+handler is removed), so ``kill -TERM 1`` or ``kill -9 -1`` as root inside are dropped. The host
+never asks it to stop: it kills the sandbox's cgroup, and SIGKILL from outside always arrives.
+"""
 
 from __future__ import annotations
 
@@ -72,8 +81,9 @@ class Agent:
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         self.manager.install(loop)
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._stop.set)
+        if not is_init():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self._stop.set)
         await self.http.listen_unix(self.sock)
         relays = await egress.start(self.config.egress)
         await self.services.start(self.config.services)
@@ -86,10 +96,15 @@ class Agent:
             relay.close()
         self.filesystem.close()
         self.manager.kill_all()
-        try:
-            os.unlink(self.config.socket)
-        except OSError:
-            pass
+        if self.config.socket_owned:
+            try:
+                os.unlink(self.config.socket)
+            except OSError:
+                pass
+
+
+def is_init() -> bool:
+    return os.getpid() == 1
 
 
 def _trim_heap() -> None:
@@ -105,5 +120,9 @@ def _trim_heap() -> None:
 def main(config: AgentConfig, sock: socket.socket) -> int:
     logging.basicConfig(level=logging.INFO, format="sandhold-agent: %(levelname)s %(message)s")
     os.umask(0o022)  # what commands and created files inherit, like envd
+    if is_init():
+        # Python's own SIGINT handler would make Ctrl-C from inside a KeyboardInterrupt here
+        # (and asyncio.run installs its own over the default one only).
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
     asyncio.run(Agent(config, sock).run())
     return 0

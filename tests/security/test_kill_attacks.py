@@ -1,0 +1,186 @@
+"""Root inside a sandbox trying to destroy it: the commands a model runs to clean up its stuck
+scripts (``kill -9 -1``, ``pkill -9 -f python``, ``pkill -f sandhold``), signals to pid 1 and to
+the agent, making the agent the OOM killer's choice, starving it of resources. The sandbox must
+still answer with everything outside /workspace in place. And nothing of the host's layout is
+visible inside."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from e2b import CommandExitException, Sandbox
+
+from sandhold.runtime.runtime import Runtime, SandboxInfo
+from tests.e2b.conftest import KEY_A, Server, new_server
+from tests.runtime.helpers import sh
+
+# The agent's pid as root inside sees it (found by its command line, as a model would).
+AGENT = "$(pgrep -o -f '^/usr/bin/python3 -I -S /opt/sandhold/lib/')"
+KILLS = [
+    "kill -9 -1",
+    "pkill -9 -f python",
+    "pkill -f sandhold",
+    "kill -TERM 1",
+    "kill -9 1",
+    f"for s in INT HUP QUIT SEGV USR1 USR2 ALRM; do kill -$s {AGENT}; done",
+    f"kill -TERM {AGENT}",
+    f"kill -9 {AGENT}",
+]
+
+
+def agent_host_pid(runtime: Runtime, info: SandboxInfo) -> int:
+    """The agent's host pid, found by its command line among the sandbox's processes (bwrap's,
+    which names the agent too, does not start with python)."""
+    for pid in runtime._cg(info.id).pids():
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            if argv[0] == b"/usr/bin/python3" and any(
+                a.endswith(b"runtime/agent/__main__.py") for a in argv
+            ):
+                return pid
+        except FileNotFoundError:
+            pass
+    raise AssertionError(f"no agent in sandbox {info.id}")
+
+
+@pytest.mark.parametrize("attack", KILLS)
+async def test_root_cannot_kill_the_sandbox(make_sandbox, runtime, attack):
+    info = await make_sandbox()
+    await sh(info, "echo kept > /home/user/outside; echo kept > /tmp/in-tmp")
+    await sh(info, "(sleep 600 &)", user="root")  # root has no CAP_KILL: it kills only root's
+    before = agent_host_pid(runtime, info)
+    # The attack may well take its own shell with it (pkill -f sandhold matches it too).
+    await sh(info, f"{attack}; echo done", user="root")
+    await asyncio.sleep(0.2)  # a dying agent takes its sandbox along at once
+    r = await sh(info, "cat /home/user/outside /tmp/in-tmp; echo alive", user="root")
+    assert r.text.split() == ["kept", "kept", "alive"]
+    assert runtime.get(info.id).state == "running"
+    assert agent_host_pid(runtime, info) == before
+    if attack == "kill -9 -1":  # the attack itself worked: the user's processes are gone
+        assert (await sh(info, "pgrep -c -x sleep")).text.strip() == "0"
+
+
+async def test_the_agent_is_init_and_handles_only_sigchld(make_sandbox, runtime):
+    info = await make_sandbox()
+    r = await sh(info, "tr '\\0' ' ' < /proc/1/cmdline; echo; grep -E '^Sig(Cgt|Ign)' "
+                       "/proc/1/status; ls /proc/1/task", user="root")  # fmt: skip
+    lines = r.text.splitlines()
+    assert "sandhold/runtime/agent/__main__.py" in lines[0]
+    masks = {k: int(v, 16) for k, v in (line.split() for line in lines[1:3])}
+    sigs = {k: {s for s in range(1, 65) if m >> (s - 1) & 1} for k, m in masks.items()}
+    # A handler makes a signal deliverable to init from inside: SIGCHLD only, which reaps.
+    assert sigs["SigCgt:"] == {signal.SIGCHLD}
+    assert sigs["SigIgn:"] == {signal.SIGPIPE, signal.SIGXFSZ}  # Python's: dropped from inside
+    assert lines[3:] == ["1"]  # one thread: /proc/1/task/1 is the only other way to its files
+    # The runtime's init_pid is the sandbox's pid 1: the agent.
+    assert agent_host_pid(runtime, info) == info.init_pid
+    nspid = Path(f"/proc/{info.init_pid}/status").read_text().split("NSpid:")[1].split("\n")[0]
+    assert nspid.split()[-1] == "1"
+
+
+async def test_orphans_are_reaped_and_commands_keep_their_status(make_sandbox):
+    info = await make_sandbox()
+    r = await sh(info, "(sleep 30 &); sleep 0.2; ps -o ppid= -C sleep | sort -u; "
+                       "tr '\\0' ' ' < /proc/1/cmdline")  # fmt: skip
+    ppid, cmdline = r.text.split(None, 1)
+    assert ppid == "1" and cmdline.startswith("/usr/bin/python3")  # orphans go to the agent
+    # 300 double-forked processes that end at once, while other commands end with a status.
+    storm = "for i in $(seq 300); do (sh -c 'exit 3' &); done; exit 7"
+    results = await asyncio.gather(sh(info, storm), *(sh(info, f"exit {n}") for n in (4, 5, 6)))
+    assert [res.exit_code for res in results] == [7, 4, 5, 6]
+    await asyncio.sleep(0.5)
+    r = await sh(info, "ps -eo stat= | grep -c '^Z'")
+    assert r.text.strip() == "0", "zombies accumulate"
+
+
+async def test_oom_kills_the_users_process_whatever_root_does(make_sandbox, runtime):
+    info = await make_sandbox(limits={"memory_mb": 128})
+    agent = agent_host_pid(runtime, info)
+    score = Path(f"/proc/{agent}/oom_score_adj").read_text()
+    attack = (
+        f"a={AGENT}; for f in /proc/$a/oom_score_adj /proc/$a/task/$a/oom_score_adj; do "
+        "echo 1000 > $f && echo RAISED; done; "
+        "for f in /proc/$a/oom_adj /proc/$a/task/$a/oom_adj; do echo 15 > $f && echo RAISED; "
+        "done; echo -1000 > /proc/self/oom_score_adj && echo PROTECTED; true"
+    )
+    r = await sh(info, f"({attack}) 2>&1", user="root")
+    assert "RAISED" not in r.text and "PROTECTED" not in r.text, r.text
+    assert "Read-only file system" in r.text and "Permission denied" in r.text
+    assert Path(f"/proc/{agent}/oom_score_adj").read_text() == score
+    assert score.strip() in ("0", "-1000")  # -1000 where the host has CAP_SYS_RESOURCE
+    # The lowest a user process can go is the agent's floor; the hog is still the one killed.
+    hog = "echo 0 > /proc/self/oom_score_adj; python3 -c 'b = b\"x\" * (300 << 20)'"
+    r = await sh(info, f"{hog}; echo rc=$?", user="root")
+    assert "rc=137" in r.text, r.text
+    assert runtime.usage(info.id).oom_kills >= 1
+    assert (await sh(info, "echo alive")).text.strip() == "alive"
+    assert agent_host_pid(runtime, info) == agent
+
+
+async def test_root_cannot_starve_the_agent_with_rlimits(make_sandbox, runtime):
+    info = await make_sandbox()
+    r = await sh(info, f"prlimit --pid {AGENT} --cpu=1:1 --nofile=4:4 2>&1; echo rc=$?; "
+                       "prlimit --pid 1 --cpu --noheadings -o SOFT,HARD; "
+                       "sleep 1 & prlimit --pid $! --nofile=64:64 && echo own-child-ok",
+                 user="root")  # fmt: skip
+    assert "rc=1" in r.text and "unlimited unlimited" in " ".join(r.text.split()), r.text
+    assert "own-child-ok" in r.text  # the limits of its own processes are still root's to set
+    for _ in range(30):  # the agent spends its CPU time: a 1 s RLIMIT_CPU would SIGKILL it
+        assert (await sh(info, "echo ok")).text.strip() == "ok"
+
+
+async def test_nothing_of_the_host_layout_is_visible_inside(make_sandbox, runtime):
+    info = await make_sandbox(workspace_id="layout-ws")
+    data = str(runtime.settings.data_dir)
+    await sh(info, "(sleep 600 &)")
+    r = await sh(info, "ps -ef; tr '\\0' ' ' < /proc/1/cmdline; env; for p in /proc/[0-9]*; do "
+                       "tr '\\0' '\\n' < $p/environ; done 2>/dev/null", user="root")  # fmt: skip
+    assert "sandhold/runtime/agent" in r.text  # the agent's own argv: nothing of the host
+    assert data not in r.text and "bwrap" not in r.text
+    mountinfo = (await sh(info, "cat /proc/self/mountinfo")).text
+    binds = []
+    for line in mountinfo.splitlines():
+        fields = line.split()
+        tail = fields[fields.index("-") + 1 :]  # fs type, source, super options
+        assert data not in " ".join([fields[4], fields[5], *tail]), line  # overlay layers too
+        if data in fields[3]:
+            binds.append(fields[4])
+    # The kernel shows a bind's root as its path in the source's filesystem: the workspace and
+    # the agent's library (docs/security.md says so); nothing else of the data dir.
+    assert sorted(binds) == ["/opt/sandhold/lib", "/workspace"], mountinfo
+    assert "/run/sandhold" not in mountinfo  # the agent's socket and config are not bound
+
+
+# -- through the official SDK ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    srv = new_server(tmp_path_factory.mktemp("kill-attacks"), lifecycle_interval_s="0.2")
+    srv.start()
+    yield srv
+    srv.destroy()
+
+
+def sdk(server: Server) -> dict[str, str]:
+    return {"api_url": server.url, "sandbox_url": server.url, "api_key": KEY_A}
+
+
+def test_kill_everything_as_root_through_the_sdk(server):
+    sbx = Sandbox.create(timeout=300, **sdk(server))
+    try:
+        sbx.files.write("/home/user/keep.txt", "kept")
+        sbx.commands.run("sleep 600", background=True, user="root")
+        try:
+            sbx.commands.run("kill -9 -1", user="root")
+        except CommandExitException:
+            pass
+        assert sbx.is_running()
+        assert sbx.commands.run("cat /home/user/keep.txt").stdout == "kept"
+        assert sbx.commands.run("pgrep -c -x sleep || true").stdout.strip() == "0"
+    finally:
+        sbx.kill()
