@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -214,3 +216,31 @@ async def test_channel_to_a_gone_sandbox(provider: Provider) -> None:
     with pytest.raises(SandboxGone):
         async with provider.channel("nosuchsandbox000000", {}, ENVD_PORT) as ch:
             await EnvdClient(ch).sh("true")
+
+
+async def test_a_sandbox_whose_agent_died_is_gone_but_listed_until_killed(
+    provider: Provider, workspace_root: Path, request: pytest.FixtureRequest
+) -> None:
+    """The runtime keeps a sandbox whose agent died (marked failed); a provider reports it as
+    paused for good: every use is SandboxGone (so the gateway makes a new sandbox for the
+    session), while the reclaimer still sees it and may kill it, conditionally too."""
+    req = request_for(workspace_root)
+    sid, handle = await create(provider, req)
+    await sh(provider, sid, handle, "echo kept > /workspace/kept.txt")
+    if isinstance(provider, LocalProvider):
+        runtime = provider.runtime
+    else:
+        runtime = request.getfixturevalue("e2b_egress_server").runtime()
+    os.kill(runtime.get(sid).init_pid, signal.SIGKILL)  # from the host: a bug, say
+    end_at = await wait_state(provider, sid, "paused")
+    assert [s.state for s in await provider.list({"compliance": req.metadata["compliance"]})] == [
+        "paused"
+    ]
+    with pytest.raises(SandboxGone):
+        await provider.connect(sid, 60)
+    with pytest.raises(SandboxGone):
+        await sh(provider, sid, handle, "true")
+    assert await provider.kill(sid, if_paused_end_at=end_at) is True
+    assert await provider.get(sid) is None
+    assert req.workspace_dir is not None
+    assert (req.workspace_dir / "kept.txt").read_text() == "kept\n"

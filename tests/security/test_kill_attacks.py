@@ -1,19 +1,25 @@
 """Root inside a sandbox trying to destroy it: the commands a model runs to clean up its stuck
 scripts (``kill -9 -1``, ``pkill -9 -f python``, ``pkill -f sandhold``), signals to pid 1 and to
 the agent, making the agent the OOM killer's choice, starving it of resources. The sandbox must
-still answer with everything outside /workspace in place. And nothing of the host's layout is
-visible inside."""
+still answer with everything outside /workspace in place. If the agent dies anyway (killed from
+the host here), the sandbox is marked failed and kept until a kill removes it. And nothing of the
+host's layout is visible inside."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
-from e2b import CommandExitException, Sandbox
+from e2b import CommandExitException, NotFoundException, Sandbox, SandboxQuery, SandboxState
 
+from sandhold.runtime import mounts
 from sandhold.runtime.runtime import Runtime, SandboxInfo
 from tests.e2b.conftest import KEY_A, Server, new_server
 from tests.runtime.helpers import sh
@@ -133,6 +139,38 @@ async def test_root_cannot_starve_the_agent_with_rlimits(make_sandbox, runtime):
         assert (await sh(info, "echo ok")).text.strip() == "ok"
 
 
+async def test_an_agent_killed_from_the_host_leaves_a_failed_sandbox(make_sandbox, runtime, caplog):
+    info = await make_sandbox(workspace_id="failed-ws")
+    await sh(info, "echo kept > /workspace/ws.txt; echo kept > /home/user/layer.txt")
+    os.kill(info.init_pid, signal.SIGKILL)  # a bug: nothing inside can do this
+    deadline = time.monotonic() + 10
+    with caplog.at_level(logging.WARNING, logger="sandhold.runtime.runtime"):
+        while (got := runtime.get(info.id)).state != "failed":
+            assert time.monotonic() < deadline, "the sandbox was never marked failed"
+            await asyncio.sleep(0.05)
+    assert got.failed_at and abs(got.failed_at - time.time()) < 30
+    assert "agent (pid 1)" in (got.failure or "") and "signal 9" in (got.failure or "")
+    assert any("failed" in r.message and info.id in r.message for r in caplog.records)
+    # Kept as it was: listed, its files (the writable layer, the workspace) in place.
+    assert info.id in [i.id for i in runtime.list()]
+    assert (info.dir / "root" / "home" / "user" / "layer.txt").read_text() == "kept\n"
+    workspace = runtime.workspace_path("failed-ws")
+    assert (workspace / "ws.txt").read_text() == "kept\n"
+    assert runtime.usage(info.id).pids == 0
+    with pytest.raises(Exception, match="failed"):
+        runtime.resume(info.id)
+    with pytest.raises(Exception, match="failed"):
+        runtime.pause(info.id)
+    # A restarted runtime finds it failed too (and does not reap it).
+    assert Runtime(runtime.settings).open().get(info.id).state == "failed"
+    cg_dirs = runtime._cg(info.id).dirs()
+    runtime.kill(info.id)  # removes everything of it but the workspace
+    assert not info.dir.exists() and not any(d.exists() for d in cg_dirs)
+    assert not mounts.mounts_under(info.dir)
+    assert info.id not in [i.id for i in runtime.list()]
+    assert (workspace / "ws.txt").read_text() == "kept\n"
+
+
 async def test_nothing_of_the_host_layout_is_visible_inside(make_sandbox, runtime):
     info = await make_sandbox(workspace_id="layout-ws")
     data = str(runtime.settings.data_dir)
@@ -184,3 +222,34 @@ def test_kill_everything_as_root_through_the_sdk(server):
         assert sbx.commands.run("pgrep -c -x sleep || true").stdout.strip() == "0"
     finally:
         sbx.kill()
+
+
+def test_a_failed_sandbox_on_the_e2b_surface(server):
+    """Its agent died: the data plane answers as for a killed sandbox, the control plane lists it
+    as paused (the SDK knows no other state) and refuses to resume it; a kill removes it; one
+    created to be killed at its timeout is removed then."""
+    opts = sdk(server)
+    sbx = Sandbox.create(timeout=300, metadata={"case": "failed"}, **opts)
+    brief = Sandbox.create(timeout=3, metadata={"case": "failed-brief"}, **opts)
+    rt = server.runtime()
+    for s in (sbx, brief):
+        os.kill(rt.get(s.sandbox_id).init_pid, signal.SIGKILL)
+    time.sleep(0.3)
+    assert not sbx.is_running()  # 502 "The sandbox was not found"
+    listed = Sandbox.list(query=SandboxQuery(metadata={"case": "failed"}), **opts).next_items()
+    assert [(s.sandbox_id, s.state) for s in listed] == [(sbx.sandbox_id, SandboxState.PAUSED)]
+    assert Sandbox.get_info(sbx.sandbox_id, **opts).state == SandboxState.PAUSED
+    with httpx.Client(base_url=server.url, headers={"X-API-KEY": KEY_A}) as api:
+        r = api.post(f"/sandboxes/{sbx.sandbox_id}/connect", json={"timeout": 60})
+        assert r.status_code == 404 and "failed" in r.json()["message"], r.text
+        assert api.post(f"/sandboxes/{sbx.sandbox_id}/pause").status_code == 404
+    with pytest.raises(NotFoundException):
+        Sandbox.connect(sbx.sandbox_id, **opts)
+    assert sbx.kill() is True
+    assert not (server.data_dir / "sandboxes" / sbx.sandbox_id).exists()
+    with pytest.raises(NotFoundException):
+        Sandbox.get_info(sbx.sandbox_id, **opts)
+    deadline = time.monotonic() + 30
+    while (server.data_dir / "sandboxes" / brief.sandbox_id).exists():
+        assert time.monotonic() < deadline, "a failed kill-on-timeout sandbox outlived its end"
+        time.sleep(0.2)

@@ -47,7 +47,7 @@ def listed(sbx: Sandbox, disk_size_mb: int) -> dict[str, Any]:
         "memoryMB": limits.memory_mb,
         "diskSizeMB": disk_size_mb,
         "metadata": sbx.metadata,
-        "state": sbx.info.state,
+        "state": sbx.state,  # a failed sandbox is paused for good (docs/e2b.md)
         "envdVersion": ENVD_VERSION,
         "volumeMounts": sbx.life.surface.get("volume_mounts") or [],
     }

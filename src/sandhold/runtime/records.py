@@ -13,7 +13,9 @@ from typing import Literal
 
 from sandhold.runtime.spec import SandboxSpec
 
-State = Literal["running", "paused"]
+# failed: its processes are gone though nobody killed it (its agent died: a bug, the host
+# rebooted). Kept, files and all, until it is killed; never resumed.
+State = Literal["running", "paused", "failed"]
 ID_ALPHABET = string.ascii_lowercase + string.digits
 
 
@@ -35,6 +37,8 @@ class SandboxInfo:
     workspace: Path | None
     paused_at: float | None = None
     extra: dict[str, object] = field(default_factory=dict)
+    failed_at: float | None = None
+    failure: str | None = None  # why it is marked failed
 
     @property
     def agent_socket(self) -> Path:
@@ -56,6 +60,8 @@ class SandboxInfo:
             "workspace": str(self.workspace) if self.workspace else None,
             "paused_at": self.paused_at,
             "extra": self.extra,
+            "failed_at": self.failed_at,
+            "failure": self.failure,
         }
 
     @classmethod
@@ -73,6 +79,8 @@ class SandboxInfo:
             workspace=Path(str(ws)) if ws else None,
             paused_at=d.get("paused_at"),  # type: ignore[arg-type]
             extra=dict(d.get("extra") or {}),  # type: ignore[call-overload]
+            failed_at=d.get("failed_at"),  # type: ignore[arg-type]
+            failure=d.get("failure"),  # type: ignore[arg-type]
         )
 
 

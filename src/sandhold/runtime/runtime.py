@@ -15,7 +15,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -275,16 +275,19 @@ class Runtime:
                 log.warning("egress daemon sync after removing %s failed: %s", sandbox_id, e)
 
     def kill(self, sandbox_id: str) -> None:
+        """Kill a sandbox and remove it (a failed one too: its mounts, cgroups, directory)."""
         with self._locked(sandbox_id) as d:
             info = self._load(d)
             # From here on the sandbox no longer exists for others; should we be interrupted, the
             # marker tells the next reconcile to finish the job at once.
             (d / "state.json").rename(d / "killing.json")
-            self._destroy(sandbox_id, info.init_pid)
+            # A failed sandbox's init is long gone and its pid may be someone else's by now.
+            self._destroy(sandbox_id, None if info.state == "failed" else info.init_pid)
 
     def pause(self, sandbox_id: str) -> SandboxInfo:
         with self._locked(sandbox_id) as d:
             info = self._load(d)
+            _refuse_failed(info)
             if info.state == "paused":
                 raise Conflict(f"sandbox {sandbox_id} is already paused")
             self._cg(sandbox_id).freeze()
@@ -296,6 +299,7 @@ class Runtime:
     def resume(self, sandbox_id: str) -> SandboxInfo:
         with self._locked(sandbox_id) as d:
             info = self._load(d)
+            _refuse_failed(info)
             if info.state == "running":
                 raise Conflict(f"sandbox {sandbox_id} is already running")
             self._cg(sandbox_id).thaw()
@@ -345,9 +349,11 @@ class Runtime:
             info = self._load(d)
         except FileNotFoundError:
             raise SandboxNotFound(f"sandbox {sandbox_id!r} does not exist") from None
-        if not self._alive(info):
-            self._reap(info)
-            raise SandboxNotFound(f"sandbox {sandbox_id!r} has exited")
+        if info.state != "failed" and not self._alive(info):
+            failed = self._reap(info)
+            if failed is None:
+                raise SandboxNotFound(f"sandbox {sandbox_id!r} does not exist")
+            return failed
         return info
 
     def list(self) -> list[SandboxInfo]:
@@ -361,7 +367,12 @@ class Runtime:
 
     def usage(self, sandbox_id: str) -> Usage:
         info = self.get(sandbox_id)
-        u = self._cg(sandbox_id).usage()
+        try:
+            u = self._cg(sandbox_id).usage()
+        except FileNotFoundError:
+            if info.state != "failed":
+                raise
+            u = dict.fromkeys(FAILED_USAGE_KEYS, 0)  # its cgroups went with a reboot
         disk = dir_size(info.dir / "upper")
         return Usage(
             cpu_seconds=u["cpu_ns"] / 1e9,
@@ -385,18 +396,50 @@ class Runtime:
             proc.poll()  # reap bwrap if it exited, so it does not linger as a zombie
         return bool(self._cg(info.id).pids())
 
-    def _reap(self, info: SandboxInfo) -> None:
-        log.warning("sandbox %s exited on its own; cleaning up", info.id)
+    def _reap(self, info: SandboxInfo) -> SandboxInfo | None:
+        """A sandbox whose processes are gone though nobody killed it: its agent, pid 1 of its
+        pid namespace, died (a bug; the host's OOM killer or root; a reboot), and the kernel
+        took everything else with it. It is marked failed and otherwise left as it is (its
+        files, mounts and cgroups, and the workspace, untouched) until it is killed. Returns
+        the record, or None if it was killed meanwhile."""
         try:
-            with self._locked(info.id):
-                self._destroy(info.id, info.init_pid)
+            with self._locked(info.id) as d:
+                info = self._load(d)
+                if info.state == "failed" or self._alive(info):
+                    return info
+                bwrap = self._children.pop(info.id, None)  # exits with the agent's status
+                info.state, info.failed_at = "failed", time.time()
+                info.failure = self._failure(info.id, bwrap.wait() if bwrap else None)
+                self._save(info)
         except SandboxNotFound:
-            pass
+            return None
+        log.warning("sandbox %s failed: %s; kept until it is killed", info.id, info.failure)
+        return info
+
+    def _failure(self, sandbox_id: str, status: int | None) -> str:
+        what = "its agent (pid 1) is gone"
+        if status is not None:  # bwrap exits with its child's status, 128 + n for signal n
+            what += f", exit status {status}"
+            if status > 128:
+                what += f" (signal {status - 128})"
+        with suppress(OSError, ValueError, KeyError):
+            if ooms := self._cg(sandbox_id).usage()["oom_kills"]:
+                what += f"; {ooms} OOM kill(s) in the sandbox"
+        return what
 
     def reconcile(self) -> reconciling.Report:
         """Re-attach to live sandboxes and clean up whatever a crash left half-created or
         half-killed, at any age, leaving creates in flight alone (see reconcile.py)."""
         return reconciling.reconcile(self)
+
+
+FAILED_USAGE_KEYS = ("cpu_ns", "memory_bytes", "memory_cache_bytes", "memory_limit_bytes",
+                     "oom_kills", "pids")  # fmt: skip
+
+
+def _refuse_failed(info: SandboxInfo) -> None:
+    if info.state == "failed":
+        raise Conflict(f"sandbox {info.id} failed ({info.failure}); it can only be killed")
 
 
 __all__ = [

@@ -88,10 +88,31 @@ class Sandbox:
         return self.info.state == "running"
 
     @property
+    def failed(self) -> bool:
+        """Its agent died: it is kept (files and all) until killed, and never runs again."""
+        return self.info.state == "failed"
+
+    @property
+    def state(self) -> Literal["running", "paused"]:
+        """running or paused, as every surface knows them: a failed sandbox is one that is
+        paused for good (listed, killable, and gone for every other call)."""
+        return "running" if self.running else "paused"
+
+    @property
+    def expires(self) -> bool:
+        """Whether its end time still means something to do: a running one is paused or killed
+        then; a failed one made to be killed is removed then (one made to pause stays, as a
+        paused one would)."""
+        return self.running or (self.failed and not self.life.auto_pause)
+
+    @property
     def end_at(self) -> float:
-        """When a running sandbox times out; for a paused one, when it was paused (as E2B)."""
+        """When a running sandbox times out; for a paused one, when it was paused (as E2B); for a
+        failed one, when it failed."""
         if self.info.state == "paused" and self.info.paused_at:
             return self.info.paused_at
+        if self.failed and self.info.failed_at:
+            return self.info.failed_at
         return self.life.end_at
 
     @property

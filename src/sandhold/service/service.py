@@ -115,6 +115,17 @@ class SandboxService:
             raise not_found(sandbox_id)
         return sbx
 
+    async def usable(self, owner: str, sandbox_id: str) -> Sandbox:
+        """``owned``, for a call that would use it: a failed sandbox is not found (it is only
+        listed, read and killed)."""
+        sbx = await self.owned(owner, sandbox_id)
+        if sbx.failed:
+            raise SandboxNotFound(
+                f"sandbox {sandbox_id!r} failed ({sbx.info.failure}) and cannot be used; it is "
+                "kept (its files too) until it is killed"
+            )
+        return sbx
+
     async def query(
         self,
         owner: str | None = None,
@@ -131,7 +142,7 @@ class SandboxService:
             for s in map(view, everything)
             if s is not None
             and (owner is None or s.owner == owner)
-            and s.info.state in wanted
+            and s.state in wanted
             and all(s.metadata.get(k) == v for k, v in pairs)
         ]
 
@@ -221,7 +232,7 @@ class SandboxService:
         and whether it was resumed."""
         self.check_timeout(timeout)
         async with self.lock(sandbox_id):
-            sbx = await self.owned(owner, sandbox_id)
+            sbx = await self.usable(owner, sandbox_id)
             now = time.time()
             if sbx.running:
                 sbx.life.end_at = max(sbx.life.end_at, now + timeout)
@@ -240,7 +251,7 @@ class SandboxService:
         """Resume a paused sandbox (Conflict for a running one)."""
         self.check_timeout(timeout)
         async with self.lock(sandbox_id):
-            sbx = await self.owned(owner, sandbox_id)
+            sbx = await self.usable(owner, sandbox_id)
             if sbx.running:
                 raise Conflict(f"sandbox {sbx.id!r} is already running")
             if memory is False:
@@ -255,7 +266,7 @@ class SandboxService:
         if timeout > self.settings.max_timeout_hours * 3600:
             self.check_timeout(timeout)
         async with self.lock(sandbox_id):
-            sbx = await self.owned(owner, sandbox_id)
+            sbx = await self.usable(owner, sandbox_id)
             if not sbx.running:  # as in E2B: only running sandboxes have a timer
                 raise not_found(sbx.id)
             sbx.life.end_at = time.time() + timeout
@@ -265,7 +276,7 @@ class SandboxService:
         """Keep a running sandbox at least ``duration`` (at least 15) more seconds."""
         duration = max(duration or REFRESH_MIN_S, REFRESH_MIN_S)
         async with self.lock(sandbox_id):
-            sbx = await self.owned(owner, sandbox_id)
+            sbx = await self.usable(owner, sandbox_id)
             if not sbx.running:
                 raise not_found(sbx.id)
             sbx.life.end_at = max(sbx.life.end_at, time.time() + duration)
@@ -273,7 +284,7 @@ class SandboxService:
 
     async def pause(self, owner: str, sandbox_id: str) -> None:
         async with self.lock(sandbox_id):
-            sbx = await self.owned(owner, sandbox_id)
+            sbx = await self.usable(owner, sandbox_id)
             if not sbx.running:
                 raise Conflict(f"sandbox {sbx.id!r} is already paused")
             await self._run(self.runtime.pause, sbx.id)
@@ -288,8 +299,8 @@ class SandboxService:
         it looked."""
         async with self.lock(sandbox_id):
             sbx = await self.owned(owner, sandbox_id)
-            if if_state is not None and sbx.info.state != if_state:
-                raise PreconditionFailed(f"sandbox {sbx.id!r} is {sbx.info.state}, not {if_state}")
+            if if_state is not None and sbx.state != if_state:
+                raise PreconditionFailed(f"sandbox {sbx.id!r} is {sbx.state}, not {if_state}")
             if if_end_at is not None and abs(sbx.end_at - if_end_at) > 1e-3:
                 raise PreconditionFailed(
                     f"sandbox {sbx.id!r} has changed since endAt {iso(if_end_at)}"
@@ -307,7 +318,7 @@ class SandboxService:
         """Replace a sandbox's egress policy (its next connection is judged by it) and, with
         ``surface``, update the surface's echo of it in the same step."""
         async with self.lock(sandbox_id):
-            sbx = await self.owned(owner, sandbox_id)
+            sbx = await self.usable(owner, sandbox_id)
             info = await self._run(self.runtime.update_network, sbx.id, policy)
             sbx = Sandbox(info, sbx.life)
             if surface:
@@ -321,17 +332,19 @@ class SandboxService:
             sbx = await self.get(sandbox_id)
             if sbx is None or sbx.running:
                 return sbx
-            if not sbx.life.auto_resume:
+            if sbx.failed or not sbx.life.auto_resume:
                 return None
             timeout = max(sbx.life.timeout, self.settings.auto_resume_min_timeout_s)
             timeout = min(timeout, self.settings.max_timeout_hours * 3600)
             return await self._resume(sbx, time.time() + timeout)
 
     async def expire(self, sandbox_id: str) -> None:
-        """Pause or kill a sandbox whose end time has passed, judged from its stored record."""
+        """Pause or kill a sandbox whose end time has passed, judged from its stored record. A
+        failed one made to be killed then is removed then; one made to pause stays, as a paused
+        sandbox would."""
         async with self.lock(sandbox_id):
             sbx = await self.get(sandbox_id)
-            if sbx is None or not sbx.running or sbx.life.end_at > time.time():
+            if sbx is None or not sbx.expires or sbx.life.end_at > time.time():
                 return
             if sbx.life.auto_pause:
                 with contextlib.suppress(Conflict, SandboxNotFound):

@@ -1,6 +1,6 @@
 """The timer: every ``interval_s`` it expires each running sandbox whose stored end time has
-passed (pause with on_timeout=pause, else kill). ``Periodic`` runs other upkeep (the runtime's
-reconcile) on an interval of its own.
+passed (pause with on_timeout=pause, else kill), and removes a failed one made to be killed.
+``Periodic`` runs other upkeep (the runtime's reconcile) on an interval of its own.
 
 It keeps no timers of its own: the due list is recomputed from the runtime's records on every
 tick, so a sandbox that fell due while the server was down is handled on the first tick after
@@ -53,7 +53,7 @@ class Timer:
     async def tick(self) -> None:
         now = time.time()
         for sbx in await self._listing():
-            if sbx.running and sbx.life.end_at <= now and sbx.id not in self._expiring:
+            if sbx.expires and sbx.life.end_at <= now and sbx.id not in self._expiring:
                 self._expiring[sbx.id] = asyncio.create_task(self._expire(sbx.id))
 
     async def _expire(self, sandbox_id: str) -> None:

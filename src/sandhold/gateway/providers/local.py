@@ -33,7 +33,7 @@ OWNER = "gateway"
 def _listed(sbx: Sandbox) -> ProviderSandbox:
     return ProviderSandbox(
         id=sbx.id,
-        state=sbx.info.state,
+        state=sbx.state,  # failed is paused for good: connect and channel say SandboxGone
         end_at=sbx.end_at,
         started_at=sbx.info.created_at,
         metadata=dict(sbx.metadata),
