@@ -15,8 +15,8 @@ How a directory tells who is making or unmaking it:
 
 What reconcile does with each entry of ``sandboxes/``:
 
-- ``state.json``: a sandbox; re-attached (one whose processes are gone is reaped, one frozen by
-  a pause that was not recorded is marked paused).
+- ``state.json``: a sandbox; re-attached (``Runtime.get`` judges one whose processes are gone;
+  a running one frozen by a pause that was not recorded is marked paused).
 - lock held: a create, kill or other operation in flight: left alone.
 - ``killing.json``, lock free: a kill that was interrupted: finished.
 - neither, lock free or no lock file: a create (or its undoing) interrupted: removed.
@@ -62,7 +62,7 @@ class Report:
     """What one run found and did."""
 
     sandboxes: int = 0  # re-attached
-    reaped: int = 0  # records whose processes were gone
+    reaped: int = 0  # records gone meanwhile (killed, or judged by Runtime.get)
     kills_finished: int = 0
     creates_removed: int = 0
     staging_removed: int = 0
@@ -285,7 +285,7 @@ def _mark_paused(rt: Runtime, sandbox_id: str) -> None:
     try:
         with rt._locked(sandbox_id) as d:
             info = rt._load(d)
-            if info.state != "paused" and rt._cg(sandbox_id).freezer_state() == "FROZEN":
+            if info.state == "running" and rt._cg(sandbox_id).freezer_state() == "FROZEN":
                 info.state = "paused"
                 rt._save(info)
     except SandboxNotFound:
@@ -309,7 +309,7 @@ def _attach(rt: Runtime, d: Path, report: Report) -> None:
             return
     report.sandboxes += 1
     with contextlib.suppress(FileNotFoundError):
-        if rt._cg(info.id).freezer_state() == "FROZEN" and info.state != "paused":
+        if info.state == "running" and rt._cg(info.id).freezer_state() == "FROZEN":
             _mark_paused(rt, info.id)
 
 
