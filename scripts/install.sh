@@ -4,7 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(bubblewrap util-linux libseccomp2 python3 python3-pip python3-venv socat nftables debootstrap postgresql
+# e2fsprogs: mkfs.ext4 formats the sandboxes' disk images (docs/runtime.md, "Disk budget")
+APT_PACKAGES=(bubblewrap util-linux e2fsprogs libseccomp2 python3 python3-pip python3-venv socat nftables debootstrap postgresql
               ca-certificates curl procps iproute2)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do

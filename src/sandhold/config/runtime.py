@@ -8,9 +8,10 @@ import hashlib
 from pathlib import Path
 from typing import ClassVar
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from sandhold.config.layer import Layer
+from sandhold.errors import ConfigError
 
 
 class RuntimeSettings(Layer):
@@ -34,6 +35,28 @@ class RuntimeSettings(Layer):
         description="Parent cgroup of all sandboxes; derived from data_dir when unset.",
     )
     ready_timeout_s: float = Field(10.0, gt=0, description="How long create waits for the agent.")
+
+    # -- the disk budget of a sandbox's writable layer (runtime/disk.py) --
+    disk_enforced: bool = Field(
+        True,
+        description="Give each sandbox's writable layer a filesystem of its budget (a sparse "
+        "ext4 image on a loop device); off: the layer lives on data_dir's filesystem, uncapped.",
+    )
+    default_disk_mb: int = Field(
+        2048, ge=8, description="Disk budget of a sandbox when neither create nor template says."
+    )
+    max_disk_mb: int = Field(
+        20480, ge=8, description="The largest disk budget a create or a template may ask for."
+    )
+
+    @model_validator(mode="after")
+    def _check_disk(self) -> RuntimeSettings:
+        if self.default_disk_mb > self.max_disk_mb:
+            raise ConfigError(
+                f"default_disk_mb={self.default_disk_mb} is above max_disk_mb={self.max_disk_mb}: "
+                "raise max_disk_mb or lower default_disk_mb"
+            )
+        return self
 
     @property
     def cgroup_group(self) -> str:

@@ -34,7 +34,8 @@ def created(sbx: Sandbox, domain: str | None) -> dict[str, Any]:
 
 
 def listed(sbx: Sandbox, disk_size_mb: int) -> dict[str, Any]:
-    """``ListedSandbox``."""
+    """``ListedSandbox``. ``diskSizeMB`` is the sandbox's budget, which the kernel enforces;
+    ``disk_size_mb`` (the data dir's size) only for a sandbox without one."""
     limits = sbx.info.spec.limits
     return {
         "templateID": sbx.info.template,
@@ -45,7 +46,7 @@ def listed(sbx: Sandbox, disk_size_mb: int) -> dict[str, Any]:
         "endAt": iso(sbx.end_at),
         "cpuCount": max(1, math.ceil(limits.cpu)),
         "memoryMB": limits.memory_mb,
-        "diskSizeMB": disk_size_mb,
+        "diskSizeMB": limits.disk_mb or disk_size_mb,
         "metadata": sbx.metadata,
         "state": sbx.state,  # a failed sandbox is paused for good (docs/e2b.md)
         "envdVersion": ENVD_VERSION,

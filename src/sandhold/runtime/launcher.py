@@ -53,6 +53,7 @@ class Launch:
     run_dir: Path
     agent_lib: Path
     env: dict[str, str]
+    memory_mb: int  # sizes /tmp (half) and /dev/shm (a quarter), both charged to its memory
 
 
 def bwrap_argv(
@@ -87,8 +88,8 @@ def bwrap_argv(
                  "--ro-bind", f"/proc/thread-self/{name}", f"/proc/1/task/1/{name}"]  # fmt: skip
     argv += [
         "--dev", "/dev",
-        "--perms", "1777", "--tmpfs", "/tmp",
-        "--perms", "1777", "--tmpfs", "/dev/shm",
+        "--perms", "1777", "--size", str(launch.memory_mb << 19), "--tmpfs", "/tmp",
+        "--perms", "1777", "--size", str(launch.memory_mb << 18), "--tmpfs", "/dev/shm",
         "--ro-bind", str(launch.agent_lib), AGENT_LIB,
     ]  # fmt: skip
     for src, dst, ro in launch.binds:

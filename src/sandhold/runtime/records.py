@@ -94,6 +94,7 @@ class Usage:
     pids: int
     disk_bytes: int
     cpu_count: float
+    disk_limit_bytes: int = 0  # the budget; 0 when disk use is not capped
 
 
 def dir_size(path: Path) -> int:

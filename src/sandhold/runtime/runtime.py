@@ -37,6 +37,7 @@ from sandhold.runtime import mounts
 from sandhold.runtime import reconcile as reconciling
 from sandhold.runtime.agentlib import AgentLib
 from sandhold.runtime.cgroups import CgroupSet
+from sandhold.runtime.disk import DiskBudget
 from sandhold.runtime.launcher import Launch, spawn
 from sandhold.runtime.reaping import become_subreaper, read_ready, reap_init
 from sandhold.runtime.records import (
@@ -68,6 +69,7 @@ class Runtime:
         self._agent_lib = AgentLib(root / "agentlib")
         self._children: dict[str, subprocess.Popen[bytes]] = {}
         self.egress = EgressControl(self.settings)
+        self.disk = DiskBudget(self.settings)
         self._opened = False
 
     def open(self) -> Runtime:
@@ -83,6 +85,7 @@ class Runtime:
             if d.stat().st_mode & 0o001 == 0:
                 d.chmod(d.stat().st_mode | 0o711)
         become_subreaper()
+        self.disk.open()
         self.reconcile()
         self._opened = True
         return self
@@ -154,6 +157,7 @@ class Runtime:
         if shutil.which("bwrap") is None:
             raise HostUnsupported("bubblewrap is not installed (apt-get install bubblewrap)")
         template = self.templates.get(spec.template)
+        spec = self.disk.resolve(spec, template)
         for m in spec.mounts:
             mounts.check_traversable(m.source)
         sandbox_id = new_sandbox_id()
@@ -167,7 +171,8 @@ class Runtime:
         try:
             cg.create(spec.limits.memory_mb, spec.limits.cpu, spec.limits.pids)
             root = d / "root"
-            mounts.mount_overlay(template.rootfs, d / "upper", d / "work", root)
+            layer = self.disk.prepare(d, spec)  # its own filesystem, of the budget
+            mounts.mount_overlay(template.rootfs, layer.upper, layer.work, root)
             run_dir = d / "run"
             run_dir.mkdir(mode=0o700)
             os.chown(run_dir, self.uid_base, self.uid_base)
@@ -210,6 +215,7 @@ class Runtime:
                 binds=binds,
                 run_dir=run_dir,
                 agent_lib=self.agent_lib(),
+                memory_mb=spec.limits.memory_mb,
                 env={"PATH": env.get("PATH", "/usr/bin:/bin"), "HOME": "/root", "LANG": "C.UTF-8"},
             )
             proc, init_pid = spawn(launch, cg, self.uid_base, ready_w, d / "sandbox.log")
@@ -264,6 +270,7 @@ class Runtime:
         reap_init(init_pid)
         cg.remove()
         mounts.umount(d / "root")
+        self.disk.release(d)
         had_egress = (d / "egress.json").exists()
         if had_egress:
             self.egress.forget(d)
@@ -373,7 +380,7 @@ class Runtime:
             if info.state != "failed":
                 raise
             u = dict.fromkeys(FAILED_USAGE_KEYS, 0)  # its cgroups went with a reboot
-        disk = dir_size(info.dir / "upper")
+        disk = self.disk.usage(info.dir) or (dir_size(info.dir / "upper"), 0)
         return Usage(
             cpu_seconds=u["cpu_ns"] / 1e9,
             memory_bytes=u["memory_bytes"],
@@ -381,7 +388,8 @@ class Runtime:
             memory_limit_bytes=u["memory_limit_bytes"],
             oom_kills=u["oom_kills"],
             pids=u["pids"],
-            disk_bytes=disk,
+            disk_bytes=disk[0],
+            disk_limit_bytes=disk[1],
             cpu_count=info.spec.limits.cpu,
         )
 

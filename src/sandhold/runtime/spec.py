@@ -47,6 +47,12 @@ class Limits(BaseModel):
     memory_mb: int = Field(512, ge=16, le=MAX_MEMORY_MB, description="RAM, also the RAM+swap cap")
     cpu: float = Field(1.0, gt=0.0, le=MAX_CPUS, description="CPU quota in cores")
     pids: int = Field(512, ge=16, le=32768, description="max tasks (processes + threads)")
+    disk_mb: int | None = Field(
+        None,
+        ge=8,
+        description="Writable layer's budget (MiB); unset: the template's, else the settings' "
+        "default_disk_mb; at most max_disk_mb. The runtime records the one it enforced.",
+    )
 
 
 class Mount(BaseModel):

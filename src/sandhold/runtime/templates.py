@@ -62,6 +62,7 @@ class Template:
     # code interpreter: {"name", "argv", "env", "user", "cwd", "port"}.
     services: list[dict[str, object]] = field(default_factory=list)
     created_at: float = 0.0
+    disk_mb: int | None = None  # default disk budget of its sandboxes (settings' when unset)
 
     def to_json(self) -> dict[str, object]:
         d = asdict(self)

@@ -45,7 +45,7 @@ class Samples:
             mem_total=usage.memory_limit_bytes,
             mem_cache=usage.memory_cache_bytes,
             disk_used=usage.disk_bytes,
-            disk_total=self.disk_total,
+            disk_total=usage.disk_limit_bytes or self.disk_total,
             cpu_seconds=usage.cpu_seconds,
         )
         history.append(sample)

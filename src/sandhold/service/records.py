@@ -41,6 +41,7 @@ class CreateSandbox:
     memory_mb: int | None = None
     cpu: float | None = None
     pids: int | None = None
+    disk_mb: int | None = None  # the template's budget, else the runtime's default_disk_mb
     env: dict[str, str] = field(default_factory=dict)
     metadata: dict[str, str] = field(default_factory=dict)
     workspace_dir: Path | None = None  # bound at /workspace

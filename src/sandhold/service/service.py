@@ -190,7 +190,8 @@ class SandboxService:
             spec = SandboxSpec.model_validate({
                 "template": req.template,
                 "limits": {"memory_mb": req.memory_mb or s.default_memory_mb,
-                           "cpu": req.cpu or s.default_cpu, "pids": req.pids or s.default_pids},
+                           "cpu": req.cpu or s.default_cpu, "pids": req.pids or s.default_pids,
+                           "disk_mb": req.disk_mb},
                 "env": req.env,
                 "metadata": req.metadata,
                 "mounts": [{"source": str(m.source), "target": m.target,
