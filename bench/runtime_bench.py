@@ -3,8 +3,11 @@ trip, pause/resume, memory per idle sandbox and how many idle sandboxes fit, wit
 measured in the same run.
 
     .venv/bin/python bench/runtime_bench.py [--n 30] [--idle 500] [--out bench/results/runtime.json]
+    .venv/bin/python bench/runtime_bench.py --disk [--n 30]   # -> bench/results/runtime_disk.json
 
-Prints one JSON document (and writes it to --out). Times are milliseconds.
+Prints one JSON document (and writes it to --out). Times are milliseconds. ``--disk`` measures
+only the disk budget's cost: create, first command, a 256 MiB write and kill with the budget
+(its own ext4 image on a loop device) against the same without, interleaved in one run.
 """
 
 from __future__ import annotations
@@ -18,12 +21,78 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchstats import pss_kib, summary, write_result
+from benchstats import pct, pss_kib, summary, write_result
 from sandhold.config import Settings
-from sandhold.runtime import cgroups
+from sandhold.runtime import cgroups, disk
 from sandhold.runtime.cgroups import CgroupSet
 from sandhold.runtime.client import AgentClient
 from sandhold.runtime.runtime import Runtime
+
+
+async def disk_comparison(rt: Runtime, n: int) -> dict[str, object]:
+    """The same create -> command -> write -> kill with and without a disk budget, on one data
+    dir, alternating which goes first."""
+    off = Runtime(rt.settings.model_copy(update={"disk_enforced": False})).open()
+    rts = {"with_budget": rt, "without": off}
+    names = ("create_to_ready_ms", "create_to_first_command_ms", "write_256mib_fsync_ms", "kill_ms")
+    t: dict[str, dict[str, list[float]]] = {k: {m: [] for m in names} for k in rts}
+
+    async def one(name: str) -> None:
+        r, m = rts[name], t[name]
+        t0 = time.perf_counter()
+        info = r.create({})
+        m["create_to_ready_ms"].append((time.perf_counter() - t0) * 1000)
+        async with AgentClient(info.agent_socket) as c:
+            await c.run(["/bin/true"])
+            m["create_to_first_command_ms"].append((time.perf_counter() - t0) * 1000)
+            t0 = time.perf_counter()
+            await c.sh("dd if=/dev/zero of=/home/user/f bs=1M count=256 conv=fsync 2>/dev/null")
+            m["write_256mib_fsync_ms"].append((time.perf_counter() - t0) * 1000)
+        t0 = time.perf_counter()
+        r.kill(info.id)
+        m["kill_ms"].append((time.perf_counter() - t0) * 1000)
+
+    for name in rts:  # warm both paths
+        await one(name)
+    for k in t.values():
+        for v in k.values():
+            v.clear()
+    for i in range(n):
+        for name in list(rts)[:: 1 if i % 2 else -1]:
+            await one(name)
+    out: dict[str, object] = {k: {m: summary(v) for m, v in k_t.items()} for k, k_t in t.items()}
+    out["ratio_p50"] = {
+        m: round(pct(t["with_budget"][m], 50) / pct(t["without"][m], 50), 2) for m in names
+    }
+    out["steps_ms"] = disk_steps(rt, n)
+    return out
+
+
+def disk_steps(rt: Runtime, n: int) -> dict[str, object]:
+    """What the budget adds to a create and a kill, step by step (2 GiB images)."""
+    names = ("mkfs_ext4", "copy_formatted", "loop_and_mount", "unmount_and_detach")
+    steps: dict[str, list[float]] = {k: [] for k in names}
+    size = rt.settings.default_disk_mb << 20
+    work = Path(tempfile.mkdtemp(dir=rt.settings.data_dir))
+    for i in range(n):
+        t0 = time.perf_counter()
+        rt.disk._formatted(size + ((i + 1) << 20))  # a size not cached yet: mkfs.ext4
+        steps["mkfs_ext4"].append((time.perf_counter() - t0) * 1000)
+        d = work / str(i)
+        d.mkdir()
+        t0 = time.perf_counter()
+        disk.copy_sparse(rt.disk._formatted(size), d / disk.IMAGE)
+        steps["copy_formatted"].append((time.perf_counter() - t0) * 1000)
+        (d / disk.MOUNT).mkdir()
+        t0 = time.perf_counter()
+        disk.mount_image(d / disk.IMAGE, d / disk.MOUNT, b"ext4", 0, disk.MOUNT_OPTS,
+                         d / disk.DEVICE)  # fmt: skip
+        steps["loop_and_mount"].append((time.perf_counter() - t0) * 1000)
+        t0 = time.perf_counter()
+        rt.disk.release(d)
+        steps["unmount_and_detach"].append((time.perf_counter() - t0) * 1000)
+    shutil.rmtree(work)
+    return {k: summary(v) for k, v in steps.items()}
 
 
 def timed_cmd(argv: list[str], n: int) -> list[float]:
@@ -39,8 +108,10 @@ async def main() -> dict[str, object]:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=30)
     ap.add_argument("--idle", type=int, default=500)
-    ap.add_argument("--out", default="bench/results/runtime.json")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--disk", action="store_true", help="only the disk budget's cost")
     args = ap.parse_args()
+    out = args.out or f"bench/results/runtime{'_disk' if args.disk else ''}.json"
 
     data = Path(tempfile.mkdtemp(prefix="sandhold-bench-", dir="/var/tmp"))
     settings = Settings(data_dir=data)
@@ -51,6 +122,10 @@ async def main() -> dict[str, object]:
         "n": args.n,
     }
     try:
+        if args.disk:
+            result["disk_budget"] = await disk_comparison(rt, args.n)
+            write_result(out, result)
+            return result
         # Floors, interleaved with the real thing below in the same run.
         result["floor_python3_pass_ms"] = summary(
             timed_cmd(["/usr/bin/python3", "-c", "pass"], args.n)
@@ -132,7 +207,7 @@ async def main() -> dict[str, object]:
             rt.kill(info.id)
         cgroups.remove_parent(settings.cgroup_group)
         shutil.rmtree(data, ignore_errors=True)
-    write_result(args.out, result)
+    write_result(out, result)
     return result
 
 
