@@ -41,7 +41,7 @@ CASES = [
         "/v2/sandboxes",
         {"templateID": "base", "metadata": {"k": "v" * 70000}},
         400,
-        "limit is 65536",
+        "sandbox_metadata_max_value_bytes",
     ),
     ("POST", "/v2/sandboxes", {"templateID": "no-such-template"}, 404, "does not exist"),
     ("POST", "/v2/sandboxes", {"templateID": "../etc"}, 400, "not valid"),

@@ -11,10 +11,11 @@ from typing import ClassVar
 from pydantic import Field, model_validator
 
 from sandhold.config.layer import Layer
+from sandhold.config.limits import CreateLimits
 from sandhold.errors import ConfigError
 
 
-class RuntimeSettings(Layer):
+class RuntimeSettings(CreateLimits, Layer):
     toml_section: ClassVar[str] = "runtime"
 
     data_dir: Path = Field(

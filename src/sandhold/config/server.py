@@ -63,6 +63,23 @@ class ServerSettings(Layer):
         description="How often the server cleans up sandboxes a crash left half-created or "
         "half-killed (and at start-up), whatever their age.",
     )
+    server_max_body_bytes: int = Field(
+        4 * 1024 * 1024,
+        ge=64 * 1024,
+        le=1024 * 1024 * 1024,
+        description="Largest control-plane request body (a create with every limit used fits in "
+        "a fraction of the default); larger is a 413.",
+    )
+    server_max_query_bytes: int = Field(
+        8 * 1024,
+        ge=1024,
+        le=64 * 1024,
+        description="Longest query string of a control-plane request (list filters, metrics "
+        "ids, page tokens).",
+    )
+    server_max_idempotency_key_chars: int = Field(
+        255, ge=16, le=4096, description="Longest Idempotency-Key header of a create."
+    )
     host_mount_roots: list[Path] = Field(
         default_factory=list,
         description="Host directories under which a create's `host-mount` metadata (CubeSandbox's "

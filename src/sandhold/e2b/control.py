@@ -37,21 +37,10 @@ from sandhold.errors import (
 )
 from sandhold.service import Sandbox, SandboxService
 
-MAX_BODY_BYTES = 4 * 1024 * 1024
-MAX_PAGE = 100
+MAX_PAGE = 100  # E2B's: the default and the largest `limit` of a list
 MAX_METRICS_IDS = 100
 
 Handler = Callable[[Request, str], Awaitable[Response]]
-
-
-async def read_body(request: Request) -> bytes:
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise PayloadTooLarge(f"request body is larger than {MAX_BODY_BYTES} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def parse_metadata_filter(raw: str) -> dict[str, str]:
@@ -114,9 +103,34 @@ class ControlPlane:
     async def owned(self, team: str, sandbox_id: str) -> Sandbox:
         return await self.service.owned(team, wire.short_id(sandbox_id))
 
+    async def read_body(self, request: Request) -> bytes:
+        """The request's body, refused (413) past ``server_max_body_bytes``: from its
+        Content-Length before reading anything, else as soon as the stream passes the limit."""
+        limit = self.settings.server_max_body_bytes
+        refused = PayloadTooLarge(
+            f"request body is larger than {limit} bytes (setting server_max_body_bytes)"
+        )
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise refused
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise refused
+            chunks.append(chunk)
+        return b"".join(chunks)
+
     def authed(self, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
-            return await handler(request, self.teams.team_of(request.headers))
+            team = self.teams.team_of(request.headers)
+            query = len(request.scope["query_string"])
+            if query > self.settings.server_max_query_bytes:
+                raise InvalidRequest(
+                    f"the query string is {query} bytes, over the limit of "
+                    f"{self.settings.server_max_query_bytes} (setting server_max_query_bytes)"
+                )
+            return await handler(request, team)
 
         return endpoint
 
@@ -172,11 +186,15 @@ class ControlPlane:
                               "this server")  # fmt: skip
 
     async def _create(self, request: Request, team: str, v1: bool) -> Response:
-        raw = await read_body(request)
+        raw = await self.read_body(request)
         body = models.parse(models.NewSandboxV1 if v1 else models.NewSandbox, raw)
         key = request.headers.get("idempotency-key") or None
-        if key is not None and not 1 <= len(key) <= 255:
-            raise InvalidRequest("Idempotency-Key must be 1-255 characters")
+        longest = self.settings.server_max_idempotency_key_chars
+        if key is not None and len(key) > longest:
+            raise InvalidRequest(
+                f"Idempotency-Key is {len(key)} characters, over the limit of {longest} "
+                "(setting server_max_idempotency_key_chars)"
+            )
         req = create_request(self.settings, self.volumes, team, body, v1=v1, idempotency_key=key)
         sbx = await self.service.create(req)
         return JSONResponse(wire.created(sbx, self.domain), status_code=201)
@@ -272,15 +290,15 @@ class ControlPlane:
         return JSONResponse(wire.created(sbx, self.domain), status_code=201 if resumed else 200)
 
     async def connect_v2(self, request: Request, team: str) -> Response:
-        body = models.parse(models.ConnectV2, await read_body(request), empty_ok=True)
+        body = models.parse(models.ConnectV2, await self.read_body(request), empty_ok=True)
         return await self._connect(request, team, body)
 
     async def connect_v1(self, request: Request, team: str) -> Response:
-        body = models.parse(models.ConnectV1, await read_body(request))
+        body = models.parse(models.ConnectV1, await self.read_body(request))
         return await self._connect(request, team, models.ConnectV2(timeout=body.timeout))
 
     async def resume(self, request: Request, team: str) -> Response:
-        body = models.parse(models.Resume, await read_body(request), empty_ok=True)
+        body = models.parse(models.Resume, await self.read_body(request), empty_ok=True)
         sbx = await self.service.resume(
             team, wire.short_id(request.path_params["id"]), body.timeout,
             auto_pause=body.autoPause, memory=body.memory,
@@ -288,17 +306,17 @@ class ControlPlane:
         return JSONResponse(wire.created(sbx, self.domain), status_code=201)
 
     async def pause(self, request: Request, team: str) -> Response:
-        models.parse(models.Pause, await read_body(request), empty_ok=True)
+        models.parse(models.Pause, await self.read_body(request), empty_ok=True)
         await self.service.pause(team, wire.short_id(request.path_params["id"]))
         return Response(status_code=204)
 
     async def set_timeout(self, request: Request, team: str) -> Response:
-        body = models.parse(models.SetTimeout, await read_body(request))
+        body = models.parse(models.SetTimeout, await self.read_body(request))
         await self.service.set_timeout(team, wire.short_id(request.path_params["id"]), body.timeout)
         return Response(status_code=204)
 
     async def update_network(self, request: Request, team: str) -> Response:
-        body = models.parse(models.NetworkUpdate, await read_body(request), empty_ok=True)
+        body = models.parse(models.NetworkUpdate, await self.read_body(request), empty_ok=True)
         await self._update_network(team, wire.short_id(request.path_params["id"]), body)
         return Response(status_code=204)
 
@@ -327,7 +345,7 @@ class ControlPlane:
         )  # fmt: skip
 
     async def refresh(self, request: Request, team: str) -> Response:
-        body = models.parse(models.Refresh, await read_body(request), empty_ok=True)
+        body = models.parse(models.Refresh, await self.read_body(request), empty_ok=True)
         await self.service.refresh(team, wire.short_id(request.path_params["id"]), body.duration)
         return Response(status_code=204)
 
@@ -354,7 +372,7 @@ class ControlPlane:
 
     # -- volumes ------------------------------------------------------------------------------
     async def create_volume(self, request: Request, team: str) -> Response:
-        body = models.parse(models.NewVolume, await read_body(request))
+        body = models.parse(models.NewVolume, await self.read_body(request))
         vol = self.volumes.create(team, body.name)
         return JSONResponse(vol.public(), status_code=201)
 

@@ -17,12 +17,13 @@ from sandhold.e2b.models import NewSandbox
 from sandhold.e2b.network import egress_policy, secrets_tenant
 from sandhold.e2b.volumes import VolumeStore
 from sandhold.errors import InvalidRequest, Unsupported
+from sandhold.runtime.spec import clipped
+from sandhold.service.limits import check_mounts, check_path
 from sandhold.service.metadata import FILE_VIEW_KEY, HOST_MOUNT_KEY, SECRETS_SCOPE_KEY
 from sandhold.service.records import CreateSandbox, Mount
 
 DEFAULT_TIMEOUT_S = 300
 V1_DEFAULT_TIMEOUT_S = 15
-MAX_METADATA_BYTES = 64 * 1024
 
 
 def create_request(
@@ -33,7 +34,6 @@ def create_request(
     if timeout is None:
         timeout = V1_DEFAULT_TIMEOUT_S if v1 else DEFAULT_TIMEOUT_S
     metadata = dict(body.metadata or {})
-    check_metadata(metadata)
     workspace_dir, mounts = host_mounts(settings, metadata.pop(HOST_MOUNT_KEY, None))
     file_view = parse_file_view(metadata.pop(FILE_VIEW_KEY, None))
     requested = body.network.model_dump(exclude_none=True) if body.network else {}
@@ -43,6 +43,7 @@ def create_request(
         raise Unsupported("mcp is not supported by this server")
     if body.iam:
         raise Unsupported("iam (workload identity tokens) is not supported by this server")
+    check_mounts(len(mounts) + len(body.volumeMounts or []), settings)  # before any lookup
     for m in body.volumeMounts or []:
         mounts.append(Mount(volumes.path(volumes.by_name(team, m.name)), m.path))
     public = requested.get("allowPublicTraffic")
@@ -70,14 +71,6 @@ def create_request(
     )
 
 
-def check_metadata(metadata: dict[str, str]) -> None:
-    size = sum(len(k.encode()) + len(v.encode()) for k, v in metadata.items())
-    if size > MAX_METADATA_BYTES:
-        raise InvalidRequest(f"metadata is {size} bytes; the limit is {MAX_METADATA_BYTES}")
-    if any(not k for k in metadata):
-        raise InvalidRequest("metadata keys must not be empty")
-
-
 def host_mounts(settings: Settings, raw: str | None) -> tuple[Path | None, list[Mount]]:
     """CubeSandbox's ``host-mount`` metadata: a JSON list of ``{hostPath, mountPath,
     readOnly}``. Only paths under ``host_mount_roots`` may be bound; ``/workspace`` becomes
@@ -97,15 +90,23 @@ def host_mounts(settings: Settings, raw: str | None) -> tuple[Path | None, list[
         raise InvalidRequest(
             f"metadata {HOST_MOUNT_KEY!r} must be a JSON list of {{hostPath, mountPath}}"
         ) from None
+    # Bounded before the host is looked at (the sandbox service checks the mounts made again).
+    check_mounts(sum(m.rstrip("/") != "/workspace" for _, m, _ in parsed), settings)
+    for host_path, mount_path, _ in parsed:
+        check_path(host_path, "host-mount hostPath", settings)
+        check_path(mount_path, "host-mount mountPath", settings)
+        if "\0" in host_path or "\0" in mount_path:
+            raise InvalidRequest("host-mount paths must not contain NUL bytes")
     roots = [r.resolve() for r in settings.host_mount_roots]
     workspace_dir: Path | None = None
     mounts: list[Mount] = []
     for host_path, mount_path, read_only in parsed:
         real = Path(host_path).resolve()
         if not real.is_absolute() or not any(real.is_relative_to(r) for r in roots):
-            raise InvalidRequest(f"host-mount path {host_path!r} is outside the allowed roots")
+            raise InvalidRequest(f"host-mount path {clipped(host_path)} is outside the allowed "
+                                 "roots")  # fmt: skip
         if not real.is_dir():
-            raise InvalidRequest(f"host-mount path {host_path!r} is not a directory")
+            raise InvalidRequest(f"host-mount path {clipped(host_path)} is not a directory")
         if mount_path.rstrip("/") == "/workspace":
             if read_only or workspace_dir is not None:
                 raise InvalidRequest("host-mount may bind one writable /workspace")

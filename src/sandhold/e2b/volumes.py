@@ -19,7 +19,7 @@ from pathlib import Path
 
 from sandhold.config import Settings
 from sandhold.errors import Conflict, InvalidRequest, VolumeNotFound
-from sandhold.runtime.spec import NAME_RE
+from sandhold.runtime.spec import NAME_RE, NAME_RULE, clipped
 from sandhold.runtime.templates import SANDBOX_USER_UID
 
 ID_ALPHABET = string.ascii_lowercase + string.digits
@@ -67,20 +67,17 @@ class VolumeStore:
         for v in self._all():
             if v.volumeID == volume_id and v.team == team:
                 return v
-        raise VolumeNotFound(f"volume {volume_id!r} not found")
+        raise VolumeNotFound(f"volume {clipped(volume_id)} not found")
 
     def by_name(self, team: str, name: str) -> Volume:
         for v in self._all():
             if v.name == name and v.team == team:
                 return v
-        raise InvalidRequest(f"volume {name!r} does not exist")
+        raise InvalidRequest(f"volume {clipped(name)} does not exist")
 
     def create(self, team: str, name: str) -> Volume:
         if not NAME_RE.match(name):
-            raise InvalidRequest(
-                f"volume name {name!r} is not valid: 1-64 letters, digits, '.', '_' or '-', "
-                "starting with a letter or digit",
-            )
+            raise InvalidRequest(f"volume name {clipped(name)} is not valid: {NAME_RULE}")
         if any(v.name == name for v in self._all()):
             raise Conflict(f"a volume named {name!r} already exists")
         vol = Volume(

@@ -27,6 +27,7 @@ from sandhold.errors import (
 from sandhold.runtime.records import SandboxInfo
 from sandhold.runtime.runtime import Runtime
 from sandhold.runtime.spec import NetworkPolicy, SandboxSpec, validation_message
+from sandhold.service.limits import check_create
 from sandhold.service.locks import KeyedLocks
 from sandhold.service.metrics import Sample, Samples
 from sandhold.service.records import RECORD_KEY, CreateSandbox, Lifecycle, Sandbox, view
@@ -179,6 +180,7 @@ class SandboxService:
 
     async def _create(self, req: CreateSandbox) -> Sandbox:
         self.check_timeout(req.timeout_s)
+        check_create(req, self.settings)
         if req.auto_resume and req.on_timeout != "pause":
             raise InvalidRequest("autoResume is only allowed with autoPause (on_timeout='pause')")
         if req.auto_resume and req.auto_pause_memory is False:
@@ -262,8 +264,15 @@ class SandboxService:
             return await self._resume(sbx, time.time() + timeout)
 
     async def set_timeout(self, owner: str, sandbox_id: str, timeout: int) -> None:
-        """A running sandbox ends ``timeout`` seconds from now (0 or less: at once)."""
-        timeout = max(timeout, 0)
+        """A running sandbox ends ``timeout`` seconds from now; 0 ends it at once (E2B's
+        documented behaviour: its timer fires, so the sandbox is killed or paused as it was
+        created to be). A negative timeout is refused and changes nothing (E2B reads it as 0,
+        which makes a typo kill the sandbox)."""
+        if timeout < 0:
+            raise InvalidRequest(
+                f"timeout must not be negative, got {timeout}: give the seconds the sandbox "
+                "should live from now (0 ends it now)"
+            )
         if timeout > self.settings.max_timeout_hours * 3600:
             self.check_timeout(timeout)
         async with self.lock(sandbox_id):
