@@ -85,6 +85,20 @@ def test_bad_input_changes_nothing(gw: Gateway) -> None:
             r = c.request(method, path, json=body)
             assert (r.status_code, r.json()["code"]) == (status, code), (path, body, r.text)
             assert r.json()["message"]
+        limits = [  # (tool, arguments, the setting the refusal names)
+            ("run_command", {"command": "env", "env": {f"V{i}": "x" for i in range(129)}},
+             "gateway_command_env_max_vars"),
+            ("run_command", {"command": "env", "env": {"BIG": "x" * 70_000}},
+             "gateway_command_env_max_bytes"),
+            ("run_command", {"command": "ls", "cwd": "/workspace/" + "d" * 5000},
+             "gateway_max_path_bytes"),
+            ("read_file", {"path": "f" * 5000}, "gateway_max_path_bytes"),
+            ("run_command", {"command": "env", "env": {"1BAD": "x"}}, "not a valid variable"),
+        ]  # fmt: skip
+        for name, args, setting in limits:
+            r = c.post(f"/v1/sessions/s1/tools/{name}", json=args)
+            assert r.status_code == 400 and r.json()["code"] == "invalid_argument", r.text
+            assert setting in r.json()["message"] and len(r.json()["message"]) < 400, r.text
         r = c.post("/v1/sessions/s1/tools/run_command", content=b"{not json")
         assert r.status_code == 400 and "JSON" in r.json()["message"]
         assert c.get("/v1/sessions").json() == []  # no session was opened
@@ -108,6 +122,16 @@ def test_openapi_and_admin(gw: Gateway) -> None:
     with gw.admin() as admin:
         r = admin.put("/v1/admin/tenants/initech", json={"policy": {"keep_alive_s": 0}})
         assert r.status_code == 400
+        r = admin.put("/v1/admin/tenants/initech", json={"policy": {"env": {"A=B": "x"}}})
+        assert r.status_code == 400 and "not a valid variable name" in r.json()["message"]
+        # The sizes of a policy's env are the sandbox service's: judged at the session's create.
+        big = {"api_key": "bigenv-key-0123456789",
+               "policy": {"env": {f"V{i}": "x" * 1024 for i in range(300)}}}  # fmt: skip
+        assert admin.put("/v1/admin/tenants/bigenv", json=big).status_code == 200
+        with gw.client("bigenv-key-0123456789") as c:
+            r = c.post("/v1/sessions/b1/tools/run_command", json={"command": "true"})
+            assert r.status_code == 400 and "sandbox_env_max_bytes" in r.json()["message"], r.text
+            assert c.get("/v1/stats").json()["live_sandboxes"] == 0
         body = {"api_key": "initech-key-0123456789", "policy": {"keep_alive_s": 60}}
         r = admin.put("/v1/admin/tenants/initech", json=body)
         assert r.status_code == 200 and r.json()["policy"]["keep_alive_s"] == 60

@@ -96,6 +96,22 @@ class GatewaySettings(Layer):
     gateway_max_payload_bytes: int = Field(
         16 * 1024 * 1024, ge=1024, description="Largest file, code or output a tool moves."
     )
+    gateway_command_env_max_vars: int = Field(
+        128, ge=1, le=10_000, description="Variables a run_command call's `env` may set."
+    )
+    gateway_command_env_max_bytes: int = Field(
+        64 * 1024,
+        ge=1024,
+        le=512 * 1024,
+        description='All of a run_command call\'s `env` ("NAME=value" plus a NUL each, as '
+        "execve counts it); the command also carries the sandbox's own environment.",
+    )
+    gateway_max_path_bytes: int = Field(
+        4096,
+        ge=64,
+        le=4096,
+        description="Longest path (or cwd) a tool call may name (PATH_MAX is 4096).",
+    )
     gateway_admin_key: str | None = Field(
         None, description="Bearer key of the admin API (tenants, reclaim); admin API off if unset."
     )

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from sandhold.egress.policy import EgressPolicy
 from sandhold.gateway.views import check_view_entry
+from sandhold.runtime.spec import ENV_KEY_RE, clipped
 
 ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 SESSION_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -57,6 +58,17 @@ class TenantPolicy(BaseModel):
     @classmethod
     def _network_mode(cls, v: object) -> object:
         return {"mode": v} if isinstance(v, str) else v  # "open" is short for {"mode": "open"}
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        # The format here, when the policy is written; the sizes are the sandbox service's
+        # (sandbox_env_*), judged at each create with that server's settings.
+        for name, value in v.items():
+            if not ENV_KEY_RE.match(name) or "\0" in value:
+                raise ValueError(f"env: {clipped(name)} is not a valid variable name, or its "
+                                 "value has a NUL byte")  # fmt: skip
+        return v
 
     @field_validator("template")
     @classmethod

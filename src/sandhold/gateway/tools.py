@@ -36,6 +36,8 @@ from sandhold.gateway.providers.base import ProviderError
 from sandhold.gateway.sessions import Lease, SandboxSessionManager
 from sandhold.gateway.timeline import Timeline
 from sandhold.gateway.views import RULES, Access, ViewDenied, allowed, authorize, normalize
+from sandhold.runtime.spec import ENV_KEY_RE, clipped
+from sandhold.service.limits import nbytes, over
 
 SANDBOX_USER = "user"
 WORKSPACE = "/workspace"
@@ -191,7 +193,23 @@ class Tools:
             value = getattr(args, field, None)
             if isinstance(value, str) and len(value) > self.max_payload * 4 // 3 + 4:
                 raise PayloadTooLarge(f"{field} is larger than {self.max_payload} bytes")
+        self._bounded(args)
         return args
+
+    def _bounded(self, args: Args) -> None:
+        """The limits of a tool call's arguments (docs/gateway.md), before any session."""
+        s = self.m.settings
+        for field in ("path", "cwd"):
+            if isinstance(value := getattr(args, field, None), str):
+                over(s, "gateway_max_path_bytes", field, nbytes(value))
+        if isinstance(args, RunCommand):
+            over(s, "gateway_command_env_max_vars", "env", len(args.env), "variables")
+            for name, value in args.env.items():
+                if not ENV_KEY_RE.match(name) or "\0" in value:
+                    raise InvalidRequest(f"env: {clipped(name)} is not a valid variable name, "
+                                         "or its value has a NUL byte")  # fmt: skip
+            size = sum(nbytes(k) + nbytes(v) + 2 for k, v in args.env.items())  # as execve counts
+            over(s, "gateway_command_env_max_bytes", "env (its NAME=value strings)", size)
 
     async def call(
         self, tenant_id: str, tool: str, arguments: dict[str, Any], session_id: str | None = None
