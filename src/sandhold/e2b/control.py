@@ -71,6 +71,11 @@ def decode_token(token: str) -> tuple[float, str]:
         raise InvalidRequest(f"invalid nextToken {token!r}") from None
 
 
+def path_id(request: Request) -> str:
+    """The sandbox id of a ``/sandboxes/{id}/...`` path (old SDKs append ``-<clientID>``)."""
+    return wire.short_id(request.path_params["id"])
+
+
 def int_param(request: Request, name: str) -> int | None:
     value = request.query_params.get(name)
     if value is None or value == "":
@@ -278,14 +283,14 @@ class ControlPlane:
         if_state = request.headers.get("x-sandhold-if-state")
         if if_state is not None and if_state not in ("running", "paused"):
             raise InvalidRequest(f"invalid X-Sandhold-If-State {if_state!r}: use running or paused")
-        sandbox_id = wire.short_id(request.path_params["id"])
+        sandbox_id = path_id(request)
         await self.service.kill(team, sandbox_id, if_state=if_state, if_end_at=if_end_at)
         return Response(status_code=204)
 
     async def _connect(self, request: Request, team: str, body: models.ConnectV2) -> Response:
         timeout = DEFAULT_TIMEOUT_S if body.timeout is None else body.timeout
         sbx, resumed = await self.service.connect(
-            team, wire.short_id(request.path_params["id"]), timeout, memory=body.memory
+            team, path_id(request), timeout, memory=body.memory
         )
         return JSONResponse(wire.created(sbx, self.domain), status_code=201 if resumed else 200)
 
@@ -300,24 +305,24 @@ class ControlPlane:
     async def resume(self, request: Request, team: str) -> Response:
         body = models.parse(models.Resume, await self.read_body(request), empty_ok=True)
         sbx = await self.service.resume(
-            team, wire.short_id(request.path_params["id"]), body.timeout,
+            team, path_id(request), body.timeout,
             auto_pause=body.autoPause, memory=body.memory,
         )  # fmt: skip
         return JSONResponse(wire.created(sbx, self.domain), status_code=201)
 
     async def pause(self, request: Request, team: str) -> Response:
         models.parse(models.Pause, await self.read_body(request), empty_ok=True)
-        await self.service.pause(team, wire.short_id(request.path_params["id"]))
+        await self.service.pause(team, path_id(request))
         return Response(status_code=204)
 
     async def set_timeout(self, request: Request, team: str) -> Response:
         body = models.parse(models.SetTimeout, await self.read_body(request))
-        await self.service.set_timeout(team, wire.short_id(request.path_params["id"]), body.timeout)
+        await self.service.set_timeout(team, path_id(request), body.timeout)
         return Response(status_code=204)
 
     async def update_network(self, request: Request, team: str) -> Response:
         body = models.parse(models.NetworkUpdate, await self.read_body(request), empty_ok=True)
-        await self._update_network(team, wire.short_id(request.path_params["id"]), body)
+        await self._update_network(team, path_id(request), body)
         return Response(status_code=204)
 
     async def _update_network(self, team: str, sandbox_id: str, body: models.NetworkUpdate) -> None:
@@ -346,7 +351,7 @@ class ControlPlane:
 
     async def refresh(self, request: Request, team: str) -> Response:
         body = models.parse(models.Refresh, await self.read_body(request), empty_ok=True)
-        await self.service.refresh(team, wire.short_id(request.path_params["id"]), body.duration)
+        await self.service.refresh(team, path_id(request), body.duration)
         return Response(status_code=204)
 
     async def metrics(self, request: Request, team: str) -> Response:

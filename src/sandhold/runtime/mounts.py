@@ -8,6 +8,8 @@ import ctypes.util
 import os
 from pathlib import Path
 
+from sandhold.errors import InvalidRequest
+
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
                         ctypes.c_char_p]  # fmt: skip
@@ -65,8 +67,6 @@ def make_mount_point(root: Path, target: str, owner: int) -> None:
     """Create a bind target in the sandbox's root as sandbox root, mode 0755 (bwrap would make
     missing ones 0700, hiding the mount from `user`). Never through a symlink of the template:
     as host root that could create directories outside the sandbox."""
-    from sandhold.errors import InvalidRequest
-
     path = root
     for part in target.strip("/").split("/"):
         path = path / part
@@ -80,8 +80,6 @@ def make_mount_point(root: Path, target: str, owner: int) -> None:
 def check_traversable(path: Path) -> None:
     """bwrap runs as the unprivileged uid_base: every parent of a bound directory must let
     others through, or the sandbox would fail to start with a less helpful message."""
-    from sandhold.errors import InvalidRequest
-
     for parent in [*reversed(path.parents), path]:
         if not parent.stat().st_mode & 0o001:
             raise InvalidRequest(

@@ -28,27 +28,18 @@ class Timer:
     ) -> None:
         self._listing = listing
         self._expire_one = expire
-        self.interval_s = interval_s
-        self._task: asyncio.Task[None] | None = None
+        self._loop = Periodic(self.tick, interval_s, "lifecycle tick", at_start=True)
         self._expiring: dict[str, asyncio.Task[None]] = {}
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="sandhold-lifecycle-timer")
+        self._loop.start()
 
     async def stop(self) -> None:
-        tasks = [t for t in (self._task, *self._expiring.values()) if t is not None]
+        await self._loop.stop()
+        tasks = list(self._expiring.values())
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        self._task = None
-
-    async def _run(self) -> None:
-        while True:
-            try:
-                await self.tick()
-            except Exception:
-                log.exception("lifecycle tick failed")
-            await asyncio.sleep(self.interval_s)
 
     async def tick(self) -> None:
         now = time.time()
@@ -66,13 +57,17 @@ class Timer:
 
 
 class Periodic:
-    """Runs ``run`` every ``interval_s`` (the first time one interval after ``start``) until
-    stopped; a failed run is logged and the next one comes anyway."""
+    """Runs ``run`` every ``interval_s`` (the first time at ``start`` with ``at_start``, else
+    one interval after it) until stopped; a failed run is logged and the next one comes anyway."""
 
-    def __init__(self, run: Callable[[], Awaitable[object]], interval_s: float, name: str) -> None:
+    def __init__(
+        self, run: Callable[[], Awaitable[object]], interval_s: float, name: str, *,
+        at_start: bool = False,
+    ) -> None:  # fmt: skip
         self._run_once = run
         self.interval_s = interval_s
         self.name = name
+        self.at_start = at_start
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -85,9 +80,11 @@ class Periodic:
             self._task = None
 
     async def _run(self) -> None:
-        while True:
+        if not self.at_start:
             await asyncio.sleep(self.interval_s)
+        while True:
             try:
                 await self._run_once()
             except Exception:
                 log.exception("%s failed", self.name)
+            await asyncio.sleep(self.interval_s)
