@@ -18,7 +18,7 @@ from urllib.parse import unquote
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from sandhold.config import Settings
@@ -145,6 +145,7 @@ class ControlPlane:
         unsupported = a(self.unsupported)
         routes = [
             Route("/health", self.health, methods=["GET"]),
+            Route("/metrics", a(self.prometheus), methods=["GET"]),
             Route("/v2/sandboxes", a(self.create_v2), methods=["POST"]),
             Route("/v2/sandboxes", a(self.list_v2), methods=["GET"]),
             Route("/sandboxes", a(self.create_v1), methods=["POST"]),
@@ -184,6 +185,13 @@ class ControlPlane:
     # -- sandboxes ----------------------------------------------------------------------------
     async def health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok"})
+
+    async def prometheus(self, request: Request, team: str) -> Response:
+        # Server-wide counts without sandbox ids, so any team's key may read them.
+        return PlainTextResponse(
+            self.service.failures.prometheus(),
+            media_type="text/plain; version=0.0.4; charset=utf-8",
+        )
 
     async def unsupported(self, request: Request, team: str) -> Response:
         # A known E2B endpoint, not an option of one: 501, the wire's own answer for that.

@@ -1,13 +1,16 @@
-"""Metrics samples of sandboxes. History is kept in memory only (it is not lifecycle state), so
-CPU percentages are relative to the previous sample or to the start."""
+"""Metrics samples of sandboxes, and the count of sandboxes that failed. History is kept in
+memory only (it is not lifecycle state), so CPU percentages are relative to the previous sample
+or to the start; the count is of failures this process saw happen since it started."""
 
 from __future__ import annotations
 
 import math
+import threading
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from sandhold.runtime.records import Usage
+from sandhold.runtime.records import SandboxInfo, Usage
 
 HISTORY = 256
 
@@ -60,3 +63,62 @@ class Samples:
 
     def forget(self, sandbox_id: str) -> None:
         self._history.pop(sandbox_id, None)
+
+
+# Why a sandbox failed, as a bounded label: read from the runtime's text (records.py: failure).
+FAILURE_REASONS = ("oom", "signal", "exit", "unknown")
+
+
+def failure_reason(failure: str | None) -> str:
+    text = failure or ""
+    if "OOM kill" in text:
+        return "oom"
+    if "(signal " in text:
+        return "signal"
+    if "exit status" in text:
+        return "exit"
+    return "unknown"  # e.g. its agent died while no server of ours was its parent (a reboot)
+
+
+class Failures:
+    """``sandhold_sandboxes_failed_total{reason}``: sandboxes whose agent died, each counted once
+    by the first of our reads that sees it failed. Only failures marked since ``since`` count:
+    one marked before this process started was counted (or missed) by another."""
+
+    def __init__(self, since: float) -> None:
+        self.since = since
+        self.counts = dict.fromkeys(FAILURE_REASONS, 0)
+        self._seen: set[str] = set()  # failed sandboxes not yet killed: bounded by the host's
+        self._lock = threading.Lock()  # observed from the service's runtime threads
+
+    def observe(self, info: SandboxInfo) -> None:
+        if info.state != "failed":
+            return
+        with self._lock:
+            if info.id in self._seen:
+                return
+            self._seen.add(info.id)
+            if info.failed_at is not None and info.failed_at >= self.since:
+                self.counts[failure_reason(info.failure)] += 1
+
+    def forget(self, sandbox_id: str) -> None:
+        with self._lock:
+            self._seen.discard(sandbox_id)
+
+    def prune(self, gone: Callable[[str], bool]) -> None:
+        """Forget the ones gone (killed by another process, say)."""
+        with self._lock:
+            self._seen = {i for i in self._seen if not gone(i)}
+
+    def prometheus(self) -> str:
+        """The Prometheus text exposition (format 0.0.4) of the counter."""
+        lines = [
+            "# HELP sandhold_sandboxes_failed_total Sandboxes whose agent died (marked failed, "
+            "kept until killed), by reason.",
+            "# TYPE sandhold_sandboxes_failed_total counter",
+        ]
+        with self._lock:
+            counts = dict(self.counts)
+        lines += [f'sandhold_sandboxes_failed_total{{reason="{r}"}} {n}'
+                  for r, n in counts.items()]  # fmt: skip
+        return "\n".join(lines) + "\n"

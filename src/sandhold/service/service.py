@@ -29,7 +29,7 @@ from sandhold.runtime.runtime import Runtime
 from sandhold.runtime.spec import NetworkPolicy, SandboxSpec, validation_message
 from sandhold.service.limits import check_create
 from sandhold.service.locks import KeyedLocks
-from sandhold.service.metrics import Sample, Samples
+from sandhold.service.metrics import Failures, Sample, Samples
 from sandhold.service.records import RECORD_KEY, CreateSandbox, Lifecycle, Sandbox, view
 from sandhold.service.timers import Periodic, Timer
 
@@ -64,6 +64,7 @@ class SandboxService:
                      "sandhold-reconcile") if timers else None
         )  # fmt: skip
         self.samples = Samples(0)
+        self.failures = Failures(time.time())  # before open(): its reconcile may find some
         self.disk_total = 0
 
     # -- running the runtime -----------------------------------------------------------------
@@ -103,9 +104,18 @@ class SandboxService:
     # -- reading -------------------------------------------------------------------------------
     def _get_now(self, sandbox_id: str) -> Sandbox | None:
         try:
-            return view(self.runtime.get(sandbox_id))
+            info = self.runtime.get(sandbox_id)
         except SandboxNotFound:
             return None
+        self.failures.observe(info)
+        return view(info)
+
+    def _list_now(self) -> list[SandboxInfo]:
+        everything = self.runtime.list()
+        for info in everything:
+            self.failures.observe(info)
+        self.failures.prune(lambda i: not (self.runtime.sandboxes_dir / i).exists())
+        return everything
 
     async def get(self, sandbox_id: str) -> Sandbox | None:
         return await self._run(self._get_now, sandbox_id)
@@ -137,7 +147,7 @@ class SandboxService:
         """Sandboxes of ``owner`` (everyone's when None) in ``states`` whose metadata has all
         the given pairs."""
         wanted, pairs = set(states), (metadata or {}).items()
-        everything = await self._run(self.runtime.list)
+        everything = await self._run(self._list_now)
         return [
             s
             for s in map(view, everything)
@@ -321,6 +331,7 @@ class SandboxService:
         with contextlib.suppress(SandboxNotFound):
             await self._run(self.runtime.kill, sandbox_id)
         self.samples.forget(sandbox_id)
+        self.failures.forget(sandbox_id)
 
     async def set_network(
         self, owner: str, sandbox_id: str, policy: NetworkPolicy, **surface: Any
