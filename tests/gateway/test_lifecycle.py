@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import os
+import signal
 import sqlite3
 from collections.abc import Callable
 
 import httpx
 import pytest
 
+from sandhold.config import Settings
+from sandhold.runtime.runtime import Runtime
 from tests.gateway.conftest import FAST_POLICY, Gateway, tool, wait_for
 
 PROVIDERS = ["local", "e2b"]
@@ -71,6 +75,40 @@ def test_three_stages(make_gateway: Callable[..., Gateway], provider: str) -> No
     calls = [e for e in events if e["kind"] == "tool_call"]
     assert len(calls) == 5 and all(e["tool"] == "run_command" for e in calls)
     assert all("duration_ms" in e and "bytes_in" in e for e in calls)
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_a_failed_sandbox_is_recorded_as_failed(
+    make_gateway: Callable[..., Gateway], provider: str
+) -> None:
+    """Its agent dies (killed from the host: a bug, say) and the reclaimer sees it first: the
+    timeline says it failed, and why, never that it paused; it is reclaimed after the retention
+    and the next call gets a new sandbox over the same workspace."""
+    gw = make_gateway(provider)
+    with gw.admin() as admin:  # a keep-alive that outlasts the test: no pause of its own
+        policy = {**FAST_POLICY, "keep_alive_s": 600}
+        assert admin.put("/v1/admin/tenants/acme", json={"policy": policy}).status_code == 200
+    s = "conv-failed"
+    with gw.client() as c:
+        tool(c, s, "run_command", command="echo kept > notes.txt")
+        first = sandbox(gw, s)["id"]
+        rt = gw.server.runtime() if gw.server else Runtime(Settings(data_dir=gw.data_dir))
+        os.kill(rt.get(first).init_pid, signal.SIGKILL)
+        wait_for(lambda: sandbox(gw, s) is None)  # the reclaimer runs every 0.5 s
+        events = c.get(f"/v1/sessions/{s}/timeline").json()["events"]
+        mine = [e for e in events if e.get("sandbox_id") == first and e["kind"] != "tool_call"]
+        assert [e["kind"] for e in mine] == [
+            "sandbox_created",
+            "sandbox_failed",
+            "sandbox_reclaimed",
+        ], events
+        failed, reclaimed = mine[1], mine[2]
+        assert "failed" in failed["reason"] and "signal 9" in failed["reason"], failed
+        assert failed["provider_state"]["state"] == "paused"
+        assert "signal 9" in failed["provider_state"]["failure"]
+        assert reclaimed["reason"].startswith("failed for "), reclaimed
+        assert tool(c, s, "run_command", command="cat notes.txt")["stdout"] == "kept\n"
+        assert sandbox(gw, s)["id"] != first
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)

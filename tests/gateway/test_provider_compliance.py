@@ -233,9 +233,10 @@ async def test_a_sandbox_whose_agent_died_is_gone_but_listed_until_killed(
         runtime = request.getfixturevalue("e2b_egress_server").runtime()
     os.kill(runtime.get(sid).init_pid, signal.SIGKILL)  # from the host: a bug, say
     end_at = await wait_state(provider, sid, "paused")
-    assert [s.state for s in await provider.list({"compliance": req.metadata["compliance"]})] == [
-        "paused"
-    ]
+    listed = await provider.list({"compliance": req.metadata["compliance"]})
+    assert [(s.state, s.failure is not None) for s in listed] == [("paused", True)]
+    got = await provider.get(sid)
+    assert got is not None and "signal 9" in (got.failure or ""), got
     with pytest.raises(SandboxGone):
         await provider.connect(sid, 60)
     with pytest.raises(SandboxGone):

@@ -37,7 +37,7 @@ def listed(sbx: Sandbox, disk_size_mb: int) -> dict[str, Any]:
     """``ListedSandbox``. ``diskSizeMB`` is the sandbox's budget, which the kernel enforces;
     ``disk_size_mb`` (the data dir's size) only for a sandbox without one."""
     limits = sbx.info.spec.limits
-    return {
+    out = {
         "templateID": sbx.info.template,
         "alias": sbx.info.template,
         "sandboxID": sbx.id,
@@ -52,6 +52,9 @@ def listed(sbx: Sandbox, disk_size_mb: int) -> dict[str, Any]:
         "envdVersion": ENVD_VERSION,
         "volumeMounts": sbx.life.surface.get("volume_mounts") or [],
     }
+    if sbx.failed:  # Sandhold's own field (the SDK keeps unknown ones aside): why it failed
+        out["sandholdFailure"] = sbx.info.failure or "its agent died"
+    return out
 
 
 def detail(sbx: Sandbox, disk_size_mb: int, domain: str | None) -> dict[str, Any]:

@@ -9,7 +9,8 @@ Before it kills, it takes the session's lock without waiting (a session being re
 is skipped until the next pass), re-reads the session (the sandbox must still be the session's),
 makes sure no tool call is in flight (``session_uses``), and kills conditionally ("only if
 still paused with the endAt I saw") where the provider can; elsewhere it re-reads the sandbox
-just before the kill. The same pass records pauses in the timeline and kills orphans: tagged
+just before the kill. A failed sandbox (its agent died) is listed as paused and reclaimed the
+same way. The same pass records pauses (and failures) in the timeline and kills orphans: tagged
 sandboxes no session owns (a replica died between create and record), once older than a grace.
 """
 
@@ -39,6 +40,7 @@ class PassReport:
     skipped_changed: int = 0
     orphans_killed: int = 0
     pauses_recorded: int = 0
+    failures_recorded: int = 0
     errors: int = 0
     seconds: float = 0.0
 
@@ -119,12 +121,11 @@ class Reclaimer:
         if sbx.state != "paused" or sbx.end_at is None:
             return  # running, or "pausing" (CubeSandbox): not yet
         report.paused += 1
-        if await self.m.db(self.m.store.record_pause_once, owner.pk, sbx.id, sbx.end_at):
-            report.pauses_recorded += 1
-            await self.m.timeline.record(
-                tenant_id, session_id, "sandbox_paused", at=sbx.end_at, sandbox_id=sbx.id,
-                reason="keep-alive expired (on_timeout=pause)", provider_state=sbx.public(),
-            )  # fmt: skip
+        if await self.m.record_stop(owner, sbx):
+            if sbx.failure is None:
+                report.pauses_recorded += 1
+            else:
+                report.failures_recorded += 1
         retention = await self._retention(owner.tenant_id, retention_cache)
         if retention is None or now - sbx.end_at < retention:
             return
@@ -168,7 +169,8 @@ class Reclaimer:
             await self.m.timeline.record(
                 owner.tenant_id, owner.session_id, "sandbox_reclaimed", sandbox_id=sbx.id,
                 duration_ms=round((time.monotonic() - t0) * 1000, 2),
-                reason=f"paused for {now - sbx.end_at:.1f} s >= retention {retention:g} s",
+                reason=f"{'failed' if sbx.failure else 'paused'} for {now - sbx.end_at:.1f} s "
+                       f">= retention {retention:g} s",
                 provider_state=sbx.public(),
             )  # fmt: skip
         finally:

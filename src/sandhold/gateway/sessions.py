@@ -219,7 +219,7 @@ class SandboxSessionManager:
                     t0 = time.monotonic()
                     resumed, fresh = await self.provider.connect(sandbox_id, timeout)
                     if resumed or before.state != "running":
-                        await self._record_pause(row, before)
+                        await self.record_stop(row, before)
                         await self.timeline.record(
                             row.tenant_id, row.session_id, "sandbox_resumed",
                             sandbox_id=sandbox_id, duration_ms=_ms(t0),
@@ -228,7 +228,8 @@ class SandboxSessionManager:
                     handle = {**self._opened(row), **fresh}
                     return sandbox_id, await self._apply_network(row, token, policy, handle)
                 except SandboxGone:
-                    pass
+                    if before.failure is not None:
+                        await self.record_stop(row, before)
                 except NeedsNewSandbox as e:
                     await self.provider.kill(sandbox_id)
                     await self.timeline.record(
@@ -238,9 +239,10 @@ class SandboxSessionManager:
                     if not await self.db(self.store.set_sandbox, row.pk, token, None, None):
                         raise SessionBusy("lost the session lock; retry") from None
                     return await self._create(row, token, policy, timeout, cause)
+            gone = "failed" if before and before.failure else "no longer exists at the provider"
             await self.timeline.record(
                 row.tenant_id, row.session_id, "failure", sandbox_id=sandbox_id,
-                reason="the session's sandbox no longer exists at the provider; creating anew",
+                reason=f"the session's sandbox {gone}; creating anew",
             )  # fmt: skip
             if not await self.db(self.store.set_sandbox, row.pk, token, None, None):
                 raise SessionBusy("lost the session lock; retry")
@@ -290,15 +292,21 @@ class SandboxSessionManager:
     def _sealed(self, row: SessionRow, handle: dict[str, Any]) -> dict[str, Any]:
         return self.handles.seal(handle, row.tenant_id, row.session_id)
 
-    async def _record_pause(self, row: SessionRow, sbx: ProviderSandbox) -> None:
+    async def record_stop(self, row: SessionRow, sbx: ProviderSandbox) -> bool:
+        """Record, once per stop (its endAt) by whichever replica sees it first, that the
+        session's sandbox paused, or failed (a failed one is also listed as paused)."""
         if sbx.state != "paused" or sbx.end_at is None:
-            return
-        if await self.db(self.store.record_pause_once, row.pk, sbx.id, sbx.end_at):
-            await self.timeline.record(
-                row.tenant_id, row.session_id, "sandbox_paused", at=sbx.end_at,
-                sandbox_id=sbx.id, reason="keep-alive expired (on_timeout=pause)",
-                provider_state=sbx.public(),
-            )  # fmt: skip
+            return False
+        if not await self.db(self.store.record_pause_once, row.pk, sbx.id, sbx.end_at):
+            return False
+        kind, reason = "sandbox_paused", "keep-alive expired (on_timeout=pause)"
+        if sbx.failure is not None:
+            kind, reason = "sandbox_failed", f"the sandbox failed: {sbx.failure}"
+        await self.timeline.record(
+            row.tenant_id, row.session_id, kind, at=sbx.end_at, sandbox_id=sbx.id,
+            reason=reason, provider_state=sbx.public(),
+        )  # fmt: skip
+        return True
 
     async def _create(
         self, row: SessionRow, token: str, policy: TenantPolicy, timeout: int, cause: str

@@ -42,10 +42,16 @@ class ProviderSandbox:
     end_at: float | None  # running: when it times out; paused: when it was paused
     started_at: float
     metadata: dict[str, str] = field(default_factory=dict)
+    # Set when its agent died (where the provider can tell): it is "paused" for good then, and
+    # its end_at is when it failed.
+    failure: str | None = None
 
     def public(self) -> dict[str, Any]:
-        return {"id": self.id, "state": self.state, "end_at": self.end_at,
-                "started_at": self.started_at}  # fmt: skip
+        out = {"id": self.id, "state": self.state, "end_at": self.end_at,
+               "started_at": self.started_at}  # fmt: skip
+        if self.failure is not None:
+            out["failure"] = self.failure
+        return out
 
 
 @dataclass

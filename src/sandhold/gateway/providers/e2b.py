@@ -76,6 +76,7 @@ def _sandbox(d: dict[str, Any]) -> ProviderSandbox:
         end_at=_ts(d.get("endAt")),
         started_at=_ts(d.get("startedAt")) or 0.0,
         metadata=dict(d.get("metadata") or {}),
+        failure=d.get("sandholdFailure"),  # a Sandhold server's; E2B's own never send it
     )
 
 

@@ -37,6 +37,7 @@ def _listed(sbx: Sandbox) -> ProviderSandbox:
         end_at=sbx.end_at,
         started_at=sbx.info.created_at,
         metadata=dict(sbx.metadata),
+        failure=(sbx.info.failure or "its agent died") if sbx.failed else None,
     )
 
 
