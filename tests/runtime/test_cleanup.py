@@ -11,15 +11,15 @@ from tests.runtime.helpers import sh
 CYCLES = 200
 
 
-def _sandbox_processes(uid_base: int, group: str) -> dict[int, str]:
-    """Processes running as a sandbox uid, except those of *other* runtimes (parallel test
-    workers use their own cgroup parent), mapped to their network namespace."""
+def _sandbox_processes(runtime, group: str) -> dict[int, str]:
+    """Processes running as a sandbox uid (of any range), except those of *other* runtimes
+    (parallel test workers use their own cgroup parent), mapped to their network namespace."""
     out = {}
     for p in Path("/proc").iterdir():
         if not p.name.isdigit():
             continue
         try:
-            if not uid_base <= p.stat().st_uid < uid_base + 65536:
+            if not runtime.uids.canonical <= p.stat().st_uid < runtime.uids.end:
                 continue
             cgroup = (p / "cgroup").read_text()
             if "/sandhold" in cgroup and f"/{group}/" not in cgroup:
@@ -36,8 +36,10 @@ async def test_create_kill_cycles_leave_nothing_behind(runtime):
         "sandboxes": sorted(os.listdir(runtime.sandboxes_dir)),
         "cgroups": cgroups.list_names(group),
         "mounts": mounts.mounts_under(runtime.settings.data_dir),
-        "processes": _sandbox_processes(runtime.uid_base, group),
+        "processes": _sandbox_processes(runtime, group),
         "fds": len(os.listdir("/proc/self/fd")),
+        "uid_ranges": runtime.uids.held(),
+        "userns": len(runtime.uids.userns._fds),
     }
     for i in range(CYCLES):
         info = runtime.create({"workspace_id": "cycles"})
@@ -47,7 +49,10 @@ async def test_create_kill_cycles_leave_nothing_behind(runtime):
     assert sorted(os.listdir(runtime.sandboxes_dir)) == before["sandboxes"]
     assert cgroups.list_names(group) == before["cgroups"]
     assert mounts.mounts_under(runtime.settings.data_dir) == before["mounts"]
-    after = _sandbox_processes(runtime.uid_base, group)
+    assert runtime.uids.held() == before["uid_ranges"]
+    after = _sandbox_processes(runtime, group)
     assert set(after) <= set(before["processes"]), "processes outlived their sandbox"
     assert set(after.values()) <= set(before["processes"].values()), "a netns outlived its sandbox"
-    assert len(os.listdir("/proc/self/fd")) <= before["fds"] + 2
+    # (the user namespaces cached for the ranges used are bounded descriptors, not leaks)
+    cached = len(runtime.uids.userns._fds) - before["userns"]
+    assert len(os.listdir("/proc/self/fd")) <= before["fds"] + 2 + cached

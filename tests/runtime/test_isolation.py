@@ -128,16 +128,19 @@ async def test_root_inside_is_nobody_on_the_host(make_sandbox, runtime):
     assert r.text.split("\n")[0] == "0"
     for cap in ("CapEff", "CapPrm", "CapBnd", "CapAmb"):
         assert f"{cap}:\t0000000000000000" in r.text, r.text
-    assert f"{runtime.uid_base}" in r.text  # the map sends sandbox uid 0 to uid_base
+    base = runtime.get(sbx.id).host_uid  # its own range, past the canonical one
+    assert base > runtime.uid_base
+    assert f"0 {base:10d}      65536" in r.text  # the map sends sandbox uid 0 to its range
     # Seen from the host, no process of the sandbox, root's sleep included, is host root.
     host_uids = {os.stat(f"/proc/{pid}").st_uid
                  for pid in CgroupSet(sbx.id, runtime.settings.cgroup_group).pids()}  # fmt: skip
-    assert host_uids <= {runtime.uid_base, runtime.uid_base + 1000}, host_uids
+    assert host_uids <= {base, base + 1000}, host_uids
     r = await sh(
         sbx, "id -u; id -un; echo $HOME; touch /workspace/by-user; touch /root/x; echo rc=$?"
     )
     assert r.text.split("\n")[:3] == ["1000", "user", "/home/user"]
     assert "rc=1" in r.text
+    # stored with the canonical owner: whichever range the next sandbox gets sees it as `user`
     assert (
         runtime.workspace_path("rootcheck") / "by-user"
     ).stat().st_uid == runtime.uid_base + 1000

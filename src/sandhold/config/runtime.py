@@ -25,7 +25,20 @@ class RuntimeSettings(CreateLimits, Layer):
     uid_base: int = Field(
         100000,
         ge=65536,
-        description="Host uid/gid that sandbox root maps to; sandbox uid N is host uid_base+N.",
+        description="First host uid/gid of Sandhold's ids. The first 65,536 (the canonical range) "
+        "own templates and workspaces on disk: sandbox uid N is host uid_base+N there. Each "
+        "sandbox runs in a range of its own after it (runtime/uids.py).",
+    )
+    uid_isolation: bool = Field(
+        True,
+        description="Run each sandbox in its own host uid/gid range; off: every sandbox runs "
+        "in the canonical range (one shared host identity).",
+    )
+    uid_ranges: int = Field(
+        16384,
+        ge=1,
+        description="How many per-sandbox uid ranges (of 65,536 ids) exist: the most sandboxes "
+        "that can exist at once on this host.",
     )
     default_memory_mb: int = Field(512, ge=16)
     default_cpu: float = Field(1.0, gt=0)
@@ -49,6 +62,16 @@ class RuntimeSettings(CreateLimits, Layer):
     max_disk_mb: int = Field(
         20480, ge=8, description="The largest disk budget a create or a template may ask for."
     )
+
+    @model_validator(mode="after")
+    def _check_uids(self) -> RuntimeSettings:
+        last = self.uid_base + 65536 * (self.uid_ranges + 1) - 1
+        if last > 0xFFFFFFFE:  # (uid_t is 32 bits; -1 means "no id")
+            raise ConfigError(
+                f"uid_base={self.uid_base} with uid_ranges={self.uid_ranges} reaches host id "
+                f"{last}, past 4294967294: lower uid_ranges"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_disk(self) -> RuntimeSettings:

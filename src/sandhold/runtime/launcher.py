@@ -1,9 +1,9 @@
 """Starting a sandbox's process tree: bubblewrap inside a user namespace whose uid map we write.
 
 bwrap alone can map only one uid, but a sandbox needs two real users (``root`` and ``user``) that
-are both unprivileged on the host. So bwrap runs as the unprivileged host uid ``uid_base`` and is
-told to wait (``--userns-block-fd``) until we, as host root, have written the map
-``0 -> uid_base, n -> uid_base + n``; it reports its child's pid through ``--info-fd``.
+are both unprivileged on the host. So bwrap runs as the first host uid of the sandbox's own range
+(``host_uid``, see runtime/uids.py) and is told to wait (``--userns-block-fd``) until we, as host
+root, have written the map ``n -> host_uid + n``; it reports its child's pid through ``--info-fd``.
 
 The agent is that child, and the init of the sandbox's pid namespace (``--as-pid-1``): the kernel
 drops every signal sent to it from inside for which it has no handler, SIGKILL and SIGSTOP
@@ -27,11 +27,11 @@ from pathlib import Path
 
 from sandhold.errors import SandboxStartFailed
 from sandhold.runtime.cgroups import CgroupSet
+from sandhold.runtime.idmap import ID_RANGE
 from sandhold.runtime.seccomp import filter_fd
 
 log = logging.getLogger(__name__)
 
-ID_RANGE = 65536
 AGENT_LIB = "/opt/sandhold/lib"
 AGENT_MAIN = f"{AGENT_LIB}/sandhold/runtime/agent/__main__.py"
 # The agent's /proc files that its owner (the sandbox's root has the same uid) could write to
@@ -163,7 +163,7 @@ def protect_from_oom(pid: int) -> bool:
 
 
 def spawn(
-    launch: Launch, cgroups: CgroupSet, uid_base: int, ready_w: int, log_path: Path
+    launch: Launch, cgroups: CgroupSet, host_uid: int, ready_w: int, log_path: Path
 ) -> tuple[subprocess.Popen[bytes], int]:
     """Start the sandbox; returns bwrap's Popen and the host pid of the sandbox's init (its
     agent). ``launch.run_dir`` holds ``agent.json`` and gets the agent's socket."""
@@ -184,10 +184,10 @@ def spawn(
     # Before bwrap creates the cgroup namespace, its process must be in the sandbox's cgroups
     # (so the sandbox sees its own group as the root, not the host's paths) and be the
     # unprivileged owner of the sandbox's user namespace. A shell joins the cgroups, setpriv
-    # drops to uid_base, both exec in place (same pid); unlike a Python preexec_fn this lets
+    # drops to host_uid, both exec in place (same pid); unlike a Python preexec_fn this lets
     # Popen vfork, which saved ~5 ms per create.
     procs = [str(d / "cgroup.procs") for d in cgroups.dirs()]
-    setpriv = [SETPRIV, f"--reuid={uid_base}", f"--regid={uid_base}", "--clear-groups", "--"]
+    setpriv = [SETPRIV, f"--reuid={host_uid}", f"--regid={host_uid}", "--clear-groups", "--"]
     log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
     try:
         proc = subprocess.Popen(
@@ -204,7 +204,7 @@ def spawn(
         sock.close()  # the agent has its own copy
     try:
         child = int(_read_info(info_r, 5.0)["child-pid"])
-        mapping = f"0 {uid_base} {ID_RANGE}\n"
+        mapping = f"0 {host_uid} {ID_RANGE}\n"
         with open(f"/proc/{child}/uid_map", "w") as f:
             f.write(mapping)
         with open(f"/proc/{child}/gid_map", "w") as f:

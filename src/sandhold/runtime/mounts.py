@@ -18,37 +18,43 @@ _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 MNT_DETACH = 2
 
 
-def _check(rc: int, what: str) -> None:
+def check(rc: int, what: str) -> None:
     if rc != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
-def mount_overlay(lower: Path, upper: Path, work: Path, target: Path) -> None:
+def mount_overlay(lower: Path | int, upper: Path, work: Path, target: Path) -> None:
+    """Mount the copy-on-write root at ``target``. ``lower`` is the template's directory, or a
+    descriptor of an (idmapped) mount of it."""
     for d in (upper, work, target):
         d.mkdir(parents=True, exist_ok=True)
-    # The merged root takes its owner from the upper dir: make it the template root's owner (the
-    # sandbox's root), so that bwrap, running as that user, can create mount points in it.
-    st = lower.stat()
-    os.chown(upper, st.st_uid, st.st_gid)
     # overlayfs shows its layers in mountinfo as the strings it was given, inside the sandbox
     # too: naming them by descriptor keeps the host's paths out of it.
-    fds = [os.open(d, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) for d in (lower, upper, work)]
+    fds = [os.open(d, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) for d in (upper, work)]
+    if not isinstance(lower, int):
+        lower = os.open(lower, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        fds.append(lower)
     try:
-        lo, up, wo = (f"/proc/self/fd/{fd}" for fd in fds)
+        # The merged root takes its owner from the upper dir: make it the template root's owner
+        # as the sandbox sees it (its root), so that bwrap, running as that user, can create
+        # mount points in it.
+        st = os.fstat(lower)
+        os.chown(upper, st.st_uid, st.st_gid)
+        lo, up, wo = (f"/proc/self/fd/{fd}" for fd in (lower, fds[0], fds[1]))
         opts = f"lowerdir={lo},upperdir={up},workdir={wo}".encode()
         rc = _libc.mount(b"overlay", str(target).encode(), b"overlay", 0, opts)
     finally:
         for fd in fds:
             os.close(fd)
-    _check(rc, f"overlay {target}")
+    check(rc, f"overlay {target}")
 
 
 def umount(target: Path) -> None:
     """Lazily unmount ``target`` if something is mounted there."""
     if not is_mountpoint(target):
         return
-    _check(_libc.umount2(str(target).encode(), MNT_DETACH), f"umount {target}")
+    check(_libc.umount2(str(target).encode(), MNT_DETACH), f"umount {target}")
 
 
 def is_mountpoint(path: Path) -> bool:

@@ -25,8 +25,9 @@ What reconcile does with each entry of ``sandboxes/``:
 Removing means every kind of debris a create makes: the processes in the sandbox's cgroups and
 those not in them yet (the shell that joins them, a bwrap adopted by init: named by their command
 line), the cgroups in every hierarchy, the mounts under the directory (the overlay, the disk),
-the egress record, the directory. Last, cgroups of this runtime's parent with no directory are
-killed and removed.
+the egress record, the directory, and then the sandbox's uid range. Last, cgroups of this
+runtime's parent with no directory are killed and removed, and uid ranges whose sandbox has no
+directory are given back.
 """
 
 from __future__ import annotations
@@ -67,13 +68,14 @@ class Report:
     creates_removed: int = 0
     staging_removed: int = 0
     orphan_cgroups: int = 0
+    uid_ranges: int = 0  # given back: their sandbox's directory is gone
     in_flight: int = 0  # left alone: someone holds the lock
     failed: int = 0  # could not be cleaned this time; the next run tries again
 
     @property
     def cleaned(self) -> int:
         return (self.kills_finished + self.creates_removed + self.staging_removed
-                + self.orphan_cgroups)  # fmt: skip
+                + self.orphan_cgroups + self.uid_ranges)  # fmt: skip
 
     def __str__(self) -> str:
         return ", ".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))
@@ -379,6 +381,12 @@ def reconcile(rt: Runtime) -> Report:
             except Exception:
                 log.exception("reconcile: could not remove cgroup %s", name)
                 report.failed += 1
+        # A range is taken after its sandbox's directory exists and given back after it is
+        # gone: one whose directory is missing has nothing left (a crash between the two).
+        for slot, owner in rt.uids.held().items():
+            if not NAME_RE.match(owner) or not (rt.sandboxes_dir / owner).exists():
+                rt.uids.release(rt.uids.base(slot), owner)
+                report.uid_ranges += 1
     finally:
         os.close(lock)
     if report.cleaned or report.failed:

@@ -39,6 +39,7 @@ class SandboxInfo:
     extra: dict[str, object] = field(default_factory=dict)
     failed_at: float | None = None
     failure: str | None = None  # why it is marked failed
+    host_uid: int | None = None  # the first host id of its uid range (older records: unknown)
 
     @property
     def agent_socket(self) -> Path:
@@ -62,6 +63,7 @@ class SandboxInfo:
             "extra": self.extra,
             "failed_at": self.failed_at,
             "failure": self.failure,
+            "host_uid": self.host_uid,
         }
 
     @classmethod
@@ -81,6 +83,7 @@ class SandboxInfo:
             extra=dict(d.get("extra") or {}),  # type: ignore[call-overload]
             failed_at=d.get("failed_at"),  # type: ignore[arg-type]
             failure=d.get("failure"),  # type: ignore[arg-type]
+            host_uid=d.get("host_uid"),  # type: ignore[arg-type]
         )
 
 

@@ -51,6 +51,7 @@ from sandhold.runtime.records import (
 )
 from sandhold.runtime.spec import NAME_RE, NetworkPolicy, SandboxSpec, validation_message
 from sandhold.runtime.templates import SANDBOX_USER_UID, Template, TemplateStore
+from sandhold.runtime.uids import UidPool
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,8 @@ class Runtime:
         self._children: dict[str, subprocess.Popen[bytes]] = {}
         self.egress = EgressControl(self.settings)
         self.disk = DiskBudget(self.settings)
+        self.uids = UidPool(root, self.settings.uid_base, self.settings.uid_ranges,
+                            self.settings.uid_isolation)  # fmt: skip
         self._opened = False
 
     def open(self) -> Runtime:
@@ -81,7 +84,7 @@ class Runtime:
         for d in (self.sandboxes_dir, self.workspaces_dir):
             d.mkdir(parents=True, exist_ok=True)
         for d in (root, self.sandboxes_dir, self.workspaces_dir):
-            # bwrap runs as the unprivileged uid_base and must traverse to the binds (not list).
+            # bwrap runs as an unprivileged host uid and must traverse to the binds (not list).
             if d.stat().st_mode & 0o001 == 0:
                 d.chmod(d.stat().st_mode | 0o711)
         become_subreaper()
@@ -169,22 +172,26 @@ class Runtime:
         init_pid: int | None = None
         ready_r, ready_w = os.pipe()
         try:
+            host_uid = self.uids.allocate(sandbox_id)
+            (d / UID_FILE).write_text(str(host_uid))  # what destroy gives back
             cg.create(spec.limits.memory_mb, spec.limits.cpu, spec.limits.pids)
             root = d / "root"
             layer = self.disk.prepare(d, spec)  # its own filesystem, of the budget
-            mounts.mount_overlay(template.rootfs, layer.upper, layer.work, root)
+            with self.uids.lower(template.rootfs, host_uid) as lower:
+                mounts.mount_overlay(lower, layer.upper, layer.work, root)
             run_dir = d / "run"
             run_dir.mkdir(mode=0o700)
-            os.chown(run_dir, self.uid_base, self.uid_base)
+            os.chown(run_dir, host_uid, host_uid)
             workspace = None
             if spec.workspace_id or spec.workspace_dir:
                 workspace = self._prepare_workspace(spec.workspace_id, spec.workspace_dir)
             binds: list[tuple[str, str, bool]] = []
             if workspace:
-                binds.append((str(workspace), "/workspace", False))
+                binds.append((str(self.uids.writable(d, workspace, host_uid)), "/workspace", False))
             for m in spec.mounts:
-                mounts.make_mount_point(root, m.target, self.uid_base)
-                binds.append((str(m.source), m.target, m.read_only))
+                mounts.make_mount_point(root, m.target, host_uid)
+                source = m.source if m.read_only else self.uids.writable(d, m.source, host_uid)
+                binds.append((str(source), m.target, m.read_only))
             egress_env: dict[str, str] = {}
             egress_agent: dict[str, object] | None = None
             if spec.network.mode != "none":
@@ -218,7 +225,7 @@ class Runtime:
                 memory_mb=spec.limits.memory_mb,
                 env={"PATH": env.get("PATH", "/usr/bin:/bin"), "HOME": "/root", "LANG": "C.UTF-8"},
             )
-            proc, init_pid = spawn(launch, cg, self.uid_base, ready_w, d / "sandbox.log")
+            proc, init_pid = spawn(launch, cg, host_uid, ready_w, d / "sandbox.log")
             os.close(ready_w)
             ready_w = -1
             self._wait_ready(ready_r, proc, d)
@@ -233,6 +240,7 @@ class Runtime:
                 dir=d,
                 workspace=workspace,
                 extra=dict(extra or {}),
+                host_uid=host_uid,
             )
             self._save(info)
             self._children[sandbox_id] = proc
@@ -269,12 +277,18 @@ class Runtime:
             proc.wait()  # bwrap, our child if this process created the sandbox
         reap_init(init_pid)
         cg.remove()
+        self.uids.give_back(d)
         mounts.umount(d / "root")
         self.disk.release(d)
         had_egress = (d / "egress.json").exists()
         if had_egress:
             self.egress.forget(d)
+        host_uid = None
+        with suppress(FileNotFoundError, ValueError):
+            host_uid = int((d / UID_FILE).read_text())
         reconciling.remove_dir(d)  # the lock file last: reconcile tells debris by it
+        if host_uid is not None:  # nothing it owned is left: its processes, layer, views
+            self.uids.release(host_uid, sandbox_id)
         if had_egress:
             try:
                 self.egress.sync(start=False)  # close its socket; the daemon exits after the last
@@ -441,6 +455,7 @@ class Runtime:
         return reconciling.reconcile(self)
 
 
+UID_FILE = "uid"  # the first host id of the sandbox's range
 FAILED_USAGE_KEYS = ("cpu_ns", "memory_bytes", "memory_cache_bytes", "memory_limit_bytes",
                      "oom_kills", "pids")  # fmt: skip
 
