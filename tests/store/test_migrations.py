@@ -2,7 +2,8 @@
 unix socket): an empty database reaches head; a database at any revision, holding a row in every
 table, reaches head with its rows intact and exactly the schema of a fresh one; every downgrade
 gives back the schema of the revision below; and head is what ``store/models.py`` describes (no
-pending autogenerate diff)."""
+pending autogenerate diff). On SQLite a migration runs with foreign keys off (batch mode's copy of
+a table must not cascade) and is refused, rolled back whole, if it leaves a dangling reference."""
 
 from __future__ import annotations
 
@@ -13,15 +14,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from alembic import command
 from alembic.autogenerate import compare_metadata
-from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, MetaData, Table, insert, inspect, select
 
-from sandhold.store.db import MIGRATIONS, Store, make_engine
+from sandhold.errors import SandholdError
+from sandhold.store.db import Store, make_engine
 from sandhold.store.models import Base
+from sandhold.store.schema import MIGRATIONS, run_migrations
 from tests.gateway.postgres import Postgres
 
 SCRIPTS = ScriptDirectory(str(MIGRATIONS))
@@ -61,14 +62,6 @@ ROWS: dict[str, dict[str, Any]] = {
     },
 }  # fmt: skip
 
-# Found by test_each_downgrade_restores_the_revision_below; left to the store's owner.
-SQLITE_CASCADE_BUG = (
-    "known bug: on SQLite, batch mode (0002's downgrade) copies `sessions` and drops the "
-    "original; with PRAGMA foreign_keys=ON (store.db.make_engine) that DROP cascades to "
-    "session_uses (ON DELETE CASCADE) and its rows are lost. Store.migrate should migrate with "
-    "foreign keys off (set before the transaction begins) and run PRAGMA foreign_key_check."
-)
-
 
 @pytest.fixture(scope="module")
 def postgres() -> Iterator[Postgres]:
@@ -98,12 +91,8 @@ def new_database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cal
 
 
 def migrate(engine: Engine, direction: str, revision: str) -> None:
-    """``alembic upgrade|downgrade <revision>`` through the store's own migration environment."""
-    cfg = Config()
-    cfg.set_main_option("script_location", str(MIGRATIONS))
-    with engine.begin() as conn:
-        cfg.attributes["connection"] = conn
-        getattr(command, direction)(cfg, revision)
+    """``alembic upgrade|downgrade <revision>`` the way the store migrates (schema.py)."""
+    run_migrations(engine, direction, revision)
 
 
 def current(engine: Engine) -> str | None:
@@ -219,14 +208,10 @@ def test_each_revision_reaches_head_with_its_rows(
     assert schema(engine) == schema(fresh)
 
 
-def test_each_downgrade_restores_the_revision_below(
-    new_database: Callable[[], Engine], request: pytest.FixtureRequest
-) -> None:
+def test_each_downgrade_restores_the_revision_below(new_database: Callable[[], Engine]) -> None:
+    """On SQLite, 0002's downgrade copies ``sessions`` (batch mode): its ``session_uses`` rows
+    must survive the DROP of the original (they cascaded away with foreign keys on)."""
     engine = new_database()
-    if engine.dialect.name == "sqlite":
-        request.applymarker(
-            pytest.mark.xfail(raises=AssertionError, strict=True, reason=SQLITE_CASCADE_BUG)
-        )
     below = {"base": schema(engine)}  # the empty database
     for revision in REVISIONS:
         migrate(engine, "upgrade", revision)
@@ -247,3 +232,28 @@ def test_each_downgrade_restores_the_revision_below(
 
     migrate(engine, "upgrade", "head")  # and up again from nothing
     assert schema(engine) == below[HEAD]
+
+
+def test_a_migration_leaving_dangling_references_is_refused_and_rolled_back(
+    tmp_path: Path,
+) -> None:
+    """Foreign keys are off while SQLite migrates, so nothing stops a migration from leaving a
+    row that points nowhere: PRAGMA foreign_key_check does, before anything is committed (the
+    DDL too), and the connection goes back to the pool with foreign keys on."""
+    engine = make_engine(f"sqlite:///{tmp_path / 'dangling.db'}")
+    try:
+        migrate(engine, "upgrade", "0001")
+        at_0001 = schema(engine)
+        with engine.begin() as conn:  # what a faulty migration (or an old bug) leaves behind
+            conn.exec_driver_sql("PRAGMA foreign_keys=OFF")
+            conn.execute(insert(tables(engine)["session_uses"]).values(
+                {k: v for k, v in ROWS["session_uses"].items()}
+            ))  # fmt: skip
+        with pytest.raises(SandholdError, match=r"rolled back: 1 row.*session_uses"):
+            migrate(engine, "upgrade", "head")
+        assert current(engine) == "0001" and schema(engine) == at_0001
+        assert len(read_rows(engine)["session_uses"]) == 1  # nothing removed either
+        with engine.connect() as conn:
+            assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+    finally:
+        engine.dispose()

@@ -12,11 +12,8 @@ import hashlib
 import time
 import uuid
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from alembic import command
-from alembic.config import Config
 from sqlalchemy import (
     ColumnElement,
     Engine,
@@ -27,7 +24,6 @@ from sqlalchemy import (
     func,
     or_,
     select,
-    text,
     update,
 )
 from sqlalchemy.exc import IntegrityError
@@ -35,9 +31,7 @@ from sqlalchemy.orm import sessionmaker
 
 from sandhold.errors import LockLost
 from sandhold.store.models import Deliverable, Event, Session, SessionUse, Tenant
-
-MIGRATIONS = Path(__file__).parent / "migrations"
-MIGRATION_LOCK_ID = 0x5A4D_0001  # PostgreSQL advisory lock held while migrating
+from sandhold.store.schema import run_migrations
 
 
 def _lock_free(now: float) -> ColumnElement[bool]:
@@ -104,14 +98,8 @@ class Store:
 
     # -- schema ---------------------------------------------------------------------------------
     def migrate(self) -> None:
-        """Bring the schema to the newest revision; replicas starting together take turns."""
-        cfg = Config()
-        cfg.set_main_option("script_location", str(MIGRATIONS))
-        with self.engine.begin() as conn:
-            if conn.dialect.name == "postgresql":
-                conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": MIGRATION_LOCK_ID})
-            cfg.attributes["connection"] = conn
-            command.upgrade(cfg, "head")
+        """Bring the schema to the newest revision (see schema.py)."""
+        run_migrations(self.engine)
 
     # -- tenants --------------------------------------------------------------------------------
     def put_tenant(self, tenant_id: str, policy: dict[str, Any], api_key: str | None) -> Tenant:
