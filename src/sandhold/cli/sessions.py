@@ -2,21 +2,54 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from sandhold.cli.common import console, fail, load_settings
-from sandhold.errors import InvalidRequest, SandholdError, SessionNotFound
+from sandhold.errors import InvalidRequest, NotFound, SandholdError, SessionNotFound, Unavailable
 
 app = typer.Typer(no_args_is_help=True, help="Gateway sessions and their timelines.")
 
 
 def _store() -> Any:
-    from sandhold.store.db import Store
+    """The gateway's store, opened for reading only if it is there: a SQLite file is never
+    created here (an empty one would then answer "no such table")."""
+    from sqlalchemy.engine import make_url
 
-    return Store(load_settings().gateway_store)
+    from sandhold.store.db import Store
+    from sandhold.store.schema import require_head
+
+    url = make_url(load_settings().gateway_store)
+    where = url.render_as_string(hide_password=True)
+    if url.get_backend_name() == "sqlite":
+        if not url.database or not Path(url.database).is_file():
+            raise NotFound(f"no gateway store at {url.database}: `sandhold gateway serve` "
+                           "creates it at its first start (SANDHOLD_DATA_DIR or "
+                           "SANDHOLD_GATEWAY_STORE_URL choose another)")  # fmt: skip
+        where = url.database
+    store = Store(url.render_as_string(hide_password=False))
+    require_head(store.engine, where)
+    return store
+
+
+@contextlib.contextmanager
+def _failing() -> Iterator[None]:
+    """Errors of the tree, and the database's own (unreachable, locked, unreadable), exit with
+    their status and one line instead of a traceback."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    try:
+        yield
+    except SandholdError as e:
+        fail(e)
+    except SQLAlchemyError as e:
+        reason = str(getattr(e, "orig", None) or e).strip().splitlines()[0]
+        fail(Unavailable(f"cannot read the gateway store: {reason}"))
 
 
 def _when(ts: float) -> str:
@@ -30,10 +63,8 @@ def session_ls(tenant: Annotated[str | None, typer.Option(help="only this tenant
     """List sessions with their current sandbox."""
     from rich.table import Table
 
-    try:
+    with _failing():
         rows = _store().sessions(tenant)
-    except SandholdError as e:
-        fail(e)
     table = Table("tenant", "session", "state", "sandbox", "created")
     for r in rows:
         table.add_row(r.tenant_id, r.session_id, r.state, r.sandbox_id or "-",
@@ -52,7 +83,7 @@ def session_timeline(
 
     from sandhold.gateway.timeline import event_json
 
-    try:
+    with _failing():
         store = _store()
         rows = [r for r in store.sessions(tenant) if r.session_id == session_id]
         if not rows:
@@ -61,8 +92,6 @@ def session_timeline(
         if len(rows) > 1:
             raise InvalidRequest(f"{len(rows)} sessions named {session_id!r}; use --tenant")
         events = store.timeline(rows[0].tenant_id, session_id)
-    except SandholdError as e:
-        fail(e)
     events = sorted(events, key=lambda ev: (ev.at, ev.id))
     if as_json:
         print(json.dumps([event_json(ev) for ev in events], indent=2))
@@ -80,8 +109,6 @@ def session_timeline(
 @app.command("stats")
 def session_stats(tenant: str) -> None:
     """Per-tenant aggregates: sessions, live sandboxes, events and tool calls."""
-    try:
+    with _failing():
         aggregates = _store().aggregates(tenant)
-    except SandholdError as e:
-        fail(e)
     console.print_json(json.dumps(aggregates))

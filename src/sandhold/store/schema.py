@@ -13,9 +13,11 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, text
 
-from sandhold.errors import SandholdError
+from sandhold.errors import Conflict, NotFound, SandholdError
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 MIGRATION_LOCK_ID = 0x5A4D_0001  # PostgreSQL advisory lock held while migrating
@@ -61,3 +63,18 @@ def _sqlite(conn: Connection, cfg: Config, direction: str, revision: str) -> Non
         raw.isolation_level = legacy  # type: ignore[attr-defined]
         conn.exec_driver_sql("PRAGMA foreign_keys=ON")
         conn.commit()
+
+
+def require_head(engine: Engine, where: str) -> None:
+    """For a reader of a store it does not migrate (the CLI): NotFound when ``where`` holds no
+    gateway store, Conflict when its schema is not this version's."""
+    with engine.connect() as conn:
+        revision = MigrationContext.configure(conn).get_current_revision()
+    head = ScriptDirectory(str(MIGRATIONS)).get_current_head()
+    if revision is None:
+        raise NotFound(f"{where} holds no gateway store: `sandhold gateway serve` creates its "
+                       "tables at its first start")  # fmt: skip
+    if revision != head:
+        raise Conflict(f"the gateway store at {where} has schema revision {revision}, this "
+                       f"version reads {head}: start `sandhold gateway serve` of this version "
+                       "once to migrate it")  # fmt: skip
