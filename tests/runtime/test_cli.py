@@ -65,3 +65,15 @@ def test_template_ls_and_doctor(cli):
     assert r.returncode == 0
     for check in ("bubblewrap", "user namespaces", "overlay", "seccomp"):
         assert check in r.stdout
+
+
+def test_doctor_exits_69_when_a_required_check_fails(settings, tmp_path):
+    """A host without bubblewrap (none on this PATH): the table still shows, then one line and
+    HostUnsupported's status, 69, never 1 (Python's for a bug)."""
+    env = {"PATH": str(tmp_path), "SANDHOLD_DATA_DIR": str(settings.data_dir)}
+    r = subprocess.run([sys.executable, "-m", "sandhold.cli", "doctor"], capture_output=True,
+                       text=True, env=env, timeout=120)  # fmt: skip
+    assert r.returncode == 69, (r.returncode, r.stdout, r.stderr)
+    assert "MISSING" in r.stdout and "bubblewrap" in r.stdout  # the table, with its fixes
+    assert "required check(s) failed" in r.stderr and "bubblewrap" in r.stderr
+    assert "Traceback" not in r.stderr

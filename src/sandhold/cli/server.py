@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from sandhold.cli.common import FD_HELP, console, fail, load_settings
-from sandhold.errors import SandholdError
+from sandhold.errors import HostUnsupported, SandholdError
 
 
 def doctor() -> None:
@@ -27,8 +27,10 @@ def doctor() -> None:
                                                    "[yellow]optional[/yellow]")  # fmt: skip
         table.add_row(c.name, status, c.detail, "" if c.ok else c.fix)
     console.print(table)
-    if any(c.required and not c.ok for c in checks):  # a report, not an error of the tree
-        raise typer.Exit(1)
+    missing = [c.name for c in checks if c.required and not c.ok]
+    if missing:  # what HostUnsupported exits with (69), not 1, which is Python's for a bug
+        fail(HostUnsupported(f"{len(missing)} required check(s) failed: {', '.join(missing)} "
+                             "(see the fix column)"))  # fmt: skip
 
 
 def demo(
