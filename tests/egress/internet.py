@@ -6,8 +6,11 @@ machine), running ``servers.py`` (HTTP, HTTPS with a test CA, DNS) on three addr
 - ``.3``: ``evil.test`` (must never receive anything in the attack tests)
 - ``.4``: ``plain.example.test``
 
-and names that resolve to internal addresses (``rebind.example.test`` → 127.0.0.1, etc.).
-Everything it creates is removed by ``close()``: the servers, the namespace and the veth.
+and names that resolve to internal addresses (``rebind.example.test`` → 127.0.0.1, etc.). The
+veth also carries IPv6 (``2001:2:0:N::/64``, the benchmark range), and the IPv6 forms of a
+loopback address that the guard tests use are routed into the namespace (``traps.py``).
+Everything it creates is removed by ``close()``: the servers, the namespace and the veth (with
+it, its routes).
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+
+from tests.egress.traps import Trap, loopback_v4, routed_forms
 
 REPO = Path(__file__).resolve().parents[2]
 NAMES = (
@@ -117,6 +122,10 @@ class Internet:
         self.api_ip = f"198.18.{self.net}.2"
         self.evil_ip = f"198.18.{self.net}.3"
         self.plain_ip = f"198.18.{self.net}.4"
+        self.host_ip6 = f"2001:2:0:{self.net:x}::1"
+        self.ns_ip6 = f"2001:2:0:{self.net:x}::2"
+        self.trap_forms = routed_forms(self.net, self.api_ip)
+        self.trap: Trap | None = None
         self.names = {
             "api.example.test": self.api_ip,
             "other.example.test": self.api_ip,
@@ -156,7 +165,18 @@ class Internet:
             _run("ip", "-n", self.ns, "addr", "add", f"{ip}/24", "dev", self.veth_ns)
         _run("ip", "-n", self.ns, "link", "set", self.veth_ns, "up")
         _run("ip", "-n", self.ns, "link", "set", "lo", "up")
+        _run("ip", "addr", "add", f"{self.host_ip6}/64", "dev", self.veth_host, "nodad")
+        _run("ip", "-n", self.ns, "addr", "add", f"{self.ns_ip6}/64", "dev", self.veth_ns, "nodad")
+        for addr in self.trap_forms.values():
+            _run("ip", "-n", self.ns, "addr", "add", f"{addr}/128", "dev", "lo", "nodad")
+            _run(
+                "ip", "-6", "route", "add", f"{addr}/128", "via", self.ns_ip6, "dev", self.veth_host
+            )
+        # The forms the host delivers itself: the IPv4-mapped one, and the host's own address.
+        self.trap = Trap([loopback_v4(self.net), self.host_ip6])
         cfg = {
+            "traps": list(self.trap_forms.values()),
+            "trap_port": self.trap.port,
             "addrs": [self.api_ip, self.evil_ip, self.plain_ip],
             "cert": str(self.cert),
             "key": str(self.key),
@@ -200,7 +220,15 @@ class Internet:
     def since(self, mark: int) -> list[dict[str, object]]:
         return self.requests()[mark:]
 
+    def trap_hits(self, mark: int) -> int:
+        """Connections the traps saw: on the host, and in the namespace since ``mark``."""
+        traps = {ipaddress.ip_address(a) for a in self.trap_forms.values()}
+        hits = self.trap.hits if self.trap is not None else 0
+        return hits + len([r for r in self.since(mark) if _ip(r.get("server")) in traps])
+
     def close(self) -> None:
+        if self.trap is not None:
+            self.trap.close()
         if self.proc is not None:
             self.proc.terminate()
             try:
@@ -230,3 +258,10 @@ def _is_ip(text: str) -> bool:
         return True
     except ValueError:
         return False
+
+
+def _ip(text: object) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(str(text))
+    except ValueError:
+        return None

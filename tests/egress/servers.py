@@ -77,9 +77,13 @@ class Handler(BaseHTTPRequestHandler):
     do_GET = do_POST = do_PUT = do_HEAD = do_DELETE = _handle
 
 
+class Server6(ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+
+
 def serve_http(addr: str, port: int, cfg: dict[str, object], tls: ssl.SSLContext | None) -> None:
     handler = type("H", (Handler,), {"cfg": cfg, "scheme": "https" if tls else "http"})
-    srv = ThreadingHTTPServer((addr, port), handler)
+    srv = (Server6 if ":" in addr else ThreadingHTTPServer)((addr, port), handler)
     srv.daemon_threads = True
     if tls is not None:
         srv.socket = tls.wrap_socket(srv.socket, server_side=True)
@@ -125,6 +129,8 @@ def main() -> None:
     for addr in cfg["addrs"]:
         serve_http(addr, 80, cfg, None)
         serve_http(addr, 443, cfg, tls)
+    for addr in cfg.get("traps", []):  # IPv6 forms of loopback: anything reaching them is logged
+        serve_http(addr, cfg["trap_port"], cfg, None)
     serve_dns(cfg["addrs"][0], cfg["names"], cfg["log"])
     print("ready", flush=True)
     threading.Event().wait()

@@ -101,3 +101,53 @@ def test_names_outside_an_allow_list_are_refused_before_any_lookup() -> None:
         CompiledPolicy(EgressPolicy(mode="allowlist", allow=["198.51.100.0/24"])).precheck("b.test")
         is None
     )
+
+
+@pytest.mark.parametrize(
+    "addr,embedded",
+    [
+        ("::ffff:127.0.0.1", None),  # IPv4-mapped: exactly its IPv4 address
+        ("::127.0.0.1", "127.0.0.1"),  # IPv4-compatible
+        ("::ffff:0:10.0.0.1", "10.0.0.1"),  # IPv4-translated
+        ("64:ff9b::a9fe:a9fe", "169.254.169.254"),  # NAT64
+        ("2002:c0a8:101::1", "192.168.1.1"),  # 6to4
+        ("2001:0:c612:1002::80ff:fffe", "127.0.0.1"),  # Teredo (client, xor 0xffffffff)
+        ("2001:0:a00:1::", "10.0.0.1"),  # Teredo (server)
+        ("2001:4860::200:5efe:a00:1", "10.0.0.1"),  # ISATAP
+    ],
+)
+def test_ipv6_forms_are_judged_by_the_ipv4_address_they_embed(addr, embedded) -> None:
+    opened = Guard(open_cidrs=["64:ff9b::/96", "2002::/16", "::/96", "::ffff:0:0:0/96"])
+    why = opened.internal(A(addr))
+    assert why is not None and "internal address" in why
+    if embedded:
+        assert f"embeds {embedded}" in why
+    # and the operator must open the embedded range as well
+    both = Guard(open_cidrs=[*(str(n) for n in opened.open), "0.0.0.0/0"])
+    assert both.internal(A(addr)) is None
+
+
+def test_public_ipv4_behind_nat64_passes_once_the_operator_opens_it() -> None:
+    assert GUARD.internal(A("64:ff9b::8.8.8.8")) is not None  # closed by default
+    assert Guard(open_cidrs=["64:ff9b::/96"]).internal(A("64:ff9b::8.8.8.8")) is None
+    assert GUARD.internal(A("2001:0:4136:e378:8000:63bf:3fff:fdd2")) is None  # public Teredo
+
+
+@pytest.mark.parametrize(
+    "addr",
+    ["2001:db8::7%eth0", "2001:db8::7%25lo", "::ffff:203.0.113.7%lo", "64:ff9b::203.0.113.7"],
+)
+def test_scope_ids_and_embedded_forms_of_host_addresses(addr: str) -> None:
+    guard = Guard(open_cidrs=["64:ff9b::/96"], host_addresses=["203.0.113.7", "2001:db8::7"])
+    assert "an address of the sandbox host" in (guard.internal(A(addr)) or "")
+    d = CompiledPolicy(EgressPolicy(mode="open")).decide("x.test", [A(addr)], guard)
+    assert (d.allowed, d.rule) == (False, "internal")
+
+
+def test_deny_rules_match_embedded_forms_and_allow_rules_do_not() -> None:
+    guard = Guard(open_cidrs=["64:ff9b::/96"])
+    deny = CompiledPolicy(EgressPolicy(mode="open", deny=["198.51.100.0/24"]))
+    assert not deny.decide("x.test", [A("64:ff9b::198.51.100.1")], guard).allowed
+    allow = CompiledPolicy(EgressPolicy(mode="allowlist", allow=["198.51.100.0/24"]))
+    assert not allow.decide("64:ff9b::198.51.100.1", [A("64:ff9b::198.51.100.1")], guard).allowed
+    assert allow.decide("::ffff:198.51.100.1", [A("::ffff:198.51.100.1")], guard).allowed

@@ -16,7 +16,7 @@ import h11
 
 from sandhold.audit import AuditLog
 from sandhold.egress.ca import DeploymentCA
-from sandhold.egress.policy import CompiledPolicy, Decision, Guard, IPAddress, parse_ip
+from sandhold.egress.policy import CompiledPolicy, Decision, Guard, IPAddress, parse_ip, unscoped
 from sandhold.egress.refusal import refused
 from sandhold.egress.resolver import Resolver
 from sandhold.egress.secrets import Injection, SecretStore, host_matches
@@ -119,7 +119,8 @@ class Connection:
             texts = await self.shared.resolver.resolve(host)
         except EgressRefused as e:  # only the resolver's: the name does not resolve
             raise refused(502, str(e), "resolve") from None
-        addrs = [ipaddress.ip_address(a) for a in texts]
+        # Judged and dialled without a scope id: the sandbox does not pick host interfaces.
+        addrs = [unscoped(ipaddress.ip_address(a)) for a in texts]
         decision = policy.decide(host, addrs, self.shared.guard)
         if not decision.allowed:
             raise refused(403, decision.describe(), decision.rule)

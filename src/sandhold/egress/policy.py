@@ -8,8 +8,11 @@ As in E2B, an allow rule wins over a deny rule.
 Whatever the rules say, internal addresses (loopback, link-local and the metadata address,
 RFC 1918, CGNAT, unique-local IPv6, multicast, the host's own addresses) are never dialled,
 unless the operator opened a range (``Settings.egress_open_cidrs``): the tenant's rules cannot
-reach them. Domain rules are checked against the name the client asked for *and* every address
-that name resolved to, and the proxy dials only an address it checked (no DNS rebinding).
+reach them. An address is judged in every form it stands for (``forms``): without its scope id,
+and as each IPv4 address it embeds (IPv4-mapped and -compatible, NAT64, 6to4, Teredo, ISATAP),
+each of which must pass on its own. Domain rules are checked against the name the client asked
+for *and* every address that name resolved to, and the proxy dials only an address it checked
+(no DNS rebinding).
 """
 
 from __future__ import annotations
@@ -31,8 +34,8 @@ _DOMAIN_RE = re.compile(rf"^{_LABEL}(\.{_LABEL})*$")
 MAX_RULES = 1000
 ALL_TRAFFIC = ("0.0.0.0/0", "::/0")  # a rule that names every address
 
-# Never dialled unless the operator opens a range. ::ffff:0:0/96 (IPv4-mapped) is checked through
-# the mapped IPv4 address instead.
+# Never dialled unless the operator opens a range. IPv6 forms that embed an IPv4 address are
+# judged as that address as well (``forms``); ::ffff:0:0/96 (IPv4-mapped) only as it.
 INTERNAL_NETWORKS: tuple[IPNetwork, ...] = tuple(
     ipaddress.ip_network(n)
     for n in (
@@ -46,15 +49,19 @@ INTERNAL_NETWORKS: tuple[IPNetwork, ...] = tuple(
         "192.168.0.0/16",
         "224.0.0.0/4",
         "240.0.0.0/4",
-        "::/128",
-        "::1/128",
+        "::/96",  # IPv4-compatible (deprecated), with :: and ::1
         "fc00::/7",
         "fe80::/10",
+        "fec0::/10",  # site-local (deprecated)
         "ff00::/8",
-        "64:ff9b::/96",
-        "2002::/16",
+        "64:ff9b::/96",  # NAT64
+        "64:ff9b:1::/48",  # NAT64, local use
+        "2002::/16",  # 6to4
     )
 )
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+_V4_COMPATIBLE = ipaddress.ip_network("::/96")
+_V4_TRANSLATED = ipaddress.ip_network("::ffff:0:0:0/96")
 
 
 def normalize_host(host: str) -> str:
@@ -68,10 +75,45 @@ def parse_ip(host: str) -> IPAddress | None:
         return None
 
 
+def unscoped(addr: IPAddress) -> IPAddress:
+    """``addr`` without its scope id (``fe80::1%eth0``): a scope names a host interface, which is
+    not the sandbox's to choose, and a scoped address compares unequal to the plain one."""
+    if isinstance(addr, ipaddress.IPv6Address) and addr.scope_id is not None:
+        return ipaddress.IPv6Address(int(addr))
+    return addr
+
+
 def unmap(addr: IPAddress) -> IPAddress:
+    addr = unscoped(addr)
     if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
         return addr.ipv4_mapped
     return addr
+
+
+def embedded_ipv4(addr: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
+    """The IPv4 addresses an IPv6 address stands for, where a host's tunnel or a gateway on the
+    path would deliver it as IPv4: NAT64, IPv4-compatible and -translated (the low 32 bits),
+    6to4, Teredo (server and client) and ISATAP interface identifiers."""
+    low = ipaddress.IPv4Address(int(addr) & 0xFFFFFFFF)
+    out: list[ipaddress.IPv4Address] = []
+    if addr in _NAT64 or addr in _V4_COMPATIBLE or addr in _V4_TRANSLATED:
+        out.append(low)
+    if addr.sixtofour is not None:
+        out.append(addr.sixtofour)
+    if addr.teredo is not None:
+        out.extend(addr.teredo)
+    if (int(addr) >> 32) & 0xFDFFFFFF == 0x5EFE:  # ISATAP: ::0:5efe:a.b.c.d, ::200:5efe:...
+        out.append(low)
+    return out
+
+
+def forms(addr: IPAddress) -> list[IPAddress]:
+    """Every address ``addr`` stands for: itself without a scope id, then the IPv4 addresses it
+    embeds. An IPv4-mapped address is exactly its IPv4 address."""
+    addr = unmap(addr)
+    if isinstance(addr, ipaddress.IPv4Address):
+        return [addr]
+    return [addr, *embedded_ipv4(addr)]
 
 
 @dataclass(frozen=True)
@@ -89,12 +131,14 @@ class Rule:
             return name == self.domain
         return self.suffix is not None and name.endswith(self.suffix)
 
-    def matches_addr(self, addr: IPAddress) -> bool:
-        return (
-            self.network is not None
-            and addr.version == self.network.version
-            and (addr in self.network)
-        )
+    def matches_addr(self, addr: IPAddress, any_form: bool = False) -> bool:
+        """Whether the rule's network holds ``addr`` (IPv4-mapped: its IPv4 address), or with
+        ``any_form`` any address it embeds: deny rules match wider, allow rules never do."""
+        net = self.network
+        if net is None:
+            return False
+        cands = forms(addr) if any_form else [unmap(addr)]
+        return any(f.version == net.version and f in net for f in cands)
 
 
 def parse_rule(text: str) -> Rule:
@@ -178,8 +222,19 @@ class Guard:
         self.host_addresses = {unmap(ipaddress.ip_address(a)) for a in addresses}
 
     def internal(self, addr: IPAddress) -> str | None:
-        """Why ``addr`` may not be dialled, or None."""
-        addr = unmap(addr)
+        """Why ``addr`` may not be dialled, or None. Each of its forms must pass on its own, so
+        opening NAT64 or 6to4 does not open the internal addresses they embed."""
+        first, *embedded = forms(addr)
+        why = self._judge(first)
+        if why is not None:
+            return why
+        for v4 in embedded:
+            why = self._judge(v4)
+            if why is not None:
+                return f"it embeds {v4}, {why}"
+        return None
+
+    def _judge(self, addr: IPAddress) -> str | None:
         if any(addr.version == n.version and addr in n for n in self.open):
             return None
         if addr in self.host_addresses:
@@ -207,7 +262,7 @@ class CompiledPolicy:
         for r in rules:
             if name is not None and r.matches_name(name):
                 return r
-            if addrs and r.network is not None and all(r.matches_addr(unmap(a)) for a in addrs):
+            if addrs and r.network is not None and all(r.matches_addr(a) for a in addrs):
                 return r
         return None
 
@@ -247,7 +302,7 @@ class CompiledPolicy:
         denied = self._first(self.deny, name, ())
         if denied is None:
             denied = next(
-                (r for r in self.deny if any(r.matches_addr(unmap(a)) for a in addrs)), None
+                (r for r in self.deny if any(r.matches_addr(a, True) for a in addrs)), None
             )
         if denied is not None:
             return Decision(False, f"deny {denied.text}", f"{host} is denied")
