@@ -163,3 +163,17 @@ async def test_daemon_exits_with_the_last_egress_sandbox(egress_runtime, egress_
     await asyncio.sleep(0.3)
     assert not daemon_pids(d)
     assert not (d / "egress" / "control.sock").exists()
+
+
+async def test_a_refusal_inside_an_intercepted_tunnel_is_audited(egress_sandbox, egress_settings):
+    sbx = await egress_sandbox(allow=["api.example.test"])
+    r = await sh(
+        sbx,
+        "curl -s -o /dev/null -w '%{http_code}' --max-time 10 "
+        "-H 'Host: other.example.test' 'https://api.example.test/fronted?q=1'",
+    )
+    assert r.text == "403"
+    recs = audit.query(audit.egress_dir(egress_settings.data_dir), sandbox=sbx.id)
+    denied = [x for x in recs if x["kind"] == "mitm" and x["decision"] == "deny"]
+    assert denied and denied[0]["rule"] == "host" and denied[0]["path"] == "/fronted?q=1", recs
+    assert denied[0]["status"] == 403 and "does not match the tunnel" in denied[0]["reason"]

@@ -87,11 +87,12 @@ async def serve_requests(c: Connection, target: Target, tls: bool) -> None:
                 method=ev.method.decode(),
                 host=target.host,
                 port=target.port,
-                path=origin_form(ev.target),
+                path=origin_form(ev.target).decode("ascii", "replace"),
                 status=e.status,
                 decision="deny",
                 rule=e.rule,
                 reason=e.message,
+                duration_ms=round((time.monotonic() - started) * 1e3, 2),
             )
             return
         if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
