@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
-from e2b import Sandbox, SandboxException
+from e2b import InvalidArgumentException, Sandbox, SandboxException
 
 from sandhold.config import Settings
 from sandhold.e2b.creates import host_mounts
@@ -85,6 +85,34 @@ def test_env_within_the_limits_reaches_every_command(server: Server) -> None:
     envs = {f"VAR_{i}": "y" * 500 for i in range(400)}  # 400 variables, about 200 KiB
     with Sandbox.create(envs=envs) as sbx:
         r = sbx.commands.run("echo ${#VAR_399}; env | grep -c ^VAR_")
+        assert r.stdout.split() == ["500", "400"]
+
+
+def test_3000_env_vars_of_1kb_on_a_command_are_refused_and_the_sandbox_works(
+    server: Server,
+) -> None:
+    """A command's envs (envd's Start request) get the bounds of a create's, as envd answers an
+    invalid argument (Connect's invalid_argument: the SDK's InvalidArgumentException); nothing is
+    started, and the sandbox goes on working."""
+    with Sandbox.create() as sbx:
+        for background in (False, True):
+            with pytest.raises(InvalidArgumentException) as exc:
+                sbx.commands.run("touch /tmp/ran", envs={f"VAR_{i}": KB for i in range(3000)},
+                                 background=background)  # fmt: skip
+            message = str(exc.value)
+            assert "process.envs" in message and "sandbox_env_max_vars" in message, message
+            assert len(message) < 400  # the oversized value is not echoed
+        for envs, setting in [
+            ({f"VAR_{i}": KB for i in range(300)}, "sandbox_env_max_bytes"),  # 300 KiB in all
+            ({"BIG": "x" * (33 * 1024)}, "sandbox_env_max_value_bytes"),
+            ({"N" * 300: "x"}, "sandbox_env_max_name_bytes"),
+        ]:
+            with pytest.raises(InvalidArgumentException, match=setting):
+                sbx.commands.run("touch /tmp/ran", envs=envs)
+        r = sbx.commands.run("ls /tmp/ran 2>&1; echo alive", envs={"A": "1"})
+        assert r.stdout.split("\n")[-2] == "alive" and "No such file" in r.stdout, r.stdout
+        within = {f"VAR_{i}": "y" * 500 for i in range(400)}  # about 200 KiB: allowed
+        r = sbx.commands.run("echo ${#VAR_399}; env | grep -c ^VAR_", envs=within)
         assert r.stdout.split() == ["500", "400"]
 
 

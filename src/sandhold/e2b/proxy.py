@@ -16,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import gzip
+import io
 import json
 import logging
 import re
@@ -42,6 +44,7 @@ from sandhold.errors import (
     Unauthenticated,
 )
 from sandhold.service import Sandbox, SandboxService
+from sandhold.service.limits import check_env
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -58,6 +61,7 @@ DROP_REQUEST = frozenset({
 })  # fmt: skip
 DROP_RESPONSE = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding"})
 CONNECT_STREAM = b"application/connect+"  # the content type of Connect's streamed responses
+START = "/process.Process/Start"  # commands.run, background commands and PTYs
 
 log = logging.getLogger(__name__)
 # Set when this request's response was cut off on purpose (see ``_exchange``), for
@@ -177,11 +181,18 @@ class DeliberateAbort(logging.Filter):
 class DataPlane:
     def __init__(self, service: SandboxService, settings: Settings) -> None:
         self.service = service
+        self.settings = settings
         self.file_audit = FileAudit(settings.data_dir)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, target: Target) -> None:
         try:
             sbx = await self._admit(scope, target)
+            if target.port == ENVD_PORT and scope["method"] == "POST" and scope["path"] == START:
+                try:
+                    receive = await self._bounded_start(scope, receive)
+                except InvalidRequest as e:  # as envd answers a stream's invalid argument
+                    await send_stream_error(send, "invalid_argument", e.message)
+                    return
             op = file_op(scope["method"], scope["path"]) if target.port == ENVD_PORT else None
             if op is None:
                 await self._forward(scope, receive, send, sbx, target.port)
@@ -219,6 +230,35 @@ class DataPlane:
                 raise gone(sbx.id)
             sbx = resumed
         return sbx
+
+    async def _bounded_start(self, scope: Scope, receive: Receive) -> Receive:
+        """A command's environment gets the bounds of a create's (service/limits.py): the
+        agent runs whatever it is given, and 3,000 variables of 1 KB fail at execve (E2BIG).
+        The request is read whole (it is small) and passed on as it came."""
+        limit, body = self.settings.server_max_body_bytes, bytearray()
+        more = True
+        while more:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                break
+            body += msg.get("body", b"")
+            if len(body) > limit:
+                raise InvalidRequest(f"the request body is over {limit} bytes (setting "
+                                     "server_max_body_bytes)")  # fmt: skip
+            more = msg.get("more_body", False)
+        envs = _start_envs(bytes(body), dict(scope["headers"]), limit)
+        if envs is not None:
+            check_env(envs, self.settings, "the command's environment (process.envs)")
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if replayed:
+                return await receive()  # the client's disconnect, when it comes
+            replayed = True
+            return {"type": "http.request", "body": bytes(body), "more_body": False}
+
+        return replay
 
     async def _by_signature(self, method: str, query: dict[str, str]) -> Sandbox:
         for sbx in await self.service.query():
@@ -349,6 +389,39 @@ class DataPlane:
             pump.cancel()
             with contextlib.suppress(BaseException):
                 await pump
+
+
+def _start_envs(body: bytes, headers: dict[bytes, bytes], limit: int) -> dict[str, str] | None:
+    """``process.envs`` of a Start request (one Connect envelope of JSON), or None when it is
+    not one the agent could read either (the agent then says what is wrong)."""
+    if len(body) < 5:
+        return None
+    flags, size = struct.unpack_from(">BI", body)
+    payload = body[5 : 5 + size]
+    try:
+        if flags & 0x01 and headers.get(b"connect-content-encoding") == b"gzip":
+            with gzip.GzipFile(fileobj=io.BytesIO(payload)) as z:
+                payload = z.read(limit + 1)
+            if len(payload) > limit:
+                raise InvalidRequest(f"the request is over {limit} bytes uncompressed (setting "
+                                     "server_max_body_bytes)")  # fmt: skip
+        msg = json.loads(payload)
+    except (OSError, EOFError, ValueError):
+        return None
+    proc = msg.get("process") if isinstance(msg, dict) else None
+    envs = proc.get("envs") if isinstance(proc, dict) else None
+    if not isinstance(envs, dict):
+        return None
+    return {str(k): str(v) for k, v in envs.items()}
+
+
+async def send_stream_error(send: Send, code: str, message: str) -> None:
+    """A Connect server stream that ends at once with an error (HTTP 200, as envd's)."""
+    body = envelope({"error": {"code": code, "message": message}}, END_STREAM)
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"application/connect+json"),
+                            (b"content-length", str(len(body)).encode())]})  # fmt: skip
+    await send({"type": "http.response.body", "body": body})
 
 
 def _observed(

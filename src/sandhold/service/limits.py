@@ -29,8 +29,10 @@ def over(settings: object, setting: str, what: str, size: int, unit: str = "byte
                              f"(setting {setting})")  # fmt: skip
 
 
-def check_env(env: Mapping[str, str], limits: CreateLimits) -> None:
-    over(limits, "sandbox_env_max_vars", "the environment", len(env), "variables")
+def check_env(env: Mapping[str, str], limits: CreateLimits, what: str = "the environment"
+              ) -> None:  # fmt: skip
+    """A create's environment, or a command's (the E2B data plane's ``process.envs``)."""
+    over(limits, "sandbox_env_max_vars", what, len(env), "variables")
     total = 0
     for name, value in env.items():
         over(limits, "sandbox_env_max_name_bytes",
@@ -38,7 +40,7 @@ def check_env(env: Mapping[str, str], limits: CreateLimits) -> None:
         over(limits, "sandbox_env_max_value_bytes",
              f"the value of environment variable {clipped(name)}", nbytes(value))  # fmt: skip
         total += nbytes(name) + nbytes(value) + 2  # "NAME=value\0", as execve counts it
-    over(limits, "sandbox_env_max_bytes", "the environment (its NAME=value strings)", total)
+    over(limits, "sandbox_env_max_bytes", f"{what} (its NAME=value strings)", total)
 
 
 def check_metadata(metadata: Mapping[str, str], limits: CreateLimits) -> None:
