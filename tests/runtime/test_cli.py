@@ -58,6 +58,26 @@ def test_bad_input_gives_clear_errors(cli):
     assert r.returncode == 66 and "does not exist" in r.stderr  # NotFound
 
 
+@pytest.mark.parametrize(
+    ("args", "setting"),
+    [
+        ([f"-eV_{i}=x" for i in range(513)], "sandbox_env_max_vars"),
+        ([f"-eV_{i}={'x' * 1024}" for i in range(300)], "sandbox_env_max_bytes"),  # 300 KiB
+        ([f"-eBIG={'x' * (33 * 1024)}"], "sandbox_env_max_value_bytes"),
+        ([f"-m{'k' * 257}=v"], "sandbox_metadata_max_key_bytes"),
+        ([f"-mk{i}=v" for i in range(129)], "sandbox_metadata_max_keys"),
+    ],
+)
+def test_create_has_the_bounds_of_the_service(cli, settings, args, setting):
+    """The same limits as a create through the server (service/limits.py): 65, the setting
+    named, nothing made."""
+    before = sorted(p.name for p in (settings.data_dir / "sandboxes").glob("*"))
+    r = cli("sandbox", "create", *args, check=False)
+    assert r.returncode == 65 and setting in r.stderr, (r.returncode, r.stderr[-500:])
+    assert len(r.stderr) < 500  # the oversized value is not echoed
+    assert sorted(p.name for p in (settings.data_dir / "sandboxes").glob("*")) == before
+
+
 def test_template_ls_and_doctor(cli):
     out = cli("template", "ls").stdout
     assert "base" in out and "host" in out

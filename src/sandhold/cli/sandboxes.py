@@ -34,7 +34,16 @@ def sandbox_create(
     metadata: Annotated[list[str], typer.Option("--metadata", "-m", help="KEY=VALUE")] = [],  # noqa: B006
 ) -> None:
     """Create a sandbox; it keeps running after this command returns."""
+    from sandhold.config import get_settings
+    from sandhold.service.limits import check_create
+    from sandhold.service.records import CreateSandbox
+
     try:
+        envs, pairs = _pairs(env, "--env"), _pairs(metadata, "--metadata")
+        # The service's bounds of a create, before anything is made (the CLI's sandboxes have
+        # no lifecycle record, so no timeout: the server's timers leave them alone).
+        check_create(CreateSandbox(owner="cli", template=template, timeout_s=0, env=envs,
+                                   metadata=pairs), get_settings())  # fmt: skip
         rt = runtime()
         limits: dict[str, Any] = {
             "memory_mb": memory_mb or rt.settings.default_memory_mb,
@@ -44,8 +53,8 @@ def sandbox_create(
         spec = {
             "template": template,
             "limits": limits,
-            "env": _pairs(env, "--env"),
-            "metadata": _pairs(metadata, "--metadata"),
+            "env": envs,
+            "metadata": pairs,
             "workspace_id": workspace,
         }
         info = rt.create(spec)
