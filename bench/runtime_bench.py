@@ -4,10 +4,12 @@ measured in the same run.
 
     .venv/bin/python bench/runtime_bench.py [--n 30] [--idle 500] [--out bench/results/runtime.json]
     .venv/bin/python bench/runtime_bench.py --disk [--n 30]   # -> bench/results/runtime_disk.json
+    .venv/bin/python bench/runtime_bench.py --isolation [--n 30]  # -> runtime_isolation.json
 
 Prints one JSON document (and writes it to --out). Times are milliseconds. ``--disk`` measures
 only the disk budget's cost: create, first command, a 256 MiB write and kill with the budget
-(its own ext4 image on a loop device) against the same without, interleaved in one run.
+(its own ext4 image on a loop device) against the same without, interleaved in one run;
+``--isolation`` the same with disk budgets and per-sandbox uid ranges each turned off and both.
 """
 
 from __future__ import annotations
@@ -29,11 +31,11 @@ from sandhold.runtime.client import AgentClient
 from sandhold.runtime.runtime import Runtime
 
 
-async def disk_comparison(rt: Runtime, n: int) -> dict[str, object]:
-    """The same create -> command -> write -> kill with and without a disk budget, on one data
-    dir, alternating which goes first."""
-    off = Runtime(rt.settings.model_copy(update={"disk_enforced": False})).open()
-    rts = {"with_budget": rt, "without": off}
+async def comparison(rt: Runtime, n: int, variants: dict[str, dict[str, object]]) -> dict:
+    """The same create -> command -> write -> kill with ``rt`` ("all": every isolation on) and
+    with runtimes on the same data dir whose settings turn some off, rotating the order."""
+    rts = {"all": rt} | {k: Runtime(rt.settings.model_copy(update=v)).open()
+                         for k, v in variants.items()}  # fmt: skip
     names = ("create_to_ready_ms", "create_to_first_command_ms", "write_256mib_fsync_ms", "kill_ms")
     t: dict[str, dict[str, list[float]]] = {k: {m: [] for m in names} for k in rts}
 
@@ -52,18 +54,24 @@ async def disk_comparison(rt: Runtime, n: int) -> dict[str, object]:
         r.kill(info.id)
         m["kill_ms"].append((time.perf_counter() - t0) * 1000)
 
-    for name in rts:  # warm both paths
+    order = list(rts)
+    for name in order:  # warm every path
         await one(name)
     for k in t.values():
         for v in k.values():
             v.clear()
     for i in range(n):
-        for name in list(rts)[:: 1 if i % 2 else -1]:
+        for name in order[i % len(order) :] + order[: i % len(order)]:
             await one(name)
     out: dict[str, object] = {k: {m: summary(v) for m, v in k_t.items()} for k, k_t in t.items()}
-    out["ratio_p50"] = {
-        m: round(pct(t["with_budget"][m], 50) / pct(t["without"][m], 50), 2) for m in names
+    out["ratio_p50_all_to"] = {
+        k: {m: round(pct(t["all"][m], 50) / pct(t[k][m], 50), 2) for m in names} for k in variants
     }
+    return out
+
+
+async def disk_comparison(rt: Runtime, n: int) -> dict[str, object]:
+    out = await comparison(rt, n, {"without_budget": {"disk_enforced": False}})
     out["steps_ms"] = disk_steps(rt, n)
     return out
 
@@ -110,8 +118,11 @@ async def main() -> dict[str, object]:
     ap.add_argument("--idle", type=int, default=500)
     ap.add_argument("--out", default=None)
     ap.add_argument("--disk", action="store_true", help="only the disk budget's cost")
+    ap.add_argument("--isolation", action="store_true",
+                    help="only the cost of disk budgets and uid ranges, each and together")
     args = ap.parse_args()
-    out = args.out or f"bench/results/runtime{'_disk' if args.disk else ''}.json"
+    suffix = "_disk" if args.disk else "_isolation" if args.isolation else ""
+    out = args.out or f"bench/results/runtime{suffix}.json"
 
     data = Path(tempfile.mkdtemp(prefix="sandhold-bench-", dir="/var/tmp"))
     settings = Settings(data_dir=data)
@@ -124,6 +135,14 @@ async def main() -> dict[str, object]:
     try:
         if args.disk:
             result["disk_budget"] = await disk_comparison(rt, args.n)
+            write_result(out, result)
+            return result
+        if args.isolation:
+            result["isolation"] = await comparison(rt, args.n, {
+                "no_uid_ranges": {"uid_isolation": False},
+                "no_disk_budget": {"disk_enforced": False},
+                "neither": {"uid_isolation": False, "disk_enforced": False},
+            })  # fmt: skip
             write_result(out, result)
             return result
         # Floors, interleaved with the real thing below in the same run.

@@ -34,6 +34,11 @@ class RuntimeSettings(CreateLimits, Layer):
         description="Run each sandbox in its own host uid/gid range; off: every sandbox runs "
         "in the canonical range (one shared host identity).",
     )
+    uid_registry: Path = Field(
+        Path("/var/lib/sandhold-uid-ranges"),
+        description="Which host uid ranges are taken, shared by every Sandhold runtime on the "
+        "host whatever its data_dir (ranges are a host resource).",
+    )
     uid_ranges: int = Field(
         16384,
         ge=1,

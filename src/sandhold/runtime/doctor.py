@@ -5,10 +5,12 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandhold.runtime import cgroups
+from sandhold.runtime import cgroups, idmap
+from sandhold.runtime.idmap import ID_RANGE
 
 
 @dataclass
@@ -86,15 +88,33 @@ def _python() -> Check:
                  "apt-get install python3 (the agent and the base template use it)")  # fmt: skip
 
 
-def _uid_range(uid_base: int) -> Check:
+def _uid_range(uid_base: int, ranges: int) -> Check:
+    end = uid_base + ID_RANGE * (ranges + 1)  # the canonical range, then one per sandbox
     clash = []
     for line in Path("/etc/passwd").read_text().splitlines():
         parts = line.split(":")
-        if len(parts) > 2 and parts[2].isdigit() and uid_base <= int(parts[2]) < uid_base + 65536:
+        if len(parts) > 2 and parts[2].isdigit() and uid_base <= int(parts[2]) < end:
             clash.append(parts[0])
-    return Check("sandbox uid range", not clash,
-                 f"{uid_base}..{uid_base + 65535} " + ("free" if not clash else f"used by {clash}"),
-                 "set SANDHOLD_UID_BASE to a free range")  # fmt: skip
+    return Check("sandbox uid ranges", not clash,
+                 f"{uid_base}..{end - 1} " + ("free" if not clash else f"used by {clash}"),
+                 "set SANDHOLD_UID_BASE (or uid_ranges) to a free range")  # fmt: skip
+
+
+def _idmapped_mounts() -> Check:
+    """What per-sandbox uid ranges stand on: an idmapped mount of a directory here."""
+    detail = "work"
+    try:
+        with tempfile.TemporaryDirectory(dir="/var/tmp") as d:
+            cache = idmap.UsernsCache(1)
+            try:
+                os.close(idmap.clone(d, cache.get(ID_RANGE * 2, ID_RANGE * 3)))
+            finally:
+                cache.close()
+    except OSError as e:
+        detail = f"fail: {e}"
+    return Check("idmapped mounts", detail == "work", detail,
+                 "needs Linux >= 5.19 with idmapped mounts on the data directory's filesystem, "
+                 "or uid_isolation = false (all sandboxes share one host uid range)")  # fmt: skip
 
 
 def _kvm() -> Check:
@@ -119,7 +139,7 @@ def _criu() -> Check:
                  "optional: needs CRIU >= 4.1 on recent kernels", required=False)  # fmt: skip
 
 
-def run_checks(uid_base: int) -> list[Check]:
+def run_checks(uid_base: int, uid_ranges: int = 16384) -> list[Check]:
     return [
         _root(),
         _userns(),
@@ -129,7 +149,8 @@ def run_checks(uid_base: int) -> list[Check]:
         _filesystem("overlay", "enable CONFIG_OVERLAY_FS"),
         _seccomp(),
         _python(),
-        _uid_range(uid_base),
+        _uid_range(uid_base, uid_ranges),
+        _idmapped_mounts(),
         _kvm(),
         _criu(),
     ]

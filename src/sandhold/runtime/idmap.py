@@ -47,10 +47,6 @@ class _MountAttr(ctypes.Structure):
     ]
 
 
-class NotIdmappable(OSError):
-    """The directory's filesystem does not support idmapped mounts."""
-
-
 def _make_userns(from_base: int, to_base: int) -> int:
     # `unshare --user` execs the shell in a new, unmapped user namespace; its first line tells
     # us it is there. We, host root, write the maps; the namespace lives on in our descriptor.
@@ -106,7 +102,8 @@ class UsernsCache:
 
 def clone(path: str | os.PathLike[str], userns_fd: int) -> int:
     """A detached, idmapped copy of the mount tree at ``path``; returns its descriptor (the
-    caller closes it). Raises NotIdmappable when its filesystem cannot be idmapped."""
+    caller closes it). An OSError whose errno is in UNSUPPORTED: its filesystem cannot be
+    idmapped."""
     fd = _libc.syscall(SYS_OPEN_TREE, AT_FDCWD, os.fsencode(path),
                        OPEN_TREE_CLONE | os.O_CLOEXEC)  # fmt: skip
     check(0 if fd >= 0 else -1, f"open_tree {path}")
@@ -116,9 +113,7 @@ def clone(path: str | os.PathLike[str], userns_fd: int) -> int:
     if rc != 0:
         err = ctypes.get_errno()
         os.close(fd)
-        if err in UNSUPPORTED:
-            raise NotIdmappable(err, f"{path}: its filesystem cannot be idmapped")
-        raise OSError(err, f"mount_setattr {path}: {os.strerror(err)}")
+        raise OSError(err, f"idmapped mount of {path}: {os.strerror(err)}")
     return int(fd)
 
 

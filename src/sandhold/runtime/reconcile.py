@@ -383,10 +383,11 @@ def reconcile(rt: Runtime) -> Report:
                 report.failed += 1
         # A range is taken after its sandbox's directory exists and given back after it is
         # gone: one whose directory is missing has nothing left (a crash between the two).
-        for slot, owner in rt.uids.held().items():
+        for base, owner in rt.uids.held().items():
             if not NAME_RE.match(owner) or not (rt.sandboxes_dir / owner).exists():
-                rt.uids.release(rt.uids.base(slot), owner)
+                rt.uids.release(base, owner)
                 report.uid_ranges += 1
+        report.uid_ranges += rt.uids.release_orphans()
     finally:
         os.close(lock)
     if report.cleaned or report.failed:

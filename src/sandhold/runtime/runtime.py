@@ -71,8 +71,8 @@ class Runtime:
         self._children: dict[str, subprocess.Popen[bytes]] = {}
         self.egress = EgressControl(self.settings)
         self.disk = DiskBudget(self.settings)
-        self.uids = UidPool(root, self.settings.uid_base, self.settings.uid_ranges,
-                            self.settings.uid_isolation)  # fmt: skip
+        self.uids = UidPool(self.settings.uid_registry, root, self.settings.uid_base,
+                            self.settings.uid_ranges, self.settings.uid_isolation)  # fmt: skip
         self._opened = False
 
     def open(self) -> Runtime:

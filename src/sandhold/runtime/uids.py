@@ -7,13 +7,16 @@ process. Range ``slot`` (``0 <= slot < uid_ranges``) starts at ``uid_base + 6553
 a sandbox runs in one of them and sees the canonical files through idmapped mounts
 (``runtime/idmap.py``), so they keep their owner on disk whichever range uses them.
 
-A range is taken by creating ``data_dir/uids/<slot>`` (O_EXCL, so processes sharing the data
-directory never hand one out twice), holding the sandbox's id. It is given back by the sandbox's
-destroy once nothing it owned remains: its processes are gone (its cgroups are removed), its
-writable layer is gone (the disk image is released) and any tree it could write without an
-idmap has been given back to the canonical owner. Reconcile gives back ranges whose sandbox
-directory no longer exists (a crash between the two). ``uid_isolation = false`` runs every
-sandbox in the canonical range, as before ranges existed.
+Ranges are a host resource, shared by every runtime on the host whatever its data directory:
+the registry (``uid_registry``, default ``/var/lib/sandhold-uid-ranges``) holds one file per
+range taken, named by its first host id and holding the data directory and sandbox id that took
+it (made under a temporary name and linked into place, so two processes never take one twice
+and nobody reads a half-written one). A range is given back by its sandbox's destroy once nothing
+it owned remains: its processes are gone (its cgroups are removed), its writable layer is gone
+(the disk image is released) and any tree it wrote without an idmap is back with the canonical
+owner. Reconcile gives back its own ranges whose sandbox directory is gone (a crash between the
+two), and any whose data directory no longer exists. ``uid_isolation = false`` runs every
+sandbox in the canonical range (one host identity for all), as before ranges existed.
 """
 
 from __future__ import annotations
@@ -32,8 +35,11 @@ log = logging.getLogger(__name__)
 
 
 class UidPool:
-    def __init__(self, data_dir: Path, uid_base: int, ranges: int, enabled: bool) -> None:
-        self.dir = data_dir / "uids"
+    def __init__(
+        self, registry: Path, data_dir: Path, uid_base: int, ranges: int, enabled: bool
+    ) -> None:
+        self.registry = registry
+        self.data_dir = str(data_dir.resolve())
         self.canonical = uid_base
         self.ranges = ranges
         self.enabled = enabled
@@ -47,60 +53,65 @@ class UidPool:
     def base(self, slot: int) -> int:
         return self.canonical + ID_RANGE * (slot + 1)
 
-    def slot_of(self, base: int) -> int | None:
-        if base == self.canonical:
-            return None
-        return (base - self.canonical) // ID_RANGE - 1
-
     def allocate(self, sandbox_id: str) -> int:
         """Take a free range for ``sandbox_id``; returns its first host id."""
         if not self.enabled:
             return self.canonical
-        self.dir.mkdir(mode=0o700, exist_ok=True)
+        self.registry.mkdir(mode=0o700, parents=True, exist_ok=True)
         # The lowest free one: ranges in use stay few and dense, so the user namespaces that
         # map onto them (idmap.UsernsCache) are reused.
-        taken = {int(n) for n in os.listdir(self.dir) if n.isdigit()}
-        for slot in range(self.ranges):
-            if slot not in taken and self._take(slot, sandbox_id):
-                return self.base(slot)
+        taken = set(os.listdir(self.registry))
+        tmp = self.registry / f".{sandbox_id}.{os.getpid()}.tmp"
+        tmp.write_text(f"{self.data_dir}\n{sandbox_id}\n")
+        try:
+            for slot in range(self.ranges):
+                base = self.base(slot)
+                if str(base) in taken:
+                    continue
+                with contextlib.suppress(FileExistsError):
+                    os.link(tmp, self.registry / str(base))
+                    return base
+        finally:
+            tmp.unlink()
         raise QuotaExceeded(
             f"no free host uid range: all {self.ranges} (uid_ranges) are in use by sandboxes; "
             "kill some or raise uid_ranges"
         )
 
-    def _take(self, slot: int, sandbox_id: str) -> bool:
+    def _entry(self, base: int) -> tuple[str, str] | None:
         try:
-            fd = os.open(self.dir / str(slot), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
-                         0o600)  # fmt: skip
-        except FileExistsError:
-            return False
-        with os.fdopen(fd, "w") as f:
-            f.write(sandbox_id)
-        return True
-
-    def owner(self, slot: int) -> str | None:
-        try:
-            return (self.dir / str(slot)).read_text()
-        except FileNotFoundError:
+            data_dir, sandbox_id = (self.registry / str(base)).read_text().splitlines()[:2]
+        except (FileNotFoundError, ValueError):
             return None
+        return data_dir, sandbox_id
 
     def release(self, base: int, sandbox_id: str) -> None:
         """Give back ``sandbox_id``'s range (if it still holds it: a retried destroy must not
         free a range another sandbox took meanwhile)."""
-        slot = self.slot_of(base)
-        if slot is not None and self.owner(slot) == sandbox_id:
+        if base != self.canonical and self._entry(base) == (self.data_dir, sandbox_id):
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.dir / str(slot))
+                os.unlink(self.registry / str(base))
 
     def held(self) -> dict[int, str]:
-        """Every taken range: slot -> sandbox id."""
-        if not self.dir.is_dir():
-            return {}
-        out = {}
-        for name in os.listdir(self.dir):
-            if name.isdigit() and (owner := self.owner(int(name))) is not None:
-                out[int(name)] = owner
-        return out
+        """The ranges this data directory's sandboxes hold: first host id -> sandbox id."""
+        return {base: entry[1] for base, entry in self._entries() if entry[0] == self.data_dir}
+
+    def release_orphans(self) -> int:
+        """Give back the ranges held for data directories that no longer exist (removed with
+        their sandboxes still recorded); returns how many."""
+        freed = 0
+        for base, entry in list(self._entries()):
+            if not os.path.isdir(entry[0]) and self._entry(base) == entry:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.registry / str(base))
+                    freed += 1
+        return freed
+
+    def _entries(self) -> Iterator[tuple[int, tuple[str, str]]]:
+        with contextlib.suppress(FileNotFoundError):
+            for name in os.listdir(self.registry):
+                if name.isdigit() and (entry := self._entry(int(name))) is not None:
+                    yield int(name), entry
 
     def shift_tree(self, root: Path, to_base: int) -> None:
         """Give every entry under ``root`` owned by an id of this pool to the same id of the
@@ -145,7 +156,9 @@ class UidPool:
         views.mkdir(mode=0o755, exist_ok=True)
         try:
             fd = idmap.clone(source, self.userns.get(self.canonical, base))
-        except idmap.NotIdmappable as e:
+        except OSError as e:
+            if e.errno not in idmap.UNSUPPORTED:
+                raise
             log.info("%s; shifting its owners to the sandbox's range instead", e)
             with open(d / SHIFTED, "a") as f:  # recorded first: a crash mid-walk is undone too
                 f.write(f"{source}\n")
