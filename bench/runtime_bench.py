@@ -118,8 +118,11 @@ async def main() -> dict[str, object]:
     ap.add_argument("--idle", type=int, default=500)
     ap.add_argument("--out", default=None)
     ap.add_argument("--disk", action="store_true", help="only the disk budget's cost")
-    ap.add_argument("--isolation", action="store_true",
-                    help="only the cost of disk budgets and uid ranges, each and together")
+    ap.add_argument(
+        "--isolation",
+        action="store_true",
+        help="only the cost of disk budgets and uid ranges, each and together",
+    )
     args = ap.parse_args()
     suffix = "_disk" if args.disk else "_isolation" if args.isolation else ""
     out = args.out or f"bench/results/runtime{suffix}.json"

@@ -119,7 +119,7 @@ async def test_one_sandbox_cannot_exhaust_a_per_user_limit_of_its_neighbours(mak
                 "cat /tmp/hogged")  # fmt: skip
     held, err = (await sh(a, "cat /tmp/hogged")).text.split()
     assert int(held) > 0 and err == "24", (held, err)  # EMFILE: A holds all it may
-    r = await sh(b, "python3 -c \"import ctypes; print(ctypes.CDLL(None).inotify_init1(0) >= 0)\"")
+    r = await sh(b, 'python3 -c "import ctypes; print(ctypes.CDLL(None).inotify_init1(0) >= 0)"')
     assert r.text.strip() == "True", r.text
 
 
@@ -136,7 +136,8 @@ async def test_templates_and_workspaces_keep_their_owners_across_ranges(make_san
     r = await sh(
         second,
         "stat -c '%u %g %n' / /root /home/user /etc/passwd /workspace /workspace/by-user "
-        "/workspace/dir /workspace/dir/by-root; echo more >> /workspace/by-user && cat /workspace/by-user",
+        "/workspace/dir /workspace/dir/by-root; "
+        "echo more >> /workspace/by-user && cat /workspace/by-user",
     )
     lines = r.text.splitlines()
     assert lines[:8] == [

@@ -18,7 +18,8 @@ def doctor() -> None:
     from sandhold.runtime.doctor import run_checks
 
     try:
-        checks = run_checks(get_settings().uid_base)
+        settings = get_settings()
+        checks = run_checks(settings.uid_base, settings.uid_ranges)
     except SandholdError as e:
         fail(e)
     table = Table("check", "status", "detail", "fix")

@@ -139,7 +139,7 @@ def _criu() -> Check:
                  "optional: needs CRIU >= 4.1 on recent kernels", required=False)  # fmt: skip
 
 
-def run_checks(uid_base: int, uid_ranges: int = 16384) -> list[Check]:
+def run_checks(uid_base: int, uid_ranges: int) -> list[Check]:
     return [
         _root(),
         _userns(),
