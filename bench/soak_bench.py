@@ -199,7 +199,8 @@ def creating(data_dir: Path, within: float = 10.0) -> bool:
 
 
 def leaks(data_dir: Path) -> dict[str, list[str]]:
-    group = Settings(data_dir=data_dir).cgroup_group
+    settings = Settings(data_dir=data_dir)
+    group = settings.cgroup_group
     sdir = data_dir / "sandboxes"
     found: dict[str, list[str]] = {
         "mounts": mounts.mounts_under(data_dir),
@@ -213,6 +214,7 @@ def leaks(data_dir: Path) -> dict[str, list[str]]:
         "processes": [],
         "loop_devices": [],
         "directories": sorted(p.name for p in sdir.iterdir()) if sdir.is_dir() else [],
+        "uid_ranges": [f"{base}: {sid}" for base, sid in Runtime(settings).uids.held().items()],
     }
     for p in Path("/proc").iterdir():
         if not p.name.isdigit():
