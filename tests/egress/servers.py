@@ -1,6 +1,7 @@
 """The test "internet": HTTP, HTTPS and DNS servers run inside a network namespace the tests
-create (``internet.py``). Every request and DNS question they receive is appended to a JSONL
-log, so tests can assert what did (and did not) reach the outside.
+create (``internet.py``), with a reflecting upstream under ``/reflect/`` (``reflector.py``).
+Every request and DNS question they receive is appended to a JSONL log, so tests can assert
+what did (and did not) reach the outside.
 
 Run as ``python -m tests.egress.servers CONFIG_JSON`` inside the namespace.
 """
@@ -16,6 +17,8 @@ import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
+
+from tests.egress.reflector import reflect
 
 LOCK = threading.Lock()
 
@@ -50,9 +53,14 @@ class Handler(BaseHTTPRequestHandler):
                 "host": self.headers.get("Host"),
                 "auth_sha256": hashlib.sha256(auth.encode()).hexdigest() if auth else None,
                 "headers": sorted(k.lower() for k in self.headers),
+                "accept_encoding": self.headers.get("Accept-Encoding"),
+                "range": self.headers.get("Range"),
                 "body_len": len(body),
             },
         )
+        if url.path.startswith("/reflect/"):
+            reflect(self, url.path.removeprefix("/reflect/"), q)
+            return
         status, headers, out = 200, {"Content-Type": "text/plain"}, b""
         if url.path == "/auth":
             # Proves receipt of the credential without ever sending it back.

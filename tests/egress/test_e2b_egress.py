@@ -3,6 +3,7 @@ whose egress proxy uses the test internet."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 from collections.abc import Iterator
@@ -15,9 +16,11 @@ from sandhold.egress.secrets import open_store
 from tests.e2b.conftest import KEY_A, Server, new_server
 from tests.egress.fixtures import daemon_pids
 from tests.egress.internet import Internet
+from tests.egress.leaks import fetch_command, leaked, split
 
 GET = "curl -s -o /dev/null -w '%{{http_code}}' --max-time 10 {url} || true"
 TOKEN = "e2b-team-token-9f8e7d6c"
+SCOPED = "e2b-scoped-token-1a2b3c4d"  # team-a's secret of scope acme
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +33,9 @@ def egress_server(tmp_path_factory: pytest.TempPathFactory, internet: Internet) 
         egress_sandbox_ca_files=json.dumps([str(internet.ca)]),
     )
     srv.start()
-    open_store(srv.data_dir, [], None).set("team-a", "token", TOKEN, ["api.example.test"])
+    store = open_store(srv.data_dir, [], None)
+    store.set("team-a", "token", TOKEN, ["api.example.test"])
+    store.set("team-a:acme", "token", SCOPED, ["api.example.test"])
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("E2B_API_URL", srv.url)
         mp.setenv("E2B_SANDBOX_URL", srv.url)
@@ -104,3 +109,36 @@ def test_bad_network_options_are_refused_and_change_nothing(egress_server: Serve
     with egress_server.api() as api:
         r = api.put("/sandboxes/nosuchsandbox0000000/network", json={"allowOut": []})
         assert r.status_code == 404 and r.json()["code"] == 404
+
+
+@pytest.mark.parametrize("scope", [None, "acme"])
+def test_a_reflecting_upstream_hands_no_credential_back(egress_server, internet, scope) -> None:
+    """Status line, header names, compressed, split and base64 bodies (tests/egress/reflector.py),
+    for the team's secret and a scoped one, through the official SDK."""
+    secret = SCOPED if scope else TOKEN
+    auth = hashlib.sha256(f"Bearer {secret}".encode()).hexdigest()
+    sbx = Sandbox.create(
+        timeout=120,
+        metadata={"sandhold.secrets-scope": scope} if scope else {},
+        network={"allow_out": ["api.example.test"], "deny_out": [ALL_TRAFFIC]},
+    )
+    try:
+        for mode in (
+            "status",
+            "header-name",
+            "compressed-gzip",
+            "compressed-br",
+            "split",
+            "encoded-base64",
+        ):
+            mark = internet.mark()
+            out = sbx.commands.run(fetch_command(f"https://api.example.test/reflect/{mode}"))
+            raw = base64.b64decode(out.stdout)
+            got = [r["auth_sha256"] for r in internet.since(mark) if r.get("kind") == "https"]
+            assert got == [auth], mode  # the credential reached the upstream
+            assert split(raw)[0].startswith(b"HTTP/1.1 200"), raw[:100]
+            assert not leaked(raw, secret) and not leaked(raw, TOKEN), (mode, raw)
+        r = sbx.commands.run("curl -s -i https://api.example.test/reflect/status")
+        assert "Reflected Bearer " + "*" * len(secret) in r.stdout and secret not in r.stdout
+    finally:
+        sbx.kill()
