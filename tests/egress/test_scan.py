@@ -139,3 +139,14 @@ def test_codings_that_cannot_be_decoded_are_refused() -> None:
         assert e.value.status == 502
     assert decoder_for([(b"content-encoding", b"identity")], "h") is None
     assert decoder_for([(b"content-type", b"text/plain")], "h") is None
+
+
+def test_a_stream_holds_back_only_what_may_begin_a_credential() -> None:
+    r = Scanner([RAW]).stream()
+    event = b'data: {"delta": "some text, 42 tokens"}\n\n'
+    assert r.feed(event) == event  # an event stream is not delayed
+    assert r.feed(b"auth: Bearer " + RAW[:5]) == b"auth: Bearer "
+    assert r.feed(RAW[5:] + b"\n") == b"*" * len(RAW) + b"\n"
+    assert r.feed(b"x%2") == b"x" and r.feed(b"0 y") == b"%20 y"  # an escape cut short
+    begun = base64.b64encode(b"x" + RAW)[:12]  # "eH" is the x, the rest begins the credential
+    assert r.feed(begun) == b"eH" and r.flush() == begun[2:]

@@ -36,6 +36,11 @@ MIN_SCANNED = 4  # shorter values cannot be told apart from ordinary bytes
 _ESCAPE_MAX = 10  # the longest escape of one byte: &#x0000ff;
 _NAMED = {b"&amp;": b"&", b"&lt;": b"<", b"&gt;": b">", b"&quot;": b'"', b"&apos;": b"'"}
 _BASE64_TEXT = re.compile(rb"[A-Za-z0-9+/_-]+={0,2}")
+# The beginning of an escape, at the very end of the data.
+_PARTIAL = re.compile(
+    rb"(?:%[0-9A-Fa-f]?|\\(?:u0{0,2}[0-9A-Fa-f]?|x[0-9A-Fa-f]?)?"
+    rb"|&(?:#(?:[xX]0{0,4}[0-9A-Fa-f]{0,2}|0{0,4}[0-9]{0,3})|[a-z]{0,4})?)\Z"
+)
 
 
 def _unescape(token: bytes) -> int | None:
@@ -115,6 +120,29 @@ class _Forms:
                 out.append((_where(tokens, ds)[0], _where(tokens, de - 1)[1]))
         return out
 
+    def pending(self, data: bytes) -> int:
+        """Where the last form of a credential that ``data`` starts but does not finish may
+        begin (``len(data)`` if none): what a stream must hold back, and no more, so a stream of
+        events (an LLM's answer) is not delayed by the scan."""
+        n, start = len(data), len(data)
+        lowered = data.lower()
+        for needle, hay in [(x, data) for x in self.exact] + [(h, lowered) for h in self.hex]:
+            start = min(start, n - _overlap(hay, needle))
+        base = max(n - self.longest, 0)
+        tail = data[base:]
+        # an escape cut short at the very end: it may be the credential's next byte
+        m = _PARTIAL.search(tail, max(len(tail) - _ESCAPE_MAX, 0))
+        cut = m.start() if m else len(tail)
+        if cut < len(tail):
+            start = min(start, base + cut)
+        view, tokens = self._unescaped(tail[:cut])
+        low = view.lower()
+        for text in self.texts:
+            k = _overlap(low, text)
+            if k:
+                start = min(start, base + _where(tokens, len(low) - k)[0])
+        return start
+
     def _unescaped(self, data: bytes) -> tuple[bytes, list[tuple[int, int, int]]]:
         """``data`` with the escapes of credential bytes replaced by those bytes, and for each
         one (its index in the view, its start and end in ``data``)."""
@@ -164,6 +192,14 @@ def _escapes(wanted: set[int]) -> list[re.Pattern[bytes]]:
     if 0x20 in wanted:
         out.append(re.compile(rb"\+"))
     return out
+
+
+def _overlap(data: bytes, needle: bytes) -> int:
+    """The length of the longest end of ``data`` that begins ``needle`` (shorter than it)."""
+    for k in range(min(len(needle) - 1, len(data)), 0, -1):
+        if data.endswith(needle[:k]):
+            return k
+    return 0
 
 
 def _find(data: bytes, needle: bytes) -> list[tuple[int, int]]:
@@ -220,19 +256,19 @@ class Scanner:
 
 
 class Redactor:
-    """Blanks a stream (a body, across its chunks): it holds back the last ``longest - 1`` bytes,
-    where a match may have begun, until the next piece or the end shows whether it did."""
+    """Blanks a stream (a body, across its chunks): it holds back only the end of what it got
+    that may begin a form of a credential, until the next piece or the end shows whether it
+    does."""
 
     def __init__(self, scanner: Scanner) -> None:
         self.scanner = scanner
-        self.keep = max(scanner.longest - 1, 0)
         self.buf = b""
 
     def feed(self, data: bytes) -> bytes:
         if not self.scanner:
             return data
         buf = self.scanner.blank(self.buf + data)
-        cut = max(len(buf) - self.keep, 0)
+        cut = self.scanner.forms.pending(buf)
         self.buf = buf[cut:]
         return buf[:cut]
 
