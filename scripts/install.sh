@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Idempotent setup of everything Sandhold needs on Debian 12, as root: apt packages, then the venv.
+# Idempotent setup of everything Sandhold needs on Debian 12, as root: apt packages, CRIU, the venv.
 # Quick when everything is already there (dpkg and a stamp of pyproject.toml are checked first).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +18,9 @@ if ((${#missing[@]})); then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+
+# CRIU 4.1.1 (checkpoint/restore), built from Debian's source pool at /opt/sandhold/criu/4.1.1
+scripts/install-criu.sh
 
 PY=${PYTHON:-python3}
 stamp=.venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)
