@@ -19,7 +19,7 @@ def doctor() -> None:
 
     try:
         settings = get_settings()
-        checks = run_checks(settings.uid_base, settings.uid_ranges)
+        checks = run_checks(settings.uid_base, settings.uid_ranges, settings.criu_path)
     except SandholdError as e:
         fail(e)
     table = Table("check", "status", "detail", "fix")

@@ -54,6 +54,11 @@ class RuntimeSettings(CreateLimits, Layer):
         description="Parent cgroup of all sandboxes; derived from data_dir when unset.",
     )
     ready_timeout_s: float = Field(10.0, gt=0, description="How long create waits for the agent.")
+    criu_path: Path = Field(
+        Path("/opt/sandhold/criu/4.1.1/sbin/criu"),
+        description="The CRIU binary (>= 4.1) for checkpoints; scripts/install.sh builds it "
+        "there. Missing or failing `criu check`: checkpoints are unavailable, pause still works.",
+    )
 
     # -- the disk budget of a sandbox's writable layer (runtime/disk.py) --
     disk_enforced: bool = Field(

@@ -9,7 +9,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandhold.runtime import cgroups, idmap
+from sandhold.runtime import cgroups, criu, idmap
 from sandhold.runtime.idmap import ID_RANGE
 
 
@@ -128,18 +128,13 @@ def _kvm() -> Check:
     )
 
 
-def _criu() -> Check:
-    path = shutil.which("criu")
-    if not path:
-        return Check("CRIU", False, "not installed", "optional: pause uses the cgroup freezer",
-                     required=False)  # fmt: skip
-    out = subprocess.run([path, "check"], capture_output=True, text=True)
-    ok = "Looks good" in out.stdout + out.stderr  # exit code is 0 even on failure
-    return Check("CRIU", ok, "works" if ok else "present but broken on this kernel",
-                 "optional: needs CRIU >= 4.1 on recent kernels", required=False)  # fmt: skip
+def _criu(path: Path) -> Check:
+    ok, detail = criu.criu_status(path)
+    return Check("CRIU", ok, detail, f"optional (pause uses the cgroup freezer): {criu.FIX}",
+                 required=False)  # fmt: skip
 
 
-def run_checks(uid_base: int, uid_ranges: int) -> list[Check]:
+def run_checks(uid_base: int, uid_ranges: int, criu_path: Path) -> list[Check]:
     return [
         _root(),
         _userns(),
@@ -152,5 +147,5 @@ def run_checks(uid_base: int, uid_ranges: int) -> list[Check]:
         _uid_range(uid_base, uid_ranges),
         _idmapped_mounts(),
         _kvm(),
-        _criu(),
+        _criu(criu_path),
     ]
