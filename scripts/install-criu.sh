@@ -5,6 +5,7 @@
 # Quick when the binary is already there and works: one `criu check`, nothing else.
 # --rebuild builds again whatever is installed.
 set -euo pipefail
+cd "$(dirname "$0")"
 
 CRIU_VERSION=4.1.1
 # sha256 of criu_4.1.1.orig.tar.xz, as in trixie's signed Sources index
@@ -12,15 +13,20 @@ CRIU_ORIG_SHA256=f80a66cb3726bb2116266d4759ce3bcbfab7abdb6b6d430bf20dd41911717af
 CRIU_BIN=/opt/sandhold/criu/$CRIU_VERSION/sbin/criu  # config/runtime.py: criu_path
 # What `make criu` needs: libbsd (setproctitle) and libnftables (--network-lock nftables: this
 # host has nft, not iptables) are optional features kept on; GnuTLS (page-server TLS) is off.
-BUILD_DEPS=(build-essential pkg-config xz-utils libprotobuf-dev libprotobuf-c-dev protobuf-c-compiler
+BUILD_DEPS=(build-essential pkg-config xz-utils patch libprotobuf-dev libprotobuf-c-dev protobuf-c-compiler
             libnl-3-dev libnet1-dev libcap-dev uuid-dev libbsd-dev libnftables-dev)
 # What the binary links against: installed explicitly so that autoremove keeps them.
 RUNTIME_LIBS=(libprotobuf-c1 libnl-3-200 libnet1 libuuid1 libbsd0 libnftables1)
 
+# Our patches of its source (scripts/criu/*.patch, see each one's comment), applied in order; the
+# installed binary records which, so that a changed patch builds it again.
+PATCHES=(criu/*.patch)
+PATCHES_SHA=$(cat "${PATCHES[@]}" | sha256sum | cut -c1-16)
+
 die() { echo "install: CRIU: $*" >&2; exit 1; }
 check_output() { "$CRIU_BIN" check 2>&1 || true; }  # exits 0 even when it fails: read its words
 
-if [[ ${1:-} != --rebuild && -x $CRIU_BIN ]]; then
+if [[ ${1:-} != --rebuild && -x $CRIU_BIN && $(cat "$CRIU_BIN.patches" 2>/dev/null) == "$PATCHES_SHA" ]]; then
   out=$(check_output)
   [[ $out == *"Looks good."* ]] && exit 0
   if "$CRIU_BIN" --version 2>/dev/null | grep -qx "Version: $CRIU_VERSION"; then
@@ -112,6 +118,9 @@ sha=$(sha256sum "$tmp/src/$orig" | cut -d' ' -f1)
 
 echo "install: CRIU $CRIU_VERSION: building (about a minute)"
 tar -xJf "$tmp/src/$orig" -C "$tmp"
+for p in "${PATCHES[@]}"; do
+  patch -d "$tmp/criu-$CRIU_VERSION" -p1 -s <"$p" || die "patch $p does not apply"
+done
 # The caller's make (make test, make run) must not pass its flags or jobserver on.
 if ! env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make -C "$tmp/criu-$CRIU_VERSION" -j"$(nproc)" \
      NO_GNUTLS=1 criu >"$tmp/build.log" 2>&1; then
@@ -120,6 +129,7 @@ if ! env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make -C "$tmp/criu-$CRIU_VERSION" -
 fi
 install -D -m 0755 "$tmp/criu-$CRIU_VERSION/criu/criu" "$CRIU_BIN.new"
 mv -f "$CRIU_BIN.new" "$CRIU_BIN"
+echo "$PATCHES_SHA" >"$CRIU_BIN.patches"
 
 out=$(check_output)
 if [[ $out == *"Looks good."* ]]; then
