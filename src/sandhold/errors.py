@@ -36,6 +36,7 @@ answers in envd's own codes, which ``EnvdError`` carries back.
     │   └── EgressUnavailable              egress_unavailable
     ├── SandboxStartFailed                 sandbox_start_failed
     ├── TemplateBuildFailed                template_build_failed
+    ├── CheckpointFailed                   checkpoint_failed  a dump or restore did not work
     ├── SecretKeyError                     secret_key        the secrets key ring is unusable
     ├── EnvdError                          (envd's code)     the sandbox's agent said no
     │   └── PortClosed                     port_closed       nothing listens on that port
@@ -201,6 +202,12 @@ class SandboxStartFailed(SandholdError):
 
 class TemplateBuildFailed(SandholdError):
     code = "template_build_failed"
+
+
+class CheckpointFailed(SandholdError):
+    """CRIU could not checkpoint or restore a sandbox; the sandbox is left as it was."""
+
+    code = "checkpoint_failed"
 
 
 class SecretKeyError(SandholdError):

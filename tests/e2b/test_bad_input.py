@@ -152,3 +152,13 @@ def test_data_plane_errors(server: Server, sbx: Sandbox) -> None:
         r = c.get("/files", params={"path": "/etc/hostname", "signature": "v1_forged"})
         assert r.status_code == 401
     assert sbx.is_running()
+
+
+def test_the_agents_host_routes_are_not_on_the_data_plane(server: Server, sbx: Sandbox) -> None:
+    """A checkpoint's quiesce makes the agent let go of its socket: only the host may ask."""
+    headers = {"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "49983",
+               "X-Access-Token": sbx._envd_access_token or ""}  # fmt: skip
+    with httpx.Client(base_url=server.url) as c:
+        r = c.post("/sandhold/quiesce", headers=headers)
+        assert r.status_code == 403, r.text
+    assert sbx.commands.run("echo still here").stdout == "still here\n"

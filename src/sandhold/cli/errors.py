@@ -36,6 +36,7 @@ EXIT_STATUS: dict[type[SandholdError], int] = {
     e.EgressUnavailable: 75,
     e.SandboxStartFailed: 70,
     e.TemplateBuildFailed: 70,
+    e.CheckpointFailed: 70,
     e.SecretKeyError: 78,
     e.EnvdError: 76,
     e.PortClosed: 76,

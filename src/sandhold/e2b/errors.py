@@ -39,6 +39,7 @@ E2B_STATUS: dict[type[SandholdError], int] = {
     e.EgressUnavailable: 500,
     e.SandboxStartFailed: 500,
     e.TemplateBuildFailed: 500,
+    e.CheckpointFailed: 500,
     e.SecretKeyError: 500,
     e.EnvdError: 502,
     e.PortClosed: 502,

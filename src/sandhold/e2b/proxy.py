@@ -61,6 +61,7 @@ DROP_REQUEST = frozenset({
 })  # fmt: skip
 DROP_RESPONSE = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding"})
 CONNECT_STREAM = b"application/connect+"  # the content type of Connect's streamed responses
+HOST_ONLY = "/sandhold/"  # the agent's routes for the host alone (a checkpoint's quiesce)
 START = "/process.Process/Start"  # commands.run, background commands and PTYs
 
 log = logging.getLogger(__name__)
@@ -187,6 +188,8 @@ class DataPlane:
     async def __call__(self, scope: Scope, receive: Receive, send: Send, target: Target) -> None:
         try:
             sbx = await self._admit(scope, target)
+            if target.port == ENVD_PORT and scope["path"].startswith(HOST_ONLY):
+                raise Forbidden(f"{scope['path']} is the host's, not the sandbox API's")
             if target.port == ENVD_PORT and scope["method"] == "POST" and scope["path"] == START:
                 try:
                     receive = await self._bounded_start(scope, receive)

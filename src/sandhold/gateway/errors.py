@@ -35,6 +35,7 @@ REST_STATUS: dict[type[SandholdError], int] = {
     e.EgressUnavailable: 503,
     e.SandboxStartFailed: 500,
     e.TemplateBuildFailed: 500,
+    e.CheckpointFailed: 500,
     e.SecretKeyError: 500,
     e.EnvdError: 400,  # the sandbox refused the tool's request (bad path, missing file)
     e.PortClosed: 400,

@@ -54,6 +54,7 @@ class Launch:
     agent_lib: Path
     env: dict[str, str]
     memory_mb: int  # sizes /tmp (half) and /dev/shm (a quarter), both charged to its memory
+    handoff: Path  # where the host hands the agent its socket after a checkpoint
 
 
 def bwrap_argv(
@@ -91,6 +92,7 @@ def bwrap_argv(
         "--perms", "1777", "--size", str(launch.memory_mb << 19), "--tmpfs", "/tmp",
         "--perms", "1777", "--size", str(launch.memory_mb << 18), "--tmpfs", "/dev/shm",
         "--ro-bind", str(launch.agent_lib), AGENT_LIB,
+        "--ro-bind", str(launch.handoff), "/run/sandhold-handoff",
     ]  # fmt: skip
     for src, dst, ro in launch.binds:
         argv += ["--ro-bind" if ro else "--bind", src, dst]

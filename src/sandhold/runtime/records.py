@@ -40,6 +40,7 @@ class SandboxInfo:
     failed_at: float | None = None
     failure: str | None = None  # why it is marked failed
     host_uid: int | None = None  # the first host id of its uid range (older records: unknown)
+    suspended: str | None = None  # "disk": paused with no process, its memory image kept
 
     @property
     def agent_socket(self) -> Path:
@@ -64,6 +65,7 @@ class SandboxInfo:
             "failed_at": self.failed_at,
             "failure": self.failure,
             "host_uid": self.host_uid,
+            "suspended": self.suspended,
         }
 
     @classmethod
@@ -84,6 +86,7 @@ class SandboxInfo:
             failed_at=d.get("failed_at"),  # type: ignore[arg-type]
             failure=d.get("failure"),  # type: ignore[arg-type]
             host_uid=d.get("host_uid"),  # type: ignore[arg-type]
+            suspended=d.get("suspended"),  # type: ignore[arg-type]
         )
 
 

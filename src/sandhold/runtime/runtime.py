@@ -33,7 +33,7 @@ from sandhold.errors import (
     SandboxStartFailed,
     SandholdError,
 )
-from sandhold.runtime import mounts
+from sandhold.runtime import checkpoint, mounts, suspend
 from sandhold.runtime import reconcile as reconciling
 from sandhold.runtime.agentlib import AgentLib
 from sandhold.runtime.cgroups import CgroupSet
@@ -182,6 +182,7 @@ class Runtime:
             run_dir = d / "run"
             run_dir.mkdir(mode=0o700)
             os.chown(run_dir, host_uid, host_uid)
+            (d / checkpoint.HANDOFF).mkdir(mode=0o755)
             workspace = None
             if spec.workspace_id or spec.workspace_dir:
                 workspace = self._prepare_workspace(spec.workspace_id, spec.workspace_dir)
@@ -223,6 +224,7 @@ class Runtime:
                 run_dir=run_dir,
                 agent_lib=self.agent_lib(),
                 memory_mb=spec.limits.memory_mb,
+                handoff=d / checkpoint.HANDOFF,
                 env={"PATH": env.get("PATH", "/usr/bin:/bin"), "HOME": "/root", "LANG": "C.UTF-8"},
             )
             proc, init_pid = spawn(launch, cg, host_uid, ready_w, d / "sandbox.log")
@@ -302,8 +304,9 @@ class Runtime:
             # From here on the sandbox no longer exists for others; should we be interrupted, the
             # marker tells the next reconcile to finish the job at once.
             (d / "state.json").rename(d / "killing.json")
-            # A failed sandbox's init is long gone and its pid may be someone else's by now.
-            self._destroy(sandbox_id, None if info.state == "failed" else info.init_pid)
+            # A failed or suspended sandbox's init is gone and its pid may be someone else's.
+            gone = info.state == "failed" or info.suspended
+            self._destroy(sandbox_id, None if gone else info.init_pid)
 
     def pause(self, sandbox_id: str) -> SandboxInfo:
         with self._locked(sandbox_id) as d:
@@ -323,11 +326,18 @@ class Runtime:
             _refuse_failed(info)
             if info.state == "running":
                 raise Conflict(f"sandbox {sandbox_id} is already running")
-            self._cg(sandbox_id).thaw()
+            if info.suspended:
+                suspend.restore(self, d, info)
+            else:
+                self._cg(sandbox_id).thaw()
             info.state = "running"
             info.paused_at = None
             self._save(info)
             return info
+
+    def suspend(self, sandbox_id: str) -> SandboxInfo:
+        """Checkpoint a sandbox to disk (runtime/suspend.py): paused, no process, no memory."""
+        return suspend.suspend(self, sandbox_id)
 
     def update_network(
         self, sandbox_id: str, network: NetworkPolicy | dict[str, object]
@@ -370,7 +380,7 @@ class Runtime:
             info = self._load(d)
         except FileNotFoundError:
             raise SandboxNotFound(f"sandbox {sandbox_id!r} does not exist") from None
-        if info.state != "failed" and not self._alive(info):
+        if info.state != "failed" and not info.suspended and not self._alive(info):
             failed = self._reap(info)
             if failed is None:
                 raise SandboxNotFound(f"sandbox {sandbox_id!r} does not exist")

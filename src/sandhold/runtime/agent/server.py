@@ -17,11 +17,11 @@ import os
 import signal
 import socket
 
-from . import connect, egress, tunnel
+from . import checkpoint, connect, egress, tunnel
 from .config import AgentConfig
 from .files import FilesHandler
 from .filesystem import FilesystemService
-from .http import HttpServer, Router
+from .http import HttpServer, Request, Response, Router
 from .process import ProcessService
 from .process_table import ProcessManager
 from .supervisor import ServiceSupervisor
@@ -44,6 +44,7 @@ class Agent:
         tunnel.SERVICE_PORTS.update(int(svc["port"]) for svc in config.services if "port" in svc)
         self.http = HttpServer(self.router)
         self._stop = asyncio.Event()
+        self._background: set[asyncio.Task[None]] = set()
 
     def _routes(self) -> Router:
         r = Router()
@@ -75,8 +76,18 @@ class Agent:
         r.add("GET", "/metrics", self.system.metrics)
         r.add("GET", "/files", self.files.download)
         r.add("POST", "/files", self.files.upload)
+        r.add("POST", checkpoint.QUIESCE_PATH, self._quiesce)
         r.tunnel = tunnel.serve_connect
         return r
+
+    async def _quiesce(self, req: Request, resp: Response) -> None:
+        """Make way for a checkpoint (see checkpoint.py); answers before it stops serving."""
+        await resp.send(204)
+        task = asyncio.get_running_loop().create_task(
+            checkpoint.quiesce(self.http.close, self.http.listen_unix)
+        )
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()

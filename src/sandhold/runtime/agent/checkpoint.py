@@ -1,0 +1,72 @@
+"""Getting out of the way of a checkpoint (CRIU, driven by the host), and carrying on after it.
+
+CRIU cannot take along what the host handed the agent: its listening socket (made in the host's
+network namespace, which CRIU's per-namespace socket lookup does not search), the connections
+accepted on it, and stdout/stderr (the host's log file). So, asked by the host
+(``POST /sandhold/quiesce``, a path the data plane never forwards), the agent answers, stops
+listening, closes every connection and points stdout/stderr at ``/dev/null``. Then it waits for
+the host to hand it a new listening socket and log file: the host listens on
+``/run/sandhold-handoff/agent.sock`` (a read-only bind of a host directory of the sandbox's own),
+the agent connects, and the host, having checked by ``SO_PEERCRED`` that the peer is the agent's
+own process, sends both descriptors over the connection. The same handoff serves a restore from
+the checkpoint and a checkpoint that failed (the agent then carries on where it was).
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import logging
+import os
+import socket
+from collections.abc import Awaitable, Callable
+
+log = logging.getLogger("sandhold.agent")
+
+QUIESCE_PATH = "/sandhold/quiesce"
+HANDOFF = "/run/sandhold-handoff/agent.sock"
+POLL_S = 0.02
+
+
+def _receive(path: str) -> tuple[socket.socket, int] | None:
+    """The listening socket and log file the host hands over at ``path``, if it is there."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        try:
+            conn.connect(path)
+            conn.settimeout(5)
+            fds = array.array("i")
+            _msg, anc, _flags, _addr = conn.recvmsg(1, socket.CMSG_SPACE(2 * fds.itemsize))
+        except OSError:
+            return None
+        for level, kind, data in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
+        if len(fds) != 2:
+            for fd in fds:
+                os.close(fd)
+            return None
+        return socket.socket(fileno=fds[0]), fds[1]
+
+
+async def quiesce(
+    stop: Callable[[], Awaitable[None]], serve: Callable[[socket.socket], Awaitable[None]]
+) -> None:
+    """``stop`` closes the listening socket and every connection; once the host has handed
+    over new ones, ``serve`` listens on the socket."""
+    await stop()
+    logging.disable(logging.CRITICAL)  # stderr goes nowhere until the handoff
+    null = os.open("/dev/null", os.O_WRONLY)
+    for fd in (1, 2):
+        os.dup2(null, fd)
+    os.close(null)
+    while True:
+        await asyncio.sleep(POLL_S)
+        if os.path.exists(HANDOFF) and (got := _receive(HANDOFF)) is not None:
+            break
+    sock, logfile = got
+    for fd in (1, 2):
+        os.dup2(logfile, fd)
+    os.close(logfile)
+    logging.disable(logging.NOTSET)
+    await serve(sock)
+    log.info("handed a new socket after a checkpoint; listening again")

@@ -1,0 +1,149 @@
+"""Checkpoint and restore of a sandbox's process tree with CRIU (>= 4.1, see docs/runtime.md).
+
+A sandbox is checkpointable as it is launched: its agent is pid 1 (``--as-pid-1``), nothing runs
+outside its namespaces, and what the host handed the agent (its listening socket, its log file)
+is given up before the dump and handed back after it (agent/checkpoint.py): the agent is asked
+to quiesce, ``criu dump`` takes the tree (which ends it), ``criu restore`` recreates it inside
+the sandbox's cgroups, over its root, and the host hands the agent a new socket through
+``handoff/agent.sock``, accepting only the agent's own process (``SO_PEERCRED``). A dump that
+fails leaves the tree running; the same handoff gives the agent its socket back.
+"""
+
+from __future__ import annotations
+
+import array
+import os
+import socket
+import struct
+import subprocess
+import time
+from pathlib import Path
+
+from sandhold.errors import CheckpointFailed
+
+IMAGES = "checkpoint"  # in the sandbox's directory
+HANDOFF = "handoff"  # host directory bound read-only at /run/sandhold-handoff
+QUIESCE = b"POST /sandhold/quiesce HTTP/1.1\r\nHost: agent\r\nContent-Length: 0\r\n\r\n"
+# Shared by dump and restore: mounts bound from the host are external (the root, /usr, the
+# workspace view, ...), found again by path; the sandbox's netns has no route to lock.
+COMMON = ["--ext-mount-map", "auto", "--network-lock", "skip", "--tcp-established"]
+# The read-only covers over the agent's OOM files (launcher.py) are binds of the agent's own
+# /proc files, gone with it: the dump names them, the restore covers them with host files.
+COVERS = {f"/proc/1/{sub}{name}": f"{sub.replace('/', '-')}{name}"
+          for sub in ("", "task/1/") for name in ("oom_score_adj", "oom_adj")}  # fmt: skip
+
+
+def quiesce(agent_socket: Path, init_pid: int, timeout: float = 5.0) -> None:
+    """Ask the agent to let go of the host's descriptors; returns once it has."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        s.connect(str(agent_socket))
+        s.sendall(QUIESCE)
+        status = s.recv(64)
+    if not status.startswith(b"HTTP/1.1 204"):
+        raise CheckpointFailed(f"the agent refused to quiesce: {status[:40]!r}")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if _quiet(agent_socket, init_pid):
+            return
+        time.sleep(0.005)
+    raise CheckpointFailed("the agent did not quiesce in time")
+
+
+def _quiet(agent_socket: Path, init_pid: int) -> bool:
+    try:
+        if os.readlink(f"/proc/{init_pid}/fd/2") != "/dev/null":
+            return False
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.connect(str(agent_socket))
+        return False  # still listening
+    except ConnectionRefusedError:
+        return True
+
+
+def handoff(d: Path, agent_pid: int, listener: socket.socket, log_fd: int,
+            timeout: float = 10.0) -> None:  # fmt: skip
+    """Hand the agent (host pid ``agent_pid``) its new listening socket and log file."""
+    path = d / HANDOFF / "agent.sock"
+    path.unlink(missing_ok=True)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as srv:
+        srv.bind(str(path))
+        os.chmod(path, 0o666)  # the agent runs as the sandbox's root, unprivileged here
+        srv.listen(8)
+        srv.settimeout(timeout)
+        try:
+            while True:
+                conn, _ = srv.accept()
+                with conn:
+                    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+                    if struct.unpack("3i", creds)[0] != agent_pid:
+                        continue  # someone else inside the sandbox
+                    fds = array.array("i", [listener.fileno(), log_fd])
+                    conn.sendmsg([b"x"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+                    return
+        except TimeoutError:
+            raise CheckpointFailed("the agent did not take its socket back in time") from None
+        finally:
+            path.unlink(missing_ok=True)
+
+
+def _set_pings(init_pid: int) -> None:
+    # Read back inside the user namespace, the default range names an unmapped gid and
+    # cannot be restored: make it one the namespace maps.
+    subprocess.run(["nsenter", "-t", str(init_pid), "-n", "sh", "-c",
+                    "echo '0 0' > /proc/sys/net/ipv4/ping_group_range"], check=True)  # fmt: skip
+
+
+def dump(criu: Path, d: Path, init_pid: int) -> Path:
+    """Checkpoint the tree of ``init_pid`` into ``d/checkpoint`` (the tree ends)."""
+    images = d / IMAGES
+    images.mkdir(mode=0o700, exist_ok=True)
+    _set_pings(init_pid)
+    r = subprocess.run(
+        [str(criu), "dump", "-t", str(init_pid), "-D", str(images), "-o", "dump.log",
+         "--enable-external-sharing", "--enable-external-masters", *COMMON,
+         *(a for m, k in COVERS.items() for a in ("--ext-mount-map", f"{m}:{k}"))],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    if r.returncode != 0:
+        raise CheckpointFailed(f"criu dump failed: {_errors(images / 'dump.log')}")
+    return images
+
+
+def restore(criu: Path, d: Path, root: Path, cgroup_procs: list[str], host_uid: int) -> int:
+    """Recreate the tree from ``d/checkpoint`` in the given cgroups; returns its init's pid."""
+    images = d / IMAGES
+    # The restored tasks read their images after taking the sandbox's ids: the files become
+    # its root's (0600), in a directory it may search but not list.
+    for f in images.iterdir():
+        os.chown(f, host_uid, host_uid)
+    images.chmod(0o711)
+    covers = d / "covers"
+    covers.mkdir(exist_ok=True)
+    maps = []
+    for key in COVERS.values():
+        (covers / key).write_text("0\n")
+        maps += ["--ext-mount-map", f"{key}:{covers / key}"]
+    pidfile = images / "restored.pid"
+    pidfile.unlink(missing_ok=True)
+    from sandhold.runtime.launcher import JOIN_AND_EXEC  # (launcher imports this module)
+
+    r = subprocess.run(
+        ["/bin/sh", "-c", JOIN_AND_EXEC, "sh", *cgroup_procs, "--",
+         str(criu), "restore", "-D", str(images), "-d", "-o", "restore.log",
+         "--root", str(root), "--manage-cgroups=ignore", "--pidfile", str(pidfile), *COMMON,
+         *maps],
+        capture_output=True, text=True, start_new_session=True,
+    )  # fmt: skip
+    if r.returncode != 0:
+        raise CheckpointFailed(f"criu restore failed: {_errors(images / 'restore.log')}")
+    return int(pidfile.read_text())
+
+
+def _errors(logfile: Path) -> str:
+    try:
+        lines = logfile.read_text(errors="replace").splitlines()
+    except FileNotFoundError:
+        return "no log"
+    errs = [ln.strip() for ln in lines if "Error" in ln and "RLIMIT_NOFILE" not in ln]
+    return " | ".join(errs[-3:]) or (lines[-1] if lines else "empty log")

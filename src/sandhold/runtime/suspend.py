@@ -1,0 +1,105 @@
+"""Suspend to disk: a paused sandbox's processes checkpointed (runtime/checkpoint.py) and gone,
+its memory freed, its files and memory image kept; resume restores them as they were.
+
+A suspended sandbox is recorded ``paused`` with ``suspended = "disk"``; its cgroups stay (empty,
+the restore goes back into them), as do its mounts, its uid range and its image in
+``checkpoint/``. Nothing of it runs, so it survives a server restart as it is. A dump that
+fails leaves it paused in the freezer as before, with the error; a restore that fails kills
+whatever it had started and leaves it suspended, image and all, with the error.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from sandhold.errors import CheckpointFailed, Conflict, HostUnsupported
+from sandhold.runtime import checkpoint
+from sandhold.runtime.criu import FIX, criu_status
+from sandhold.runtime.launcher import listen
+
+if TYPE_CHECKING:
+    from sandhold.runtime.records import SandboxInfo
+    from sandhold.runtime.runtime import Runtime
+
+DISK = "disk"
+
+
+def criu_path(rt: Runtime) -> Path:
+    ok, detail = criu_status(rt.settings.criu_path)
+    if not ok:
+        raise HostUnsupported(f"suspending to disk needs CRIU >= 4.1: {detail}; {FIX}")
+    return rt.settings.criu_path
+
+
+def suspend(rt: Runtime, sandbox_id: str) -> SandboxInfo:
+    """Checkpoint a running or paused sandbox to disk; it is then paused, with no process."""
+    criu = criu_path(rt)
+    with rt._locked(sandbox_id) as d:
+        info = rt._load(d)
+        if info.state == "failed":
+            raise Conflict(f"sandbox {sandbox_id} failed ({info.failure}); it can only be killed")
+        if info.suspended:
+            raise Conflict(f"sandbox {sandbox_id} is already suspended to disk")
+        cg = rt._cg(sandbox_id)
+        frozen = info.state == "paused"
+        if frozen:
+            cg.thaw()  # the agent must run to let go of the host's descriptors
+        try:
+            checkpoint.quiesce(info.agent_socket, info.init_pid)
+            try:
+                checkpoint.dump(criu, d, info.init_pid)
+            except CheckpointFailed:
+                shutil.rmtree(d / checkpoint.IMAGES, ignore_errors=True)
+                _hand_back(d, info.init_pid)  # it carries on where it was
+                raise
+        finally:
+            if frozen and cg.pids():
+                cg.freeze()
+        bwrap = rt._children.pop(sandbox_id, None)
+        if bwrap is not None:
+            bwrap.wait()  # exits with the tree
+        deadline = time.monotonic() + 5
+        while cg.pids() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        info.state, info.suspended = "paused", DISK
+        info.paused_at = info.paused_at or time.time()
+        rt._save(info)
+        return info
+
+
+def restore(rt: Runtime, d: Path, info: SandboxInfo) -> None:
+    """Bring a suspended sandbox back (called under its lock); updates ``info``."""
+    criu = criu_path(rt)
+    cg = rt._cg(info.id)
+    if not cg.exists():  # (the host rebooted)
+        limits = info.spec.limits
+        cg.create(limits.memory_mb, limits.cpu, limits.pids)
+    procs = [str(x / "cgroup.procs") for x in cg.dirs()]
+    assert info.host_uid is not None
+    try:
+        pid = checkpoint.restore(criu, d, d / "root", procs, info.host_uid)
+        _hand_back(d, pid)
+    except BaseException:
+        cg.kill_all()  # nothing half-restored stays; the image does
+        raise
+    info.pid = info.init_pid = pid
+    info.suspended = None
+    shutil.rmtree(d / checkpoint.IMAGES, ignore_errors=True)
+
+
+def _hand_back(d: Path, agent_pid: int) -> None:
+    """A new listening socket and log file for the agent, which has let go of its own."""
+    sock_path = d / "run" / "agent.sock"
+    sock_path.unlink(missing_ok=True)
+    listener = listen(sock_path)
+    log_fd = os.open(d / "sandbox.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
+                     0o600)  # fmt: skip
+    try:
+        checkpoint.handoff(d, agent_pid, listener, log_fd)
+    finally:
+        listener.close()
+        os.close(log_fd)

@@ -1,0 +1,114 @@
+"""Suspend to disk with CRIU: a sandbox's processes checkpointed and gone, restored on resume
+with their memory, across a new runtime (a server restart) too; a dump that fails and an image
+that is damaged lose nothing."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+import pytest
+
+from sandhold.errors import CheckpointFailed, Conflict
+from sandhold.runtime import checkpoint
+from sandhold.runtime.criu import criu_status
+from sandhold.runtime.runtime import Runtime
+from tests.runtime.helpers import sh
+
+# A process whose state lives only in its memory: a counter and a random secret.
+COUNTER = (
+    "(python3 -c 'import secrets, time\nn, s = 0, secrets.token_hex(16)\nwhile True:\n"
+    '    n += 1\n    open("/tmp/state", "w").write(f"{n} {s}")\n    time.sleep(0.02)\' '
+    "</dev/null >/dev/null 2>&1 &)"
+)
+
+
+@pytest.fixture(autouse=True)
+def _criu(runtime: Runtime) -> None:
+    ok, detail = criu_status(runtime.settings.criu_path)
+    if not ok:
+        pytest.skip(f"CRIU unusable here: {detail}")
+
+
+async def _state(info) -> tuple[int, str]:
+    n, secret = (await sh(info, "cat /tmp/state")).text.split()
+    return int(n), secret
+
+
+async def _counting(make_sandbox):
+    info = await make_sandbox()
+    await sh(info, COUNTER)
+    for _ in range(100):
+        if (await sh(info, "cat /tmp/state 2>/dev/null || true")).text:
+            break
+        time.sleep(0.02)
+    return info
+
+
+async def test_suspend_frees_the_processes_and_resume_restores_their_memory(make_sandbox, runtime):
+    info = await _counting(make_sandbox)
+    n0, secret = await _state(info)
+    runtime.pause(info.id)
+    got = runtime.suspend(info.id)
+    assert got.state == "paused" and got.suspended == "disk"
+    assert runtime._cg(info.id).pids() == []  # nothing runs, nothing holds memory
+    assert runtime._cg(info.id).usage()["memory_bytes"] < 4 << 20
+    assert runtime.get(info.id).state == "paused"  # not judged failed for having no process
+    with pytest.raises(Conflict):
+        runtime.pause(info.id)
+    restored = runtime.resume(info.id)
+    assert restored.state == "running" and restored.suspended is None
+    time.sleep(0.1)
+    n1, secret1 = await _state(restored)
+    assert secret1 == secret and n1 > n0  # the same process, carrying on from its memory
+    assert (await sh(restored, "echo $((6*7))")).text.strip() == "42"
+    assert not (info.dir / checkpoint.IMAGES).exists()
+
+
+async def test_a_suspended_sandbox_survives_a_new_runtime(make_sandbox, runtime, settings):
+    info = await _counting(make_sandbox)
+    n0, secret = await _state(info)
+    runtime.suspend(info.id)  # straight from running
+    other = Runtime(settings).open()  # what a restarted server does
+    assert other.get(info.id).suspended == "disk"
+    restored = other.resume(info.id)
+    time.sleep(0.1)
+    n1, secret1 = await _state(restored)
+    assert secret1 == secret and n1 > n0
+
+
+async def test_a_dump_that_fails_leaves_the_sandbox_as_it_was(make_sandbox, runtime):
+    info = await _counting(make_sandbox)
+    runtime.pause(info.id)
+    images = info.dir / checkpoint.IMAGES
+    images.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(images)], check=True)
+    try:
+        with pytest.raises(CheckpointFailed, match="criu dump failed"):
+            runtime.suspend(info.id)
+    finally:
+        subprocess.run(["umount", str(images)], check=True)
+    got = runtime.get(info.id)
+    assert got.state == "paused" and got.suspended is None
+    assert runtime._cg(info.id).freezer_state() == "FROZEN"  # still paused in the freezer
+    runtime.resume(info.id)
+    n0, secret = await _state(info)
+    time.sleep(0.1)
+    n1, secret1 = await _state(info)
+    assert secret1 == secret and n1 > n0  # the agent took its socket back, processes ran on
+
+
+async def test_a_damaged_image_is_a_clear_error_and_loses_nothing(make_sandbox, runtime):
+    info = await _counting(make_sandbox)
+    runtime.suspend(info.id)
+    images = info.dir / checkpoint.IMAGES
+    for pages in images.glob("pages-*.img"):
+        pages.write_bytes(b"")
+    (images / "core-1.img").write_bytes(b"not an image")
+    with pytest.raises(CheckpointFailed, match="criu restore failed"):
+        runtime.resume(info.id)
+    got = runtime.get(info.id)
+    assert got.state == "paused" and got.suspended == "disk"  # kept, for the operator
+    assert runtime._cg(info.id).pids() == []  # nothing half-restored runs
+    runtime.kill(info.id)
+    assert not info.dir.exists()
