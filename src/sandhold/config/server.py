@@ -57,6 +57,12 @@ class ServerSettings(Layer):
     lifecycle_interval_s: float = Field(
         0.5, gt=0, description="How often the server enforces sandbox end times."
     )
+    suspend_after_s: float = Field(
+        600.0,
+        description="How long a sandbox stays paused in memory (the freezer: fast resume) "
+        "before it is checkpointed to disk (no process, no memory; resume restores it); 0: at "
+        "once; negative: never. Needs CRIU (criu_path).",
+    )
     reconcile_interval_s: float = Field(
         30.0,
         gt=0,

@@ -31,6 +31,7 @@ from sandhold.service.limits import check_create
 from sandhold.service.locks import KeyedLocks
 from sandhold.service.metrics import Failures, Sample, Samples
 from sandhold.service.records import RECORD_KEY, CreateSandbox, Lifecycle, Sandbox, view
+from sandhold.service.suspender import Suspender
 from sandhold.service.timers import Periodic, Timer
 
 RUNTIME_THREADS = 16  # creates, kills, pauses and resumes in flight at once
@@ -63,6 +64,11 @@ class SandboxService:
             Periodic(lambda: self._run(self.runtime.reconcile), settings.reconcile_interval_s,
                      "sandhold-reconcile") if timers else None
         )  # fmt: skip
+        self.suspender = Suspender(self)
+        self._suspending = (
+            Periodic(self.suspender.tick, min(5.0, max(settings.suspend_after_s, 0.5)),
+                     "sandhold-suspend") if timers else None
+        )  # fmt: skip
         self.samples = Samples(0)
         self.failures = Failures(time.time())  # before open(): its reconcile may find some
         self.disk_total = 0
@@ -87,6 +93,8 @@ class SandboxService:
             self._timer.start()
         if self._reconciler is not None:
             self._reconciler.start()
+        if self._suspending is not None:
+            self._suspending.start()
         return self
 
     async def close(self) -> None:
@@ -96,6 +104,8 @@ class SandboxService:
             await self._timer.stop()
         if self._reconciler is not None:
             await self._reconciler.stop()
+        if self._suspending is not None:
+            await self._suspending.stop()
         await asyncio.to_thread(self._executor.shutdown, True)
 
     def lock(self, sandbox_id: str) -> contextlib.AbstractAsyncContextManager[None]:
@@ -308,6 +318,8 @@ class SandboxService:
             if not sbx.running:
                 raise Conflict(f"sandbox {sbx.id!r} is already paused")
             await self._run(self.runtime.pause, sbx.id)
+        if self.settings.suspend_after_s == 0 and self.suspender.enabled:
+            await self.suspender.suspend(sandbox_id)
 
     async def kill(
         self, owner: str, sandbox_id: str, *, if_state: str | None = None,
@@ -367,11 +379,13 @@ class SandboxService:
             sbx = await self.get(sandbox_id)
             if sbx is None or not sbx.expires or sbx.life.end_at > time.time():
                 return
-            if sbx.life.auto_pause:
-                with contextlib.suppress(Conflict, SandboxNotFound):
-                    await self._run(self.runtime.pause, sbx.id)
-            else:
+            if not sbx.life.auto_pause:
                 await self._kill(sbx.id)
+                return
+            with contextlib.suppress(Conflict, SandboxNotFound):
+                await self._run(self.runtime.pause, sbx.id)
+        if self.settings.suspend_after_s == 0 and self.suspender.enabled:
+            await self.suspender.suspend(sandbox_id)
 
     # -- metrics -------------------------------------------------------------------------------
     async def sample(self, sbx: Sandbox) -> Sample:

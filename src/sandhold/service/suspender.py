@@ -1,0 +1,56 @@
+"""Suspend to disk, on a timer: a sandbox paused for ``suspend_after_s`` is checkpointed
+(runtime/suspend.py), so that it holds no memory while it waits; resume restores it whichever
+way it was paused. Off where CRIU is not usable (said once in the log), or with
+``suspend_after_s`` negative."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from sandhold.errors import Conflict, SandboxNotFound, SandholdError
+from sandhold.runtime.criu import criu_status
+
+if TYPE_CHECKING:
+    from sandhold.service.service import SandboxService
+
+log = logging.getLogger(__name__)
+
+
+class Suspender:
+    def __init__(self, service: SandboxService) -> None:
+        self.service = service
+        self.after_s = service.settings.suspend_after_s
+        self._failed: set[str] = set()  # a dump failed: not tried again by the timer
+        self._warned = False
+
+    @property
+    def enabled(self) -> bool:
+        if self.after_s < 0:
+            return False
+        ok, detail = criu_status(self.service.settings.criu_path)
+        if not ok and not self._warned:
+            self._warned = True
+            log.warning("paused sandboxes stay in memory (no suspend to disk): %s", detail)
+        return ok
+
+    async def tick(self) -> None:
+        if not self.enabled:
+            return
+        due = time.time() - self.after_s
+        for info in await self.service._run(self.service._list_now):
+            if (info.state == "paused" and not info.suspended and info.id not in self._failed
+                    and (info.paused_at or 0) <= due):  # fmt: skip
+                await self.suspend(info.id)
+
+    async def suspend(self, sandbox_id: str) -> None:
+        """Checkpoint a paused sandbox now (under its lock); a failure is logged and kept."""
+        async with self.service.lock(sandbox_id):
+            try:
+                await self.service._run(self.service.runtime.suspend, sandbox_id)
+            except (Conflict, SandboxNotFound):
+                pass  # resumed, killed or suspended meanwhile
+            except SandholdError as e:
+                self._failed.add(sandbox_id)
+                log.error("sandbox %s stays paused in memory: %s", sandbox_id, e)

@@ -1,0 +1,79 @@
+"""Suspend to disk through the official SDK: a paused sandbox is checkpointed (here at once,
+``suspend_after_s = 0``), survives a server restart with every process of it gone from the host,
+and resumes, explicitly or on traffic, with its processes' memory."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+from e2b import Sandbox
+
+from sandhold.config import Settings
+from sandhold.runtime.criu import criu_status
+from tests.e2b.conftest import KEY_A, Server, new_server
+
+COUNTER = (
+    "python3 -c 'import secrets, time\nn, s = 0, secrets.token_hex(16)\nwhile True:\n"
+    '    n += 1\n    open("/tmp/state", "w").write(f"{n} {s}")\n    time.sleep(0.02)\''
+)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    ok, detail = criu_status(Settings().criu_path)
+    if not ok:
+        pytest.skip(f"CRIU unusable here: {detail}")
+    srv = new_server(tmp_path_factory.mktemp("suspend"), suspend_after_s="0")
+    srv.start()
+    yield srv
+    srv.destroy()
+
+
+def sdk(server: Server) -> dict[str, str]:
+    return {"api_url": server.url, "sandbox_url": server.url, "api_key": KEY_A}
+
+
+def state(sbx: Sandbox) -> tuple[int, str]:
+    for _ in range(100):
+        out = sbx.commands.run("cat /tmp/state 2>/dev/null || true").stdout.split()
+        if out:
+            return int(out[0]), out[1]
+        time.sleep(0.02)
+    raise AssertionError("the counter never wrote its state")
+
+
+def test_suspended_sandbox_survives_a_restart_and_resumes_with_its_memory(server):
+    sbx = Sandbox.create(timeout=300, **sdk(server))
+    try:
+        sbx.commands.run(COUNTER, background=True)
+        n0, secret = state(sbx)
+        assert sbx.pause()
+        rt = server.runtime()
+        info = rt.get(sbx.sandbox_id)
+        assert info.suspended == "disk" and rt._cg(info.id).pids() == []
+        server.stop()
+        server.start()
+        resumed = Sandbox.connect(sbx.sandbox_id, timeout=300, **sdk(server))
+        time.sleep(0.1)
+        n1, secret1 = state(resumed)
+        assert secret1 == secret and n1 > n0  # the same process, from its own memory
+        assert resumed.files.read("/tmp/state").split()[1] == secret
+    finally:
+        sbx.kill()
+
+
+def test_traffic_resumes_a_suspended_sandbox(server):
+    sbx = Sandbox.create(timeout=300, lifecycle={"on_timeout": "pause", "auto_resume": True},
+                         **sdk(server))  # fmt: skip
+    try:
+        sbx.commands.run(COUNTER, background=True)
+        n0, secret = state(sbx)
+        sbx.pause()
+        assert server.runtime().get(sbx.sandbox_id).suspended == "disk"
+        n1, secret1 = state(sbx)  # a command: the data plane resumes it first
+        assert secret1 == secret and n1 >= n0
+        assert sbx.is_running()
+    finally:
+        sbx.kill()
