@@ -27,6 +27,10 @@ QUIESCE = b"POST /sandhold/quiesce HTTP/1.1\r\nHost: agent\r\nContent-Length: 0\
 # Shared by dump and restore: mounts bound from the host are external (the root, /usr, the
 # workspace view, ...), found again by path; the sandbox's netns has no route to lock.
 COMMON = ["--ext-mount-map", "auto", "--network-lock", "skip", "--tcp-established"]
+# inotify watches (the file API's watchers, a user's tools) name inodes of the overlay, which
+# CRIU cannot reopen by handle: it finds their paths by scanning where users keep files.
+IRMAP = ["--force-irmap", "--irmap-scan-path", "/home", "--irmap-scan-path", "/workspace",
+         "--irmap-scan-path", "/root"]  # fmt: skip
 # The read-only covers over the agent's OOM files (launcher.py) are binds of the agent's own
 # /proc files, gone with it: the dump names them, the restore covers them with host files.
 COVERS = {f"/proc/1/{sub}{name}": f"{sub.replace('/', '-')}{name}"
@@ -101,7 +105,7 @@ def dump(criu: Path, d: Path, init_pid: int) -> Path:
     _set_pings(init_pid)
     r = subprocess.run(
         [str(criu), "dump", "-t", str(init_pid), "-D", str(images), "-o", "dump.log",
-         "--enable-external-sharing", "--enable-external-masters", *COMMON,
+         "--enable-external-sharing", "--enable-external-masters", *IRMAP, *COMMON,
          *(a for m, k in COVERS.items() for a in ("--ext-mount-map", f"{m}:{k}"))],
         capture_output=True, text=True,
     )  # fmt: skip
