@@ -70,7 +70,10 @@ class RuntimeSettings(CreateLimits, Layer):
         2048, ge=8, description="Disk budget of a sandbox when neither create nor template says."
     )
     max_disk_mb: int = Field(
-        20480, ge=8, description="The largest disk budget a create or a template may ask for."
+        20480,
+        ge=8,
+        description="The largest disk budget a create or a template may ask for, for a "
+        "sandbox's writable layer or for a workspace (workspace_disk_mb).",
     )
 
     @model_validator(mode="after")

@@ -2,6 +2,7 @@
 
 What the wire smuggles in metadata is parsed out here and never reaches the sandbox's labels:
 CubeSandbox's ``host-mount`` (host binds, only under ``host_mount_roots``), Sandhold's
+``sandhold.workspace-disk-mb`` (the budget of host-mount's ``/workspace``),
 ``sandhold.file-view`` and ``sandhold.secrets-scope`` (see ``sandhold.service.metadata``).
 """
 
@@ -19,7 +20,12 @@ from sandhold.e2b.volumes import VolumeStore
 from sandhold.errors import InvalidRequest, Unsupported
 from sandhold.runtime.spec import clipped
 from sandhold.service.limits import check_mounts, check_path
-from sandhold.service.metadata import FILE_VIEW_KEY, HOST_MOUNT_KEY, SECRETS_SCOPE_KEY
+from sandhold.service.metadata import (
+    FILE_VIEW_KEY,
+    HOST_MOUNT_KEY,
+    SECRETS_SCOPE_KEY,
+    WORKSPACE_DISK_KEY,
+)
 from sandhold.service.records import CreateSandbox, Mount
 
 DEFAULT_TIMEOUT_S = 300
@@ -35,6 +41,7 @@ def create_request(
         timeout = V1_DEFAULT_TIMEOUT_S if v1 else DEFAULT_TIMEOUT_S
     metadata = dict(body.metadata or {})
     workspace_dir, mounts = host_mounts(settings, metadata.pop(HOST_MOUNT_KEY, None))
+    workspace_disk_mb = parse_workspace_disk(metadata.pop(WORKSPACE_DISK_KEY, None))
     file_view = parse_file_view(metadata.pop(FILE_VIEW_KEY, None))
     requested = body.network.model_dump(exclude_none=True) if body.network else {}
     tenant = secrets_tenant(team, metadata.pop(SECRETS_SCOPE_KEY, None))
@@ -58,6 +65,7 @@ def create_request(
         env=body.envVars or {},
         metadata=metadata,
         workspace_dir=workspace_dir,
+        workspace_disk_mb=workspace_disk_mb,
         mounts=mounts,
         file_view=file_view,
         network=policy,
@@ -114,6 +122,17 @@ def host_mounts(settings: Settings, raw: str | None) -> tuple[Path | None, list[
         else:
             mounts.append(Mount(real, mount_path, read_only))
     return workspace_dir, mounts
+
+
+def parse_workspace_disk(raw: str | None) -> int | None:
+    """The ``sandhold.workspace-disk-mb`` metadata: the disk budget (MiB, decimal) of the
+    workspace bound by ``host-mount``; the runtime bounds it (``max_disk_mb``)."""
+    if raw is None:
+        return None
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 9:
+        raise InvalidRequest(f"metadata {WORKSPACE_DISK_KEY!r} must be a number of MiB, not "
+                             f"{clipped(raw)}")  # fmt: skip
+    return int(raw)
 
 
 def parse_file_view(raw: str | None) -> dict[str, Any]:

@@ -52,6 +52,7 @@ from sandhold.runtime.records import (
 from sandhold.runtime.spec import NAME_RE, NetworkPolicy, SandboxSpec, validation_message
 from sandhold.runtime.templates import SANDBOX_USER_UID, Template, TemplateStore
 from sandhold.runtime.uids import UidPool
+from sandhold.runtime.wsdisk import WorkspaceDisk
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,7 @@ class Runtime:
         self._children: dict[str, subprocess.Popen[bytes]] = {}
         self.egress = EgressControl(self.settings)
         self.disk = DiskBudget(self.settings)
+        self.wsdisk = WorkspaceDisk(self.settings, self.disk.cache, self.sandboxes_dir)
         self.uids = UidPool(self.settings.uid_registry, root, self.settings.uid_base,
                             self.settings.uid_ranges, self.settings.uid_isolation)  # fmt: skip
         self._opened = False
@@ -161,6 +163,7 @@ class Runtime:
             raise HostUnsupported("bubblewrap is not installed (apt-get install bubblewrap)")
         template = self.templates.get(spec.template)
         spec = self.disk.resolve(spec, template)
+        self.wsdisk.check(spec)
         for m in spec.mounts:
             mounts.check_traversable(m.source)
         sandbox_id = new_sandbox_id()
@@ -184,11 +187,13 @@ class Runtime:
             os.chown(run_dir, host_uid, host_uid)
             (d / checkpoint.HANDOFF).mkdir(mode=0o755)
             workspace = None
+            binds: list[tuple[str, str, bool]] = []
             if spec.workspace_id or spec.workspace_dir:
                 workspace = self._prepare_workspace(spec.workspace_id, spec.workspace_dir)
-            binds: list[tuple[str, str, bool]] = []
-            if workspace:
-                binds.append((str(self.uids.writable(d, workspace, host_uid)), "/workspace", False))
+                # With a budget: the workspace's image, mounted under d (its own filesystem).
+                files, ws_mb = self.wsdisk.attach(d, workspace, spec.workspace_disk_mb)
+                spec = spec.model_copy(update={"workspace_disk_mb": ws_mb})
+                binds.append((str(self.uids.writable(d, files, host_uid)), "/workspace", False))
             for m in spec.mounts:
                 mounts.make_mount_point(root, m.target, host_uid)
                 source = m.source if m.read_only else self.uids.writable(d, m.source, host_uid)
@@ -280,6 +285,7 @@ class Runtime:
         reap_init(init_pid)
         cg.remove()
         self.uids.give_back(d)
+        self.wsdisk.release(d)  # after the views of it, before the range is given back
         mounts.umount(d / "root")
         self.disk.release(d)
         had_egress = (d / "egress.json").exists()

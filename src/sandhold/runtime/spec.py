@@ -148,6 +148,14 @@ class SandboxSpec(BaseModel):
         description="A host directory bound at /workspace, for callers that keep workspaces "
         "themselves (e.g. on NFS); exclusive with workspace_id.",
     )
+    workspace_disk_mb: int | None = Field(
+        None,
+        ge=8,
+        description="The workspace's disk budget (MiB): its files live in an ext4 image of that "
+        "size in its directory, at most max_disk_mb; grown if larger than the image, never "
+        "shrunk. Unset: uncapped, unless the workspace has an image already (then that). The "
+        "runtime records the one it enforced.",
+    )
     mounts: list[Mount] = Field(default_factory=list)
     network: NetworkPolicy = Field(default_factory=NetworkPolicy)
     file_view: FileView = Field(default_factory=FileView)
@@ -213,6 +221,8 @@ class SandboxSpec(BaseModel):
             seen.add(m.target)
         if self.workspace_id is not None and self.workspace_dir is not None:
             raise ValueError("give workspace_id or workspace_dir, not both")
+        if self.workspace_disk_mb is not None and not (self.workspace_id or self.workspace_dir):
+            raise ValueError("workspace_disk_mb needs a workspace (workspace_id or workspace_dir)")
         if self.workdir is not None and not self.workdir.startswith("/"):
             raise ValueError(f"workdir {self.workdir!r} must be an absolute path")
         return self

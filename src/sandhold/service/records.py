@@ -45,6 +45,7 @@ class CreateSandbox:
     env: dict[str, str] = field(default_factory=dict)
     metadata: dict[str, str] = field(default_factory=dict)
     workspace_dir: Path | None = None  # bound at /workspace
+    workspace_disk_mb: int | None = None  # its budget: its files in an image (runtime/wsdisk.py)
     mounts: list[Mount] = field(default_factory=list)
     file_view: dict[str, list[str]] = field(default_factory=dict)  # runtime FileView
     network: NetworkPolicy = field(default_factory=NetworkPolicy)

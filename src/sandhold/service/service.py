@@ -219,6 +219,7 @@ class SandboxService:
                 "mounts": [{"source": str(m.source), "target": m.target,
                             "read_only": m.read_only} for m in req.mounts],
                 "workspace_dir": req.workspace_dir,
+                "workspace_disk_mb": req.workspace_disk_mb,
                 "network": req.network.model_dump(),
                 "file_view": req.file_view,
             })  # fmt: skip
