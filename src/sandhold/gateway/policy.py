@@ -40,6 +40,15 @@ class TenantPolicy(BaseModel):
         100, ge=0, description="Sandboxes (running or paused) the tenant may hold at once."
     )
     max_command_timeout_s: int = Field(600, ge=1, description="Longest tool call allowed.")
+    workspace_disk_mb: int | None = Field(
+        None,
+        ge=8,
+        description="Disk budget of a session's workspace (MiB): its files live in an ext4 image "
+        "of that size in the workspace directory, writes past it fail with ENOSPC inside; at "
+        "most the sandbox host's max_disk_mb. Unset: uncapped. A larger value grows the image "
+        "at the session's next sandbox; a smaller one is not applied (images never shrink). "
+        "Local provider and the sandhold flavor of the e2b provider.",
+    )
     workspace_on_close: Literal["keep", "delete"] = Field(
         "keep", description="What close_session does with the session's workspace."
     )

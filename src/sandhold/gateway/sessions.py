@@ -50,6 +50,7 @@ from sandhold.gateway.providers.base import (
     CreateRequest,
     NeedsNewSandbox,
     Provider,
+    ProviderError,
     ProviderSandbox,
     SandboxGone,
 )
@@ -240,6 +241,12 @@ class SandboxSessionManager:
                         raise SessionBusy("lost the session lock; retry") from None
                     return await self._create(row, token, policy, timeout, cause)
             gone = "failed" if before and before.failure else "no longer exists at the provider"
+            if before and before.failure:
+                # Killed now, not by the reclaimer later: it never runs again, and it holds the
+                # workspace (one with a disk budget is attached to one sandbox at a time).
+                with contextlib.suppress(ProviderError):
+                    if await self.provider.kill(sandbox_id):
+                        gone += " (killed it)"
             await self.timeline.record(
                 row.tenant_id, row.session_id, "failure", sandbox_id=sandbox_id,
                 reason=f"the session's sandbox {gone}; creating anew",
@@ -283,6 +290,7 @@ class SandboxSessionManager:
                 pids=policy.pids, views=[(v.source, v.target) for v in views],
                 tenant=row.tenant_id, network=policy.network,
                 file_view={"read": list(READ_ROOTS), "write": list(WRITE_ROOTS)},
+                workspace_disk_mb=policy.workspace_disk_mb,
             )
         )  # fmt: skip
 

@@ -71,6 +71,8 @@ class CreateRequest:
     # What the sandbox's own file API may touch, {"read": [...], "write": [...]} (where the
     # provider can enforce it: the runtime's FileView).
     file_view: dict[str, list[str]] | None = None
+    # The workspace's disk budget (MiB; None: uncapped), where the provider can enforce it.
+    workspace_disk_mb: int | None = None
 
 
 class Provider(abc.ABC):

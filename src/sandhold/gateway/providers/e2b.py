@@ -22,6 +22,7 @@ import httpx
 from sandhold.config import Settings
 from sandhold.egress.policy import ALL_TRAFFIC, EgressPolicy
 from sandhold.envd.transports import remote_channel
+from sandhold.errors import Unsupported
 from sandhold.gateway.providers.base import (
     Capabilities,
     Channel,
@@ -33,7 +34,12 @@ from sandhold.gateway.providers.base import (
     ProviderSandbox,
     SandboxGone,
 )
-from sandhold.service.metadata import FILE_VIEW_KEY, HOST_MOUNT_KEY, SECRETS_SCOPE_KEY
+from sandhold.service.metadata import (
+    FILE_VIEW_KEY,
+    HOST_MOUNT_KEY,
+    SECRETS_SCOPE_KEY,
+    WORKSPACE_DISK_KEY,
+)
 
 PAGE = 100
 BUSY_RETRIES = 5  # CubeSandbox answers 503 + Retry-After while a sandbox is pausing or locked
@@ -144,6 +150,14 @@ class E2bProvider(Provider):
                              "readOnly": False})  # fmt: skip
         if binds:
             metadata[HOST_MOUNT_KEY] = json.dumps(binds)
+        if req.workspace_disk_mb is not None:
+            # Only a Sandhold server knows the key; the others would ignore it: never unenforced.
+            if self.flavor != "sandhold" or req.workspace_dir is None:
+                raise Unsupported(
+                    f"the {self.flavor} flavor cannot cap a workspace's disk: unset the tenant "
+                    "policy's workspace_disk_mb (it needs the local provider or a Sandhold server)"
+                )
+            metadata[WORKSPACE_DISK_KEY] = str(req.workspace_disk_mb)
         if self.flavor == "sandhold":
             # The server enforces the session's file view, and injects the secrets of
             # "<the API key's team>:<gateway tenant>".

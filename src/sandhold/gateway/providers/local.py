@@ -81,6 +81,7 @@ class LocalProvider(Provider):
                 env=req.env,
                 metadata=req.metadata,
                 workspace_dir=req.workspace_dir,
+                workspace_disk_mb=req.workspace_disk_mb,
                 mounts=[Mount(src, dst, read_only=True) for src, dst in req.views],
                 file_view=req.file_view or {},
                 network=_network(req.tenant, req.network),
