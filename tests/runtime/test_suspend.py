@@ -112,3 +112,19 @@ async def test_a_damaged_image_is_a_clear_error_and_loses_nothing(make_sandbox, 
     assert runtime._cg(info.id).pids() == []  # nothing half-restored runs
     runtime.kill(info.id)
     assert not info.dir.exists()
+
+
+async def test_inotify_watches_in_the_users_files_survive(make_sandbox, runtime):
+    """A watch on an overlay inode cannot be reopened by handle; CRIU finds it by its path."""
+    info = await make_sandbox()
+    watcher = (
+        "import ctypes, os\nl = ctypes.CDLL(None)\nfd = l.inotify_init1(0)\n"
+        "l.inotify_add_watch(fd, b'/home/user', 0x100)\nopen('/tmp/w', 'w').write('ready')\n"
+        "os.read(fd, 4096)\nopen('/tmp/w', 'w').write('event')\n"
+    )
+    await sh(info, f"(python3 -c \"{watcher}\" </dev/null >/dev/null 2>&1 &); "
+                   "for i in $(seq 100); do [ -s /tmp/w ] && break; sleep 0.02; done")  # fmt: skip
+    runtime.suspend(info.id)
+    restored = runtime.resume(info.id)
+    r = await sh(restored, "touch /home/user/new; sleep 0.2; cat /tmp/w")
+    assert r.text == "event", r.text  # the restored watch saw the create (IN_CREATE)
