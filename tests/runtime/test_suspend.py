@@ -128,3 +128,20 @@ async def test_inotify_watches_in_the_users_files_survive(make_sandbox, runtime)
     restored = runtime.resume(info.id)
     r = await sh(restored, "touch /home/user/new; sleep 0.2; cat /tmp/w")
     assert r.text == "event", r.text  # the restored watch saw the create (IN_CREATE)
+
+
+async def test_a_file_held_open_in_the_workspace_view(make_sandbox, runtime):
+    """The workspace is an idmapped view: the restore must bind the view, not the plain
+    directory under it (whose owners the sandbox's range does not map)."""
+    info = await make_sandbox(workspace_id="suspend-open")
+    writer = (
+        "import time\nf = open('/workspace/log', 'a')\nwhile True:\n"
+        "    f.write('x'); f.flush(); time.sleep(0.02)"
+    )
+    await sh(info, f'(python3 -c "{writer}" </dev/null >/dev/null 2>&1 &); sleep 0.2')
+    runtime.suspend(info.id)
+    restored = runtime.resume(info.id)
+    size = "stat -c %s /workspace/log"
+    r = await sh(restored, f"a=$({size}); sleep 0.3; b=$({size}); "
+                           "[ $b -gt $a ] && echo growing; stat -c %u /workspace/log")  # fmt: skip
+    assert r.text.split() == ["growing", "1000"], r.text

@@ -12,6 +12,7 @@ fails leaves the tree running; the same handoff gives the agent its socket back.
 from __future__ import annotations
 
 import array
+import contextlib
 import os
 import socket
 import struct
@@ -20,6 +21,8 @@ import time
 from pathlib import Path
 
 from sandhold.errors import CheckpointFailed
+from sandhold.runtime.launcher import JOIN_AND_EXEC
+from sandhold.runtime.uids import VIEW_LIST
 
 IMAGES = "checkpoint"  # in the sandbox's directory
 HANDOFF = "handoff"  # host directory bound read-only at /run/sandhold-handoff
@@ -98,15 +101,27 @@ def _set_pings(init_pid: int) -> None:
                     "echo '0 0' > /proc/sys/net/ipv4/ping_group_range"], check=True)  # fmt: skip
 
 
+def _views(d: Path) -> dict[str, tuple[str, str]]:
+    """Path inside -> (key, host path) of each idmapped view bound in (uids.writable lists
+    them): by path alone CRIU would find the plain directory under a view, not the view."""
+    out = {}
+    with contextlib.suppress(FileNotFoundError):
+        for i, line in enumerate((d / VIEW_LIST).read_text().splitlines()):
+            mountpoint, view = line.split("\t")
+            out[mountpoint] = (f"view{i}", view)
+    return out
+
+
 def dump(criu: Path, d: Path, init_pid: int) -> Path:
     """Checkpoint the tree of ``init_pid`` into ``d/checkpoint`` (the tree ends)."""
     images = d / IMAGES
     images.mkdir(mode=0o700, exist_ok=True)
     _set_pings(init_pid)
+    named = {**COVERS, **{m: key for m, (key, _view) in _views(d).items()}}
     r = subprocess.run(
         [str(criu), "dump", "-t", str(init_pid), "-D", str(images), "-o", "dump.log",
          "--enable-external-sharing", "--enable-external-masters", *IRMAP, *COMMON,
-         *(a for m, k in COVERS.items() for a in ("--ext-mount-map", f"{m}:{k}"))],
+         *(a for m, k in named.items() for a in ("--ext-mount-map", f"{m}:{k}"))],
         capture_output=True, text=True,
     )  # fmt: skip
     if r.returncode != 0:
@@ -128,10 +143,10 @@ def restore(criu: Path, d: Path, root: Path, cgroup_procs: list[str], host_uid: 
     for key in COVERS.values():
         (covers / key).write_text("0\n")
         maps += ["--ext-mount-map", f"{key}:{covers / key}"]
+    for key, view in _views(d).values():
+        maps += ["--ext-mount-map", f"{key}:{view}"]
     pidfile = images / "restored.pid"
     pidfile.unlink(missing_ok=True)
-    from sandhold.runtime.launcher import JOIN_AND_EXEC  # (launcher imports this module)
-
     r = subprocess.run(
         ["/bin/sh", "-c", JOIN_AND_EXEC, "sh", *cgroup_procs, "--",
          str(criu), "restore", "-D", str(images), "-d", "-o", "restore.log",

@@ -193,10 +193,13 @@ class Runtime:
                 # With a budget: the workspace's image, mounted under d (its own filesystem).
                 files, ws_mb = self.wsdisk.attach(d, workspace, spec.workspace_disk_mb)
                 spec = spec.model_copy(update={"workspace_disk_mb": ws_mb})
-                binds.append((str(self.uids.writable(d, files, host_uid)), "/workspace", False))
+                view = self.uids.writable(d, files, host_uid, "/workspace")
+                binds.append((str(view), "/workspace", False))
             for m in spec.mounts:
                 mounts.make_mount_point(root, m.target, host_uid)
-                source = m.source if m.read_only else self.uids.writable(d, m.source, host_uid)
+                source = m.source
+                if not m.read_only:
+                    source = self.uids.writable(d, m.source, host_uid, m.target)
                 binds.append((str(source), m.target, m.read_only))
             egress_env: dict[str, str] = {}
             egress_agent: dict[str, object] | None = None

@@ -145,11 +145,12 @@ class UidPool:
         finally:
             os.close(fd)
 
-    def writable(self, d: Path, source: Path, base: int) -> Path:
+    def writable(self, d: Path, source: Path, base: int, mountpoint: str) -> Path:
         """What to bind for a writable canonical tree (a workspace, a volume): an idmapped view
         of it attached under the sandbox's directory, so what the sandbox writes is stored with
         canonical owners. A filesystem that cannot be idmapped (NFS) has its tree shifted to the
-        range instead, and back at destroy (``give_back``)."""
+        range instead, and back at destroy (``give_back``). Views are listed, with the path
+        the sandbox sees each at, in ``VIEW_LIST`` (a checkpoint names them by it)."""
         if base == self.canonical:
             return source
         views = d / VIEWS
@@ -170,6 +171,8 @@ class UidPool:
             idmap.attach(fd, target)
         finally:
             os.close(fd)
+        with open(d / VIEW_LIST, "a") as f:
+            f.write(f"{mountpoint}\t{target}\n")
         return target
 
     def give_back(self, d: Path) -> None:
@@ -184,6 +187,7 @@ class UidPool:
 
 
 VIEWS = "views"  # idmapped mounts of writable trees, under the sandbox's directory
+VIEW_LIST = "views.list"  # "<path inside>\t<view>" per line
 SHIFTED = "shifted"  # trees given to the sandbox's range by chown, one path per line
 
 
