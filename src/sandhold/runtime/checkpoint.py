@@ -21,11 +21,12 @@ import time
 from pathlib import Path
 
 from sandhold.errors import CheckpointFailed
-from sandhold.runtime.launcher import JOIN_AND_EXEC
+from sandhold.runtime.criuimg import remap_userns
+from sandhold.runtime.launcher import HANDOFF_AT, JOIN_AND_EXEC
 from sandhold.runtime.uids import VIEW_LIST
 
 IMAGES = "checkpoint"  # in the sandbox's directory
-HANDOFF = "handoff"  # host directory bound read-only at /run/sandhold-handoff
+HANDOFF = "handoff"  # host directory bound read-only at HANDOFF_AT
 QUIESCE = b"POST /sandhold/quiesce HTTP/1.1\r\nHost: agent\r\nContent-Length: 0\r\n\r\n"
 # Shared by dump and restore: mounts bound from the host are external (the root, /usr, the
 # workspace view, ...), found again by path; the sandbox's netns has no route to lock.
@@ -112,15 +113,18 @@ def _views(d: Path) -> dict[str, tuple[str, str]]:
     return out
 
 
-def dump(criu: Path, d: Path, init_pid: int) -> Path:
-    """Checkpoint the tree of ``init_pid`` into ``d/checkpoint`` (the tree ends)."""
-    images = d / IMAGES
+def dump(criu: Path, d: Path, init_pid: int, images: Path | None = None, *,
+         freezer: Path | None = None) -> Path:  # fmt: skip
+    """Checkpoint the tree of ``init_pid`` into ``images`` (``d/checkpoint``). The tree ends;
+    with ``freezer`` (its frozen freezer cgroup) it stays, frozen."""
+    images = images or d / IMAGES
     images.mkdir(mode=0o700, exist_ok=True)
     _set_pings(init_pid)
-    named = {**COVERS, **{m: key for m, (key, _view) in _views(d).items()}}
+    named = {**COVERS, HANDOFF_AT: HANDOFF, **{m: k for m, (k, _v) in _views(d).items()}}
+    keep = ["--freeze-cgroup", str(freezer), "--leave-running"] if freezer else []
     r = subprocess.run(
         [str(criu), "dump", "-t", str(init_pid), "-D", str(images), "-o", "dump.log",
-         "--enable-external-sharing", "--enable-external-masters", *IRMAP, *COMMON,
+         "--enable-external-sharing", "--enable-external-masters", *IRMAP, *COMMON, *keep,
          *(a for m, k in named.items() for a in ("--ext-mount-map", f"{m}:{k}"))],
         capture_output=True, text=True,
     )  # fmt: skip
@@ -129,9 +133,11 @@ def dump(criu: Path, d: Path, init_pid: int) -> Path:
     return images
 
 
-def restore(criu: Path, d: Path, root: Path, cgroup_procs: list[str], host_uid: int) -> int:
-    """Recreate the tree from ``d/checkpoint`` in the given cgroups; returns its init's pid."""
+def restore(criu: Path, d: Path, cgroup_procs: list[str], host_uid: int) -> int:
+    """Recreate the tree from ``d/checkpoint`` over ``d/root``, in the given cgroups, in the
+    uid range at ``host_uid``; returns its init's pid."""
     images = d / IMAGES
+    remap_userns(images, host_uid)
     # The restored tasks read their images after taking the sandbox's ids: the files become
     # its root's (0600), in a directory it may search but not list.
     for f in images.iterdir():
@@ -139,7 +145,7 @@ def restore(criu: Path, d: Path, root: Path, cgroup_procs: list[str], host_uid: 
     images.chmod(0o711)
     covers = d / "covers"
     covers.mkdir(exist_ok=True)
-    maps = []
+    maps = ["--ext-mount-map", f"{HANDOFF}:{d / HANDOFF}"]
     for key in COVERS.values():
         (covers / key).write_text("0\n")
         maps += ["--ext-mount-map", f"{key}:{covers / key}"]
@@ -150,8 +156,8 @@ def restore(criu: Path, d: Path, root: Path, cgroup_procs: list[str], host_uid: 
     r = subprocess.run(
         ["/bin/sh", "-c", JOIN_AND_EXEC, "sh", *cgroup_procs, "--",
          str(criu), "restore", "-D", str(images), "-d", "-o", "restore.log",
-         "--root", str(root), "--manage-cgroups=ignore", "--pidfile", str(pidfile), *COMMON,
-         *maps],
+         "--root", str(d / "root"), "--manage-cgroups=ignore", "--pidfile", str(pidfile),
+         *COMMON, *maps],
         capture_output=True, text=True, start_new_session=True,
     )  # fmt: skip
     if r.returncode != 0:

@@ -85,12 +85,18 @@ class DiskBudget:
         limits = spec.limits.model_copy(update={"disk_mb": mb})
         return spec.model_copy(update={"limits": limits})
 
-    def prepare(self, sandbox_dir: Path, spec: SandboxSpec) -> Layer:
-        """Make the sandbox's writable layer: on its own image when a budget is set."""
+    def prepare(self, sandbox_dir: Path, spec: SandboxSpec, source: Path | None = None) -> Layer:
+        """Make the sandbox's writable layer: on its own image when a budget is set; a copy of
+        ``source`` (another layer's image: a fork's, a snapshot's) when given."""
         if spec.limits.disk_mb is None:
+            if source is not None:
+                raise InvalidRequest("only a sandbox with a disk budget can be copied")
             return Layer(sandbox_dir / "upper", sandbox_dir / "work")
         image, mnt = sandbox_dir / IMAGE, sandbox_dir / MOUNT
-        self.cache.copy(spec.limits.disk_mb << 20, mkfs_options, image)
+        if source is not None:
+            images.copy_sparse(source, image)
+        else:
+            self.cache.copy(spec.limits.disk_mb << 20, mkfs_options, image)
         mnt.mkdir(mode=0o755)
         mount_image(image, mnt, b"ext4", images.MOUNT_FLAGS, MOUNT_OPTS, sandbox_dir / DEVICE)
         return Layer(mnt / "upper", mnt / "work")

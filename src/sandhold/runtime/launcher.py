@@ -33,6 +33,7 @@ from sandhold.runtime.seccomp import filter_fd
 log = logging.getLogger(__name__)
 
 AGENT_LIB = "/opt/sandhold/lib"
+HANDOFF_AT = "/run/sandhold-handoff"  # where the host hands the agent its socket (checkpoint.py)
 AGENT_MAIN = f"{AGENT_LIB}/sandhold/runtime/agent/__main__.py"
 # The agent's /proc files that its owner (the sandbox's root has the same uid) could write to
 # make it the OOM killer's first choice; bwrap covers each with a read-only view of itself, taken
@@ -92,7 +93,7 @@ def bwrap_argv(
         "--perms", "1777", "--size", str(launch.memory_mb << 19), "--tmpfs", "/tmp",
         "--perms", "1777", "--size", str(launch.memory_mb << 18), "--tmpfs", "/dev/shm",
         "--ro-bind", str(launch.agent_lib), AGENT_LIB,
-        "--ro-bind", str(launch.handoff), "/run/sandhold-handoff",
+        "--ro-bind", str(launch.handoff), HANDOFF_AT,
     ]  # fmt: skip
     for src, dst, ro in launch.binds:
         argv += ["--ro-bind" if ro else "--bind", src, dst]

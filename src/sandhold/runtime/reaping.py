@@ -7,6 +7,9 @@ import ctypes
 import os
 import select
 import time
+from pathlib import Path
+
+from sandhold.errors import SandboxStartFailed
 
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -61,3 +64,14 @@ def read_ready(fd: int, timeout: float) -> bytes | None:
                 return os.read(fd, 64)
         except InterruptedError:
             continue
+
+
+def wait_ready(fd: int, timeout: float, log_path: Path) -> None:
+    """Until the agent says it is ready on ``fd``; SandboxStartFailed with its log's tail if it
+    died first, or said nothing in time."""
+    data = read_ready(fd, timeout)
+    if data is None:
+        raise SandboxStartFailed(f"the sandbox agent was not ready within {timeout} s")
+    if not data.startswith(b"ready"):
+        logtail = log_path.read_text(errors="replace")[-2000:]
+        raise SandboxStartFailed(f"the sandbox agent failed to start: {logtail.strip()}")

@@ -30,16 +30,16 @@ from sandhold.errors import (
     HostUnsupported,
     InvalidRequest,
     SandboxNotFound,
-    SandboxStartFailed,
     SandholdError,
 )
 from sandhold.runtime import checkpoint, mounts, suspend
+from sandhold.runtime import fork as forking
 from sandhold.runtime import reconcile as reconciling
 from sandhold.runtime.agentlib import AgentLib
 from sandhold.runtime.cgroups import CgroupSet
 from sandhold.runtime.disk import DiskBudget
 from sandhold.runtime.launcher import Launch, spawn
-from sandhold.runtime.reaping import become_subreaper, read_ready, reap_init
+from sandhold.runtime.reaping import become_subreaper, reap_init, wait_ready
 from sandhold.runtime.records import (
     SandboxInfo,
     State,
@@ -175,17 +175,8 @@ class Runtime:
         init_pid: int | None = None
         ready_r, ready_w = os.pipe()
         try:
-            host_uid = self.uids.allocate(sandbox_id)
-            (d / UID_FILE).write_text(str(host_uid))  # what destroy gives back
-            cg.create(spec.limits.memory_mb, spec.limits.cpu, spec.limits.pids)
-            root = d / "root"
-            layer = self.disk.prepare(d, spec)  # its own filesystem, of the budget
-            with self.uids.lower(template.rootfs, host_uid) as lower:
-                mounts.mount_overlay(lower, layer.upper, layer.work, root)
-            run_dir = d / "run"
-            run_dir.mkdir(mode=0o700)
-            os.chown(run_dir, host_uid, host_uid)
-            (d / checkpoint.HANDOFF).mkdir(mode=0o755)
+            host_uid = self._prepare_root(d, spec, template)
+            root, run_dir = d / "root", d / "run"
             workspace = None
             binds: list[tuple[str, str, bool]] = []
             if spec.workspace_id or spec.workspace_dir:
@@ -238,7 +229,7 @@ class Runtime:
             proc, init_pid = spawn(launch, cg, host_uid, ready_w, d / "sandbox.log")
             os.close(ready_w)
             ready_w = -1
-            self._wait_ready(ready_r, proc, d)
+            wait_ready(ready_r, self.settings.ready_timeout_s, d / "sandbox.log")
             info = SandboxInfo(
                 id=sandbox_id,
                 template=template.name,
@@ -266,16 +257,24 @@ class Runtime:
                 os.close(ready_w)
             os.close(claim)
 
-    def _wait_ready(self, fd: int, proc: subprocess.Popen[bytes], d: Path) -> None:
-        data = read_ready(fd, self.settings.ready_timeout_s)
-        if data is None:
-            raise SandboxStartFailed(
-                f"the sandbox agent was not ready within {self.settings.ready_timeout_s} s"
-            )
-        if not data.startswith(b"ready"):
-            proc.poll()
-            logtail = (d / "sandbox.log").read_text(errors="replace")[-2000:]
-            raise SandboxStartFailed(f"the sandbox agent failed to start: {logtail.strip()}")
+    def _prepare_root(
+        self, d: Path, spec: SandboxSpec, template: Template, layer_image: Path | None = None
+    ) -> int:
+        """A new sandbox's uid range, cgroups, writable layer (``layer_image``'s copy, or an
+        empty one), copy-on-write root and host directories; returns its first host id."""
+        host_uid = self.uids.allocate(d.name)
+        (d / UID_FILE).write_text(str(host_uid))  # what destroy gives back
+        self._cg(d.name).create(spec.limits.memory_mb, spec.limits.cpu, spec.limits.pids)
+        layer = self.disk.prepare(d, spec, layer_image)  # its own filesystem, of the budget
+        if layer_image is not None:
+            self.uids.shift_tree(layer.upper.parent, host_uid)  # another range wrote it
+        with self.uids.lower(template.rootfs, host_uid) as lower:
+            mounts.mount_overlay(lower, layer.upper, layer.work, d / "root")
+        run_dir = d / "run"
+        run_dir.mkdir(mode=0o700)
+        os.chown(run_dir, host_uid, host_uid)
+        (d / checkpoint.HANDOFF).mkdir(mode=0o755)
+        return host_uid
 
     def _destroy(self, sandbox_id: str, init_pid: int | None = None) -> None:
         """Remove every trace of a sandbox; safe to call on a half-created one."""
@@ -347,6 +346,12 @@ class Runtime:
     def suspend(self, sandbox_id: str) -> SandboxInfo:
         """Checkpoint a sandbox to disk (runtime/suspend.py): paused, no process, no memory."""
         return suspend.suspend(self, sandbox_id)
+
+    def fork(
+        self, sandbox_id: str, extras: list[dict[str, object]]
+    ) -> list[SandboxInfo | SandholdError]:
+        """New sandboxes from one checkpoint of a running one (runtime/fork.py)."""
+        return forking.fork(self, sandbox_id, extras)
 
     def update_network(
         self, sandbox_id: str, network: NetworkPolicy | dict[str, object]

@@ -54,7 +54,7 @@ def suspend(rt: Runtime, sandbox_id: str) -> SandboxInfo:
                 checkpoint.dump(criu, d, info.init_pid)
             except CheckpointFailed:
                 shutil.rmtree(d / checkpoint.IMAGES, ignore_errors=True)
-                _hand_back(d, info.init_pid)  # it carries on where it was
+                hand_back(d, info.init_pid)  # it carries on where it was
                 raise
         finally:
             if frozen and cg.pids():
@@ -81,8 +81,8 @@ def restore(rt: Runtime, d: Path, info: SandboxInfo) -> None:
     procs = [str(x / "cgroup.procs") for x in cg.dirs()]
     assert info.host_uid is not None
     try:
-        pid = checkpoint.restore(criu, d, d / "root", procs, info.host_uid)
-        _hand_back(d, pid)
+        pid = checkpoint.restore(criu, d, procs, info.host_uid)
+        hand_back(d, pid)
     except BaseException:
         cg.kill_all()  # nothing half-restored stays; the image does
         raise
@@ -91,7 +91,7 @@ def restore(rt: Runtime, d: Path, info: SandboxInfo) -> None:
     shutil.rmtree(d / checkpoint.IMAGES, ignore_errors=True)
 
 
-def _hand_back(d: Path, agent_pid: int) -> None:
+def hand_back(d: Path, agent_pid: int) -> None:
     """A new listening socket and log file for the agent, which has let go of its own."""
     sock_path = d / "run" / "agent.sock"
     sock_path.unlink(missing_ok=True)

@@ -1,0 +1,135 @@
+"""Fork: one checkpoint of a running sandbox, taken in place, and ``count`` new sandboxes
+restored from it, each with its own copy of the writable layer, its own id, uid range, cgroups,
+network namespace and limits; the source carries on (its id and record untouched).
+
+The checkpoint is consistent: the source's agent quiesces (checkpoint.py), its cgroup is frozen,
+its layer's filesystem is synced and its image copied, and CRIU dumps the frozen tree leaving
+it in place; then the source is thawed and handed its socket back. Each fork gets a copy of the
+layer image with its owners moved to the fork's uid range, the images with its user namespace
+remapped onto that range (criuimg.py), and is restored like a suspended sandbox.
+
+Not forked (refused, nothing made): a sandbox bound to host directories (a workspace, operator
+mounts: they would be shared, not copied), with egress (its proxy binds are its own), without a
+disk budget (no layer image to copy), or not running.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from sandhold.errors import Conflict, InvalidRequest, SandholdError, Unsupported
+from sandhold.runtime import checkpoint, disk, images
+from sandhold.runtime import reconcile as reconciling
+from sandhold.runtime.records import SandboxInfo, new_sandbox_id
+from sandhold.runtime.suspend import criu_path, hand_back
+
+if TYPE_CHECKING:
+    from sandhold.runtime.runtime import Runtime
+
+MAX_FORKS = 20  # E2B's bound on count
+FORKING = "forking"  # under data_dir: one checkpoint per fork in flight
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def check_forkable(info: SandboxInfo) -> None:
+    why = None
+    if info.state != "running" or info.suspended:
+        raise Conflict(f"sandbox {info.id} is {info.state}: only a running sandbox can be forked")
+    if info.workspace is not None or info.spec.mounts:
+        why = "it has host directories bound in (a workspace or mounts), which forks would share"
+    elif info.spec.network.mode != "none":
+        why = f"it has egress (network mode {info.spec.network.mode!r}); forks need 'none'"
+    elif info.spec.limits.disk_mb is None:
+        why = "it has no disk budget (disk_enforced=false): there is no layer image to copy"
+    if why:
+        raise Unsupported(f"sandbox {info.id} cannot be forked: {why}")
+
+
+def checkpoint_in_place(rt: Runtime, info: SandboxInfo, into: Path) -> None:
+    """The running sandbox's memory (``into/checkpoint``) and layer image (``into/disk.img``)
+    at one instant; it runs on afterwards. Called under its lock."""
+    criu = criu_path(rt)
+    d, cg = info.dir, rt._cg(info.id)
+    checkpoint.quiesce(info.agent_socket, info.init_pid)
+    try:
+        cg.freeze()
+        try:
+            fd = os.open(d / disk.MOUNT, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                if _libc.syncfs(fd) != 0:
+                    raise OSError(ctypes.get_errno(), "syncfs of the sandbox's layer")
+            finally:
+                os.close(fd)
+            images.copy_sparse(d / disk.IMAGE, into / disk.IMAGE)
+            checkpoint.dump(criu, d, info.init_pid, into / checkpoint.IMAGES,
+                            freezer=cg.v1("freezer"))  # fmt: skip
+        finally:
+            cg.thaw()
+    finally:
+        hand_back(d, info.init_pid)
+
+
+def start(rt: Runtime, source: SandboxInfo, taken: Path, extra: dict[str, object]) -> SandboxInfo:
+    """A new sandbox restored from what ``checkpoint_in_place`` took into ``taken``."""
+    criu = criu_path(rt)
+    template = rt.templates.get(source.template)
+    spec = source.spec
+    sandbox_id = new_sandbox_id()
+    d = rt.sandboxes_dir / sandbox_id
+    claim = reconciling.claim(d)
+    try:
+        host_uid = rt._prepare_root(d, spec, template, layer_image=taken / disk.IMAGE)
+        shutil.copytree(taken / checkpoint.IMAGES, d / checkpoint.IMAGES)
+        procs = [str(x / "cgroup.procs") for x in rt._cg(sandbox_id).dirs()]
+        pid = checkpoint.restore(criu, d, procs, host_uid)
+        hand_back(d, pid)
+        info = SandboxInfo(
+            id=sandbox_id, template=source.template, state="running", spec=spec,
+            created_at=time.time(), pid=pid, init_pid=pid, dir=d, workspace=None,
+            extra=dict(extra), host_uid=host_uid,
+        )  # fmt: skip
+        rt._save(info)
+        shutil.rmtree(d / checkpoint.IMAGES, ignore_errors=True)
+        return info
+    except BaseException:
+        rt._destroy(sandbox_id, None)
+        raise
+    finally:
+        os.close(claim)
+
+
+def fork(
+    rt: Runtime, sandbox_id: str, extras: list[dict[str, object]]
+) -> list[SandboxInfo | SandholdError]:
+    """One fork per entry of ``extras`` (each fork's record extras); each succeeds or fails on
+    its own, as E2B's fork does."""
+    if not 1 <= len(extras) <= MAX_FORKS:
+        raise InvalidRequest(f"count must be between 1 and {MAX_FORKS}")
+    criu_path(rt)
+    with rt._locked(sandbox_id) as d:
+        source = rt._load(d)
+        check_forkable(source)
+        # Not under the source's directory: the source may be killed while its forks start.
+        (rt.settings.data_dir / FORKING).mkdir(mode=0o700, exist_ok=True)
+        taken = Path(tempfile.mkdtemp(dir=rt.settings.data_dir / FORKING))
+        try:
+            checkpoint_in_place(rt, source, taken)
+        except BaseException:
+            shutil.rmtree(taken, ignore_errors=True)
+            raise
+    try:
+        out: list[SandboxInfo | SandholdError] = []
+        for extra in extras:
+            try:
+                out.append(start(rt, source, taken, extra))
+            except SandholdError as e:
+                out.append(e)
+        return out
+    finally:
+        shutil.rmtree(taken, ignore_errors=True)
