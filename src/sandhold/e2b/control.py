@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from sandhold.config import Settings
-from sandhold.e2b import models, wire
+from sandhold.e2b import forks, models, wire
 from sandhold.e2b.auth import Teams
 from sandhold.e2b.creates import DEFAULT_TIMEOUT_S, create_request
 from sandhold.e2b.errors import answer, error_response
@@ -161,6 +161,7 @@ class ControlPlane:
             Route("/sandboxes/{id}/refreshes", a(self.refresh), methods=["POST"]),
             Route("/sandboxes/{id}/metrics", a(self.metrics), methods=["GET"]),
             Route("/sandboxes/{id}/network", a(self.update_network), methods=["PUT"]),
+            Route("/sandboxes/{id}/fork", a(self.fork), methods=["POST"]),
             Route("/volumes", a(self.create_volume), methods=["POST"]),
             Route("/volumes", a(self.list_volumes), methods=["GET"]),
             Route("/volumes/{id}", a(self.get_volume), methods=["GET"]),
@@ -168,7 +169,6 @@ class ControlPlane:
             # Known E2B endpoints this server does not implement: say so instead of 404.
             Route("/sandboxes/{id}/snapshots", unsupported, methods=["POST"]),
             Route("/snapshots", unsupported, methods=["GET"]),
-            Route("/sandboxes/{id}/fork", unsupported, methods=["POST"]),
             Route("/sandboxes/{id}/logs", unsupported, methods=["GET"]),
             Route("/v2/sandboxes/{id}/logs", unsupported, methods=["GET"]),
         ]
@@ -322,6 +322,10 @@ class ControlPlane:
         models.parse(models.Pause, await self.read_body(request), empty_ok=True)
         await self.service.pause(team, path_id(request))
         return Response(status_code=204)
+
+    async def fork(self, request: Request, team: str) -> Response:
+        raw = await self.read_body(request)
+        return await forks.answer(self.service, self.domain, team, path_id(request), raw)
 
     async def set_timeout(self, request: Request, team: str) -> Response:
         body = models.parse(models.SetTimeout, await self.read_body(request))

@@ -1,0 +1,51 @@
+"""Fork through the service: each fork is a sandbox of the source's owner with a lifecycle of
+its own (new envd and traffic tokens, its own end time), restored from one checkpoint of the
+source (runtime/fork.py). The source keeps its id, record and end time."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import TYPE_CHECKING
+
+from sandhold.errors import InvalidRequest, SandholdError
+from sandhold.runtime.fork import MAX_FORKS
+from sandhold.runtime.records import SandboxInfo
+from sandhold.service.records import RECORD_KEY, Lifecycle, Sandbox
+
+if TYPE_CHECKING:
+    from sandhold.service.service import SandboxService
+
+DEFAULT_TIMEOUT_S = 300  # E2B's API default
+
+
+async def fork(
+    service: SandboxService, owner: str, sandbox_id: str, timeout: int | None, count: int | None
+) -> list[Sandbox | SandholdError]:
+    timeout = DEFAULT_TIMEOUT_S if timeout is None else timeout
+    service.check_timeout(timeout)
+    count = 1 if count is None else count
+    if not 1 <= count <= MAX_FORKS:
+        raise InvalidRequest(f"count must be between 1 and {MAX_FORKS}")
+    async with service.lock(sandbox_id):
+        src = await service.usable(owner, sandbox_id)
+        now = time.time()
+        lives = [_lifecycle(src.life, timeout, now) for _ in range(count)]
+        got = await service._run(
+            service.runtime.fork, src.id, [{RECORD_KEY: life.model_dump()} for life in lives]
+        )
+    return [_result(r, life) for r, life in zip(got, lives, strict=True)]
+
+
+def _lifecycle(src: Lifecycle, timeout: int, now: float) -> Lifecycle:
+    """The source's lifecycle settings with tokens and an end time of the fork's own."""
+    traffic = None if src.traffic_token is None else secrets.token_urlsafe(32)
+    return src.model_copy(update={
+        "access_token": secrets.token_urlsafe(32), "traffic_token": traffic,
+        "timeout": timeout, "end_at": now + timeout,
+        "idempotency_key": None, "idempotency_hash": None,
+    })  # fmt: skip
+
+
+def _result(got: SandboxInfo | SandholdError, life: Lifecycle) -> Sandbox | SandholdError:
+    return Sandbox(got, life) if isinstance(got, SandboxInfo) else got
