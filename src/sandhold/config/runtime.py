@@ -54,6 +54,12 @@ class RuntimeSettings(CreateLimits, Layer):
         description="Parent cgroup of all sandboxes; derived from data_dir when unset.",
     )
     ready_timeout_s: float = Field(10.0, gt=0, description="How long create waits for the agent.")
+    snapshot_store_max_mb: int = Field(
+        51200,
+        ge=0,
+        description="Most disk the snapshots under data_dir/snapshots may use together (MiB); "
+        "a snapshot past it is refused.",
+    )
     criu_path: Path = Field(
         Path("/opt/sandhold/criu/4.1.1/sbin/criu"),
         description="The CRIU binary (>= 4.1) for checkpoints; scripts/install.sh builds it "

@@ -27,6 +27,7 @@ from sandhold.errors import Conflict, InvalidRequest, SandholdError, Unsupported
 from sandhold.runtime import checkpoint, disk, images
 from sandhold.runtime import reconcile as reconciling
 from sandhold.runtime.records import SandboxInfo, new_sandbox_id
+from sandhold.runtime.spec import SandboxSpec
 from sandhold.runtime.suspend import criu_path, hand_back
 
 if TYPE_CHECKING:
@@ -37,10 +38,10 @@ FORKING = "forking"  # under data_dir: one checkpoint per fork in flight
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-def check_forkable(info: SandboxInfo) -> None:
+def check_forkable(info: SandboxInfo, what: str = "forked") -> None:
     why = None
     if info.state != "running" or info.suspended:
-        raise Conflict(f"sandbox {info.id} is {info.state}: only a running sandbox can be forked")
+        raise Conflict(f"sandbox {info.id} is {info.state}: only a running sandbox can be {what}")
     if info.workspace is not None or info.spec.mounts:
         why = "it has host directories bound in (a workspace or mounts), which forks would share"
     elif info.spec.network.mode != "none":
@@ -48,15 +49,16 @@ def check_forkable(info: SandboxInfo) -> None:
     elif info.spec.limits.disk_mb is None:
         why = "it has no disk budget (disk_enforced=false): there is no layer image to copy"
     if why:
-        raise Unsupported(f"sandbox {info.id} cannot be forked: {why}")
+        raise Unsupported(f"sandbox {info.id} cannot be {what}: {why}")
 
 
-def checkpoint_in_place(rt: Runtime, info: SandboxInfo, into: Path) -> None:
-    """The running sandbox's memory (``into/checkpoint``) and layer image (``into/disk.img``)
-    at one instant; it runs on afterwards. Called under its lock."""
-    criu = criu_path(rt)
+def checkpoint_in_place(rt: Runtime, info: SandboxInfo, into: Path, memory: bool = True) -> None:
+    """The running sandbox's layer image (``into/disk.img``) and, with ``memory``, its memory
+    (``into/checkpoint``), at one instant; it runs on afterwards. Called under its lock."""
+    criu = criu_path(rt) if memory else None
     d, cg = info.dir, rt._cg(info.id)
-    checkpoint.quiesce(info.agent_socket, info.init_pid)
+    if criu is not None:
+        checkpoint.quiesce(info.agent_socket, info.init_pid)
     try:
         cg.freeze()
         try:
@@ -67,19 +69,23 @@ def checkpoint_in_place(rt: Runtime, info: SandboxInfo, into: Path) -> None:
             finally:
                 os.close(fd)
             images.copy_sparse(d / disk.IMAGE, into / disk.IMAGE)
-            checkpoint.dump(criu, d, info.init_pid, into / checkpoint.IMAGES,
-                            freezer=cg.v1("freezer"))  # fmt: skip
+            if criu is not None:
+                checkpoint.dump(criu, d, info.init_pid, into / checkpoint.IMAGES,
+                                freezer=cg.v1("freezer"))  # fmt: skip
         finally:
-            cg.thaw()
+            if info.state == "running":
+                cg.thaw()
     finally:
-        hand_back(d, info.init_pid)
+        if criu is not None:
+            hand_back(d, info.init_pid)
 
 
-def start(rt: Runtime, source: SandboxInfo, taken: Path, extra: dict[str, object]) -> SandboxInfo:
+def start(
+    rt: Runtime, spec: SandboxSpec, template_name: str, taken: Path, extra: dict[str, object]
+) -> SandboxInfo:
     """A new sandbox restored from what ``checkpoint_in_place`` took into ``taken``."""
     criu = criu_path(rt)
-    template = rt.templates.get(source.template)
-    spec = source.spec
+    template = rt.templates.get(template_name)
     sandbox_id = new_sandbox_id()
     d = rt.sandboxes_dir / sandbox_id
     claim = reconciling.claim(d)
@@ -90,7 +96,7 @@ def start(rt: Runtime, source: SandboxInfo, taken: Path, extra: dict[str, object
         pid = checkpoint.restore(criu, d, procs, host_uid)
         hand_back(d, pid)
         info = SandboxInfo(
-            id=sandbox_id, template=source.template, state="running", spec=spec,
+            id=sandbox_id, template=template_name, state="running", spec=spec,
             created_at=time.time(), pid=pid, init_pid=pid, dir=d, workspace=None,
             extra=dict(extra), host_uid=host_uid,
         )  # fmt: skip
@@ -127,7 +133,7 @@ def fork(
         out: list[SandboxInfo | SandholdError] = []
         for extra in extras:
             try:
-                out.append(start(rt, source, taken, extra))
+                out.append(start(rt, source.spec, source.template, taken, extra))
             except SandholdError as e:
                 out.append(e)
         return out

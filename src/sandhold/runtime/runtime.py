@@ -150,10 +150,12 @@ class Runtime:
 
     # -- lifecycle ------------------------------------------------------------------------------
     def create(
-        self, spec: SandboxSpec | dict[str, object], extra: dict[str, object] | None = None
-    ) -> SandboxInfo:
+        self, spec: SandboxSpec | dict[str, object], extra: dict[str, object] | None = None,
+        layer_image: Path | None = None,
+    ) -> SandboxInfo:  # fmt: skip
         """Create and start a sandbox; returns once its agent answers. ``extra`` is stored with
-        the record for upper layers (e.g. the E2B server's timeout and tokens)."""
+        the record for upper layers (e.g. the E2B server's timeout and tokens); ``layer_image``
+        is a writable layer to start from (a filesystem snapshot's)."""
         if not isinstance(spec, SandboxSpec):
             try:
                 spec = SandboxSpec.model_validate(spec)
@@ -175,7 +177,7 @@ class Runtime:
         init_pid: int | None = None
         ready_r, ready_w = os.pipe()
         try:
-            host_uid = self._prepare_root(d, spec, template)
+            host_uid = self._prepare_root(d, spec, template, layer_image)
             root, run_dir = d / "root", d / "run"
             workspace = None
             binds: list[tuple[str, str, bool]] = []
