@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from sandhold.config import Settings
-from sandhold.e2b import forks, models, wire
+from sandhold.e2b import forks, models, snapshots, wire
 from sandhold.e2b.auth import Teams
 from sandhold.e2b.creates import DEFAULT_TIMEOUT_S, create_request
 from sandhold.e2b.errors import answer, error_response
@@ -162,13 +162,14 @@ class ControlPlane:
             Route("/sandboxes/{id}/metrics", a(self.metrics), methods=["GET"]),
             Route("/sandboxes/{id}/network", a(self.update_network), methods=["PUT"]),
             Route("/sandboxes/{id}/fork", a(self.fork), methods=["POST"]),
+            Route("/sandboxes/{id}/snapshots", a(self.create_snapshot), methods=["POST"]),
+            Route("/snapshots", a(self.list_snapshots), methods=["GET"]),
+            Route("/templates/{id:path}", a(self.delete_snapshot), methods=["DELETE"]),
             Route("/volumes", a(self.create_volume), methods=["POST"]),
             Route("/volumes", a(self.list_volumes), methods=["GET"]),
             Route("/volumes/{id}", a(self.get_volume), methods=["GET"]),
             Route("/volumes/{id}", a(self.delete_volume), methods=["DELETE"]),
             # Known E2B endpoints this server does not implement: say so instead of 404.
-            Route("/sandboxes/{id}/snapshots", unsupported, methods=["POST"]),
-            Route("/snapshots", unsupported, methods=["GET"]),
             Route("/sandboxes/{id}/logs", unsupported, methods=["GET"]),
             Route("/v2/sandboxes/{id}/logs", unsupported, methods=["GET"]),
         ]
@@ -326,6 +327,16 @@ class ControlPlane:
     async def fork(self, request: Request, team: str) -> Response:
         raw = await self.read_body(request)
         return await forks.answer(self.service, self.domain, team, path_id(request), raw)
+
+    async def create_snapshot(self, request: Request, team: str) -> Response:
+        raw = await self.read_body(request)
+        return await snapshots.create(self.service, team, path_id(request), raw)
+
+    async def list_snapshots(self, request: Request, team: str) -> Response:
+        return await snapshots.listed(self.service, team, dict(request.query_params))
+
+    async def delete_snapshot(self, request: Request, team: str) -> Response:
+        return await snapshots.delete(self.service, team, request.path_params["id"])
 
     async def set_timeout(self, request: Request, team: str) -> Response:
         body = models.parse(models.SetTimeout, await self.read_body(request))

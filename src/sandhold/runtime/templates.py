@@ -145,6 +145,11 @@ class TemplateStore:
                 out.append(Template.from_json(json.loads(meta.read_text())))
         return out
 
+    def exists(self, name: str) -> bool:
+        """Whether ``get`` finds (or builds) ``name``, without building it."""
+        known = name == "base" or name in BUILTIN_TEMPLATES
+        return known or bool(NAME_RE.match(name)) and (self._dir(name) / "template.json").exists()
+
     def get(self, name: str) -> Template:
         if not NAME_RE.match(name):
             raise InvalidRequest(f"template name {name!r} is not valid")

@@ -27,6 +27,7 @@ from sandhold.errors import (
 from sandhold.runtime.records import SandboxInfo
 from sandhold.runtime.runtime import Runtime
 from sandhold.runtime.spec import NetworkPolicy, SandboxSpec, validation_message
+from sandhold.service import snapshots
 from sandhold.service.limits import check_create
 from sandhold.service.locks import KeyedLocks
 from sandhold.service.metrics import Failures, Sample, Samples
@@ -238,7 +239,14 @@ class SandboxService:
             idempotency_hash=req.idempotency[1] if req.idempotency else None,
             surface=req.surface,
         )
-        info = await self._run(self.runtime.create, spec, {RECORD_KEY: life.model_dump()})
+        extra: dict[str, object] = {RECORD_KEY: life.model_dump()}
+        snap = None
+        if not self.runtime.templates.exists(req.template):  # a snapshot's id or name?
+            snap = await snapshots.find(self, req.owner, req.template)
+        if snap is not None:
+            info = await snapshots.start(self, snap, spec, extra)
+        else:
+            info = await self._run(self.runtime.create, spec, extra)
         return Sandbox(info, life)
 
     # -- lifecycle -----------------------------------------------------------------------------
