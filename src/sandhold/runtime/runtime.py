@@ -22,9 +22,6 @@ from pydantic import ValidationError
 
 from sandhold.config import Settings, get_settings
 from sandhold.egress.control import EgressControl
-from sandhold.egress.control import agent_config as egress_agent_config
-from sandhold.egress.control import sandbox_env as egress_sandbox_env
-from sandhold.envd import ENVD_VERSION
 from sandhold.errors import (
     Conflict,
     HostUnsupported,
@@ -36,10 +33,10 @@ from sandhold.runtime import checkpoint, mounts, suspend
 from sandhold.runtime import fork as forking
 from sandhold.runtime import reconcile as reconciling
 from sandhold.runtime.agentlib import AgentLib
+from sandhold.runtime.boot import boot
 from sandhold.runtime.cgroups import CgroupSet
 from sandhold.runtime.disk import DiskBudget
-from sandhold.runtime.launcher import Launch, spawn
-from sandhold.runtime.reaping import become_subreaper, reap_init, wait_ready
+from sandhold.runtime.reaping import become_subreaper, reap_init
 from sandhold.runtime.records import (
     SandboxInfo,
     State,
@@ -172,66 +169,11 @@ class Runtime:
         d = self.sandboxes_dir / sandbox_id
         # Held until the create is over: reconcile leaves a directory alone while it is held.
         claim = reconciling.claim(d)
-        cg = self._cg(sandbox_id)
         proc: subprocess.Popen[bytes] | None = None
         init_pid: int | None = None
-        ready_r, ready_w = os.pipe()
         try:
             host_uid = self._prepare_root(d, spec, template, layer_image)
-            root, run_dir = d / "root", d / "run"
-            workspace = None
-            binds: list[tuple[str, str, bool]] = []
-            if spec.workspace_id or spec.workspace_dir:
-                workspace = self._prepare_workspace(spec.workspace_id, spec.workspace_dir)
-                # With a budget: the workspace's image, mounted under d (its own filesystem).
-                files, ws_mb = self.wsdisk.attach(d, workspace, spec.workspace_disk_mb)
-                spec = spec.model_copy(update={"workspace_disk_mb": ws_mb})
-                view = self.uids.writable(d, files, host_uid, "/workspace")
-                binds.append((str(view), "/workspace", False))
-            for m in spec.mounts:
-                mounts.make_mount_point(root, m.target, host_uid)
-                source = m.source
-                if not m.read_only:
-                    source = self.uids.writable(d, m.source, host_uid, m.target)
-                binds.append((str(source), m.target, m.read_only))
-            egress_env: dict[str, str] = {}
-            egress_agent: dict[str, object] | None = None
-            if spec.network.mode != "none":
-                binds += self.egress.prepare(d, spec.network, spec.network.tenant,
-                                             session_of(spec.metadata))  # fmt: skip
-                self.egress.sync()  # the sandbox's socket listens before the sandbox starts
-                egress_env, egress_agent = egress_sandbox_env(), egress_agent_config()
-            env = {**template.env, **egress_env, **spec.env}
-            agent_cfg = {
-                "socket": "/run/sandhold/agent.sock",
-                "default_user": spec.user or template.user,
-                "default_workdir": spec.workdir or template.workdir,
-                "env": env,
-                "ready_fd": ready_w,
-                "envd_version": ENVD_VERSION,
-                "services": template.services,
-                "egress": egress_agent,
-                "file_view": {
-                    **spec.file_view.model_dump(),
-                    "read_only": [dst for _src, dst, ro in binds if ro]
-                    + [dst for _src, dst in template.ro_binds],
-                },
-            }
-            (run_dir / "agent.json").write_text(json.dumps(agent_cfg))
-            launch = Launch(
-                root=root,
-                ro_binds=template.ro_binds,
-                binds=binds,
-                run_dir=run_dir,
-                agent_lib=self.agent_lib(),
-                memory_mb=spec.limits.memory_mb,
-                handoff=d / checkpoint.HANDOFF,
-                env={"PATH": env.get("PATH", "/usr/bin:/bin"), "HOME": "/root", "LANG": "C.UTF-8"},
-            )
-            proc, init_pid = spawn(launch, cg, host_uid, ready_w, d / "sandbox.log")
-            os.close(ready_w)
-            ready_w = -1
-            wait_ready(ready_r, self.settings.ready_timeout_s, d / "sandbox.log")
+            proc, init_pid, workspace, spec = boot(self, d, spec, template, host_uid)
             info = SandboxInfo(
                 id=sandbox_id,
                 template=template.name,
@@ -254,9 +196,6 @@ class Runtime:
                 proc.wait()
             raise
         finally:
-            os.close(ready_r)
-            if ready_w >= 0:
-                os.close(ready_w)
             os.close(claim)
 
     def _prepare_root(

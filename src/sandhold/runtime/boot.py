@@ -1,0 +1,100 @@
+"""Booting a sandbox's process tree over a prepared root (Runtime._prepare_root): its binds (the
+workspace and writable mounts through idmapped views, operator mounts, egress), the agent's
+configuration, bwrap, and the wait for the agent. A create boots once; a sandbox paused without
+its memory (a filesystem-only pause) boots again over the same root on resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from sandhold.egress.control import agent_config as egress_agent_config
+from sandhold.egress.control import sandbox_env as egress_sandbox_env
+from sandhold.envd import ENVD_VERSION
+from sandhold.runtime import checkpoint, mounts
+from sandhold.runtime.launcher import Launch, spawn
+from sandhold.runtime.reaping import wait_ready
+from sandhold.runtime.records import session_of
+from sandhold.runtime.spec import SandboxSpec
+from sandhold.runtime.templates import Template
+
+if TYPE_CHECKING:
+    from sandhold.runtime.runtime import Runtime
+
+
+def boot(
+    rt: Runtime, d: Path, spec: SandboxSpec, template: Template, host_uid: int
+) -> tuple[subprocess.Popen[bytes], int, Path | None, SandboxSpec]:
+    """Start the sandbox in ``d``; returns bwrap's Popen, the agent's host pid, the workspace
+    and the spec as it was carried out (the workspace's budget filled in). On failure nothing
+    of the tree is left running; the caller removes the rest."""
+    ready_r, ready_w = os.pipe()
+    proc: subprocess.Popen[bytes] | None = None
+    try:
+        root, run_dir = d / "root", d / "run"
+        workspace = None
+        binds: list[tuple[str, str, bool]] = []
+        if spec.workspace_id or spec.workspace_dir:
+            workspace = rt._prepare_workspace(spec.workspace_id, spec.workspace_dir)
+            # With a budget: the workspace's image, mounted under d (its own filesystem).
+            files, ws_mb = rt.wsdisk.attach(d, workspace, spec.workspace_disk_mb)
+            spec = spec.model_copy(update={"workspace_disk_mb": ws_mb})
+            view = rt.uids.writable(d, files, host_uid, "/workspace")
+            binds.append((str(view), "/workspace", False))
+        for m in spec.mounts:
+            mounts.make_mount_point(root, m.target, host_uid)
+            source = m.source
+            if not m.read_only:
+                source = rt.uids.writable(d, m.source, host_uid, m.target)
+            binds.append((str(source), m.target, m.read_only))
+        egress_env: dict[str, str] = {}
+        egress_agent: dict[str, object] | None = None
+        if spec.network.mode != "none":
+            binds += rt.egress.prepare(d, spec.network, spec.network.tenant,
+                                       session_of(spec.metadata))  # fmt: skip
+            rt.egress.sync()  # the sandbox's socket listens before the sandbox starts
+            egress_env, egress_agent = egress_sandbox_env(), egress_agent_config()
+        env = {**template.env, **egress_env, **spec.env}
+        agent_cfg = {
+            "socket": "/run/sandhold/agent.sock",
+            "default_user": spec.user or template.user,
+            "default_workdir": spec.workdir or template.workdir,
+            "env": env,
+            "ready_fd": ready_w,
+            "envd_version": ENVD_VERSION,
+            "services": template.services,
+            "egress": egress_agent,
+            "file_view": {
+                **spec.file_view.model_dump(),
+                "read_only": [dst for _src, dst, ro in binds if ro]
+                + [dst for _src, dst in template.ro_binds],
+            },
+        }
+        (run_dir / "agent.json").write_text(json.dumps(agent_cfg))
+        launch = Launch(
+            root=root,
+            ro_binds=template.ro_binds,
+            binds=binds,
+            run_dir=run_dir,
+            agent_lib=rt.agent_lib(),
+            memory_mb=spec.limits.memory_mb,
+            handoff=d / checkpoint.HANDOFF,
+            env={"PATH": env.get("PATH", "/usr/bin:/bin"), "HOME": "/root", "LANG": "C.UTF-8"},
+        )
+        proc, init_pid = spawn(launch, rt._cg(d.name), host_uid, ready_w, d / "sandbox.log")
+        os.close(ready_w)
+        ready_w = -1
+        wait_ready(ready_r, rt.settings.ready_timeout_s, d / "sandbox.log")
+        return proc, init_pid, workspace, spec
+    except BaseException:
+        if proc is not None:
+            rt._cg(d.name).kill_all()
+            proc.wait()
+        raise
+    finally:
+        os.close(ready_r)
+        if ready_w >= 0:
+            os.close(ready_w)
