@@ -145,3 +145,25 @@ async def test_a_file_held_open_in_the_workspace_view(make_sandbox, runtime):
     r = await sh(restored, f"a=$({size}); sleep 0.3; b=$({size}); "
                            "[ $b -gt $a ] && echo growing; stat -c %u /workspace/log")  # fmt: skip
     assert r.text.split() == ["growing", "1000"], r.text
+
+
+async def test_a_filesystem_pause_drops_processes_and_resume_boots_afresh(make_sandbox, runtime):
+    info = await make_sandbox(workspace_id="fs-pause")
+    await sh(info, COUNTER + "; echo kept > /home/user/file; echo ws > /workspace/file")
+    got = runtime.pause_filesystem(info.id)
+    assert got.state == "paused" and got.suspended == "filesystem"
+    assert runtime._cg(info.id).pids() == []  # no process, no memory
+    assert runtime.get(info.id).suspended == "filesystem"  # not judged failed
+    booted = runtime.resume(info.id)
+    assert booted.state == "running" and booted.suspended is None
+    r = await sh(
+        booted, "cat /home/user/file /workspace/file; ps -eo args | grep -c '[t]oken_hex' || true"
+    )
+    assert r.text.split() == ["kept", "ws", "0"], r.text  # files kept, processes not
+    # From a sandbox suspended to disk too: its checkpoint is dropped, it boots afresh.
+    await sh(booted, COUNTER)
+    runtime.suspend(booted.id)
+    runtime.pause_filesystem(booted.id)
+    assert not (info.dir / "checkpoint").exists()
+    again = runtime.resume(booted.id)
+    assert (await sh(again, "cat /home/user/file")).text.strip() == "kept"

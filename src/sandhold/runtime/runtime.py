@@ -275,8 +275,10 @@ class Runtime:
             _refuse_failed(info)
             if info.state == "running":
                 raise Conflict(f"sandbox {sandbox_id} is already running")
-            if info.suspended:
+            if info.suspended == suspend.DISK:
                 suspend.restore(self, d, info)
+            elif info.suspended == suspend.FILESYSTEM:
+                suspend.cold_boot(self, d, info)
             else:
                 self._cg(sandbox_id).thaw()
             info.state = "running"
@@ -287,6 +289,10 @@ class Runtime:
     def suspend(self, sandbox_id: str) -> SandboxInfo:
         """Checkpoint a sandbox to disk (runtime/suspend.py): paused, no process, no memory."""
         return suspend.suspend(self, sandbox_id)
+
+    def pause_filesystem(self, sandbox_id: str) -> SandboxInfo:
+        """Pause without the memory: processes dropped, files kept (runtime/suspend.py)."""
+        return suspend.drop_processes(self, sandbox_id)
 
     def fork(
         self, sandbox_id: str, extras: list[dict[str, object]]

@@ -18,14 +18,17 @@ from typing import TYPE_CHECKING
 
 from sandhold.errors import CheckpointFailed, Conflict, HostUnsupported
 from sandhold.runtime import checkpoint
+from sandhold.runtime.boot import boot
 from sandhold.runtime.criu import FIX, criu_status
 from sandhold.runtime.launcher import listen
+from sandhold.runtime.reaping import reap_init
 
 if TYPE_CHECKING:
     from sandhold.runtime.records import SandboxInfo
     from sandhold.runtime.runtime import Runtime
 
 DISK = "disk"
+FILESYSTEM = "filesystem"  # no memory kept: resume boots afresh over the files
 
 
 def criu_path(rt: Runtime) -> Path:
@@ -69,6 +72,46 @@ def suspend(rt: Runtime, sandbox_id: str) -> SandboxInfo:
         info.paused_at = info.paused_at or time.time()
         rt._save(info)
         return info
+
+
+def drop_processes(rt: Runtime, sandbox_id: str) -> SandboxInfo:
+    """A filesystem-only pause: the sandbox's processes (and memory, and any checkpoint of
+    it) are dropped, its files, uid range and cgroups kept; resume boots it afresh."""
+    with rt._locked(sandbox_id) as d:
+        info = rt._load(d)
+        if info.state == "failed":
+            raise Conflict(f"sandbox {sandbox_id} failed ({info.failure}); it can only be killed")
+        if info.suspended == FILESYSTEM:
+            raise Conflict(f"sandbox {sandbox_id} is already paused without its memory")
+        cg = rt._cg(sandbox_id)
+        if not info.suspended:
+            cg.thaw()  # a frozen task dies only once it runs
+            cg.kill_all()
+            bwrap = rt._children.pop(sandbox_id, None)
+            if bwrap is not None:
+                bwrap.wait()
+            reap_init(info.init_pid)
+        shutil.rmtree(d / checkpoint.IMAGES, ignore_errors=True)
+        rt.uids.give_back(d)  # the boot binds them again
+        rt.wsdisk.release(d)
+        (d / "run" / "agent.sock").unlink(missing_ok=True)
+        info.state, info.suspended = "paused", FILESYSTEM
+        info.paused_at = info.paused_at or time.time()
+        rt._save(info)
+        return info
+
+
+def cold_boot(rt: Runtime, d: Path, info: SandboxInfo) -> None:
+    """Boot a sandbox paused without its memory over its files (under its lock)."""
+    assert info.host_uid is not None
+    cg = rt._cg(info.id)
+    if not cg.exists():  # (the host rebooted)
+        limits = info.spec.limits
+        cg.create(limits.memory_mb, limits.cpu, limits.pids)
+    proc, init_pid, _workspace, _spec = boot(rt, d, info.spec, rt.templates.get(info.template),
+                                            info.host_uid)  # fmt: skip
+    rt._children[info.id] = proc
+    info.pid, info.init_pid, info.suspended = proc.pid, init_pid, None
 
 
 def restore(rt: Runtime, d: Path, info: SandboxInfo) -> None:

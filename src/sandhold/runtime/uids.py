@@ -179,6 +179,10 @@ class UidPool:
         """Undo ``writable`` for a sandbox being destroyed (its processes are gone)."""
         for target in reversed(mounts.mounts_under(d / VIEWS)):
             mounts.umount(Path(target))
+            with contextlib.suppress(OSError):
+                os.rmdir(target)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(d / VIEW_LIST)
         with contextlib.suppress(FileNotFoundError):
             for line in (d / SHIFTED).read_text().splitlines():
                 if line and Path(line).is_dir():
