@@ -33,7 +33,8 @@ answers in envd's own codes, which ``EnvdError`` carries back.
     │   ├── HostUnsupported                failed_precondition  missing kernel feature or tool
     │   ├── SessionBusy                    session_busy      another replica holds the session
     │   ├── LockLost                       lock_lost         our lease ran out mid-operation
-    │   └── EgressUnavailable              egress_unavailable
+    │   ├── EgressUnavailable              egress_unavailable
+    │   └── GuestUnresponsive              guest_unresponsive  the sandbox's agent does not answer
     ├── SandboxStartFailed                 sandbox_start_failed
     ├── TemplateBuildFailed                template_build_failed
     ├── CheckpointFailed                   checkpoint_failed  a dump or restore did not work
@@ -194,6 +195,13 @@ class LockLost(Unavailable):
 
 class EgressUnavailable(Unavailable):
     code = "egress_unavailable"
+
+
+class GuestUnresponsive(Unavailable):
+    """The sandbox's agent (envd) did not answer its health check, so an operation that needs
+    a healthy guest (a strict pause) was refused; nothing was changed."""
+
+    code = "guest_unresponsive"
 
 
 class SandboxStartFailed(SandholdError):

@@ -6,6 +6,7 @@ to hold; one it does not declare is not assumed."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -13,6 +14,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,10 +22,12 @@ from sandhold.config import Settings
 from sandhold.egress.policy import EgressPolicy
 from sandhold.envd import ENVD_PORT
 from sandhold.envd.client import EnvdClient
-from sandhold.errors import NeedsNewSandbox, PreconditionFailed, SandboxGone
+from sandhold.errors import NeedsNewSandbox, PreconditionFailed, SandboxGone, Unsupported
 from sandhold.gateway.providers.base import CreateRequest, Provider
 from sandhold.gateway.providers.e2b import E2bProvider
 from sandhold.gateway.providers.local import LocalProvider
+from sandhold.runtime.criu import criu_status
+from sandhold.service import forks, snapshots
 from tests.e2b.conftest import KEY_A, Server, new_server
 from tests.gateway.conftest import destroy_runtime_dir, scratch_dir
 
@@ -48,15 +52,49 @@ def e2b_egress_server(
     srv.destroy()
 
 
-@pytest.fixture(params=PROVIDERS)
-async def provider(request: pytest.FixtureRequest, workspace_root: Path) -> AsyncIterator[Provider]:
+def suspend_server(
+    tmp_path_factory: pytest.TempPathFactory, workspace_root: Path, after: str
+) -> Iterator[Server]:
+    srv = new_server(
+        tmp_path_factory.mktemp("compliance-suspend"),
+        host_mount_roots=json.dumps([str(workspace_root)]),
+        lifecycle_interval_s="0.2",
+        prebuild_templates="[]",
+        suspend_after_s=after,
+    )
+    srv.start()
+    yield srv
+    srv.destroy()
+
+
+@pytest.fixture(scope="module")
+def e2b_suspend_server(
+    tmp_path_factory: pytest.TempPathFactory, workspace_root: Path
+) -> Iterator[Server]:
+    """A `sandhold serve` that suspends paused sandboxes to disk at once."""
+    yield from suspend_server(tmp_path_factory, workspace_root, "0")
+
+
+@pytest.fixture(scope="module")
+def e2b_never_suspending_server(
+    tmp_path_factory: pytest.TempPathFactory, workspace_root: Path
+) -> Iterator[Server]:
+    """A `sandhold serve` told never to suspend (suspend_after_s negative)."""
+    yield from suspend_server(tmp_path_factory, workspace_root, "-1")
+
+
+@contextlib.asynccontextmanager
+async def opened(kind: str, server: Server | None = None, **local: Any
+                 ) -> AsyncIterator[Provider]:  # fmt: skip
+    """A started provider: ``local`` (a runtime of its own, with ``local`` settings) or ``e2b``
+    against ``server``; the sandboxes it made (``p.made``) are killed at the end."""
     p: Provider
     data_dir = None
-    if request.param == "local":
+    if kind == "local":
         data_dir = scratch_dir("sandhold-compliance-")
-        p = LocalProvider(Settings(data_dir=data_dir, lifecycle_interval_s=0.2))
+        p = LocalProvider(Settings(data_dir=data_dir, lifecycle_interval_s=0.2, **local))
     else:
-        server: Server = request.getfixturevalue("e2b_egress_server")
+        assert server is not None
         p = E2bProvider(Settings(
             gateway_provider="e2b", gateway_e2b_api_url=server.url,
             gateway_e2b_sandbox_url=server.url, gateway_e2b_api_key=KEY_A,
@@ -72,6 +110,13 @@ async def provider(request: pytest.FixtureRequest, workspace_root: Path) -> Asyn
         await p.close()
         if data_dir is not None:
             assert not destroy_runtime_dir(data_dir)
+
+
+@pytest.fixture(params=PROVIDERS)
+async def provider(request: pytest.FixtureRequest, workspace_root: Path) -> AsyncIterator[Provider]:
+    server = request.getfixturevalue("e2b_egress_server") if request.param == "e2b" else None
+    async with opened(request.param, server) as p:
+        yield p
 
 
 def request_for(workspace_root: Path, **kw: object) -> CreateRequest:
@@ -245,3 +290,92 @@ async def test_a_sandbox_whose_agent_died_is_gone_but_listed_until_killed(
     assert await provider.get(sid) is None
     assert req.workspace_dir is not None
     assert (req.workspace_dir / "kept.txt").read_text() == "kept\n"
+
+
+CRIU_USABLE, CRIU_DETAIL = criu_status(Settings().criu_path)
+COUNTER = (
+    "python3 -c 'import secrets, time\nn, s = 0, secrets.token_hex(16)\nwhile True:\n"
+    '    n += 1\n    open("/tmp/state", "w").write(f"{n} {s}")\n    time.sleep(0.02)\' '
+    ">/dev/null 2>&1"
+)
+
+
+async def counter(p: Provider, sandbox_id: str, handle: dict[str, object]) -> tuple[int, str]:
+    for _ in range(100):
+        out = (await sh(p, sandbox_id, handle, "cat /tmp/state 2>/dev/null || true")).split()
+        if out:
+            return int(out[0]), out[1]
+        await asyncio.sleep(0.02)
+    raise AssertionError("the counter never wrote its state")
+
+
+async def test_capabilities_say_what_is_built(
+    provider: Provider, workspace_root: Path, request: pytest.FixtureRequest
+) -> None:
+    """Suspend to disk where CRIU is usable (the default suspend_after_s is 600 s). Neither
+    provider forks or snapshots the gateway's sandboxes: the runtime refuses both for a sandbox
+    with a host directory bound in, and every one has the session's workspace."""
+    caps = provider.capabilities.public()
+    assert caps["suspends_to_disk"] is CRIU_USABLE, CRIU_DETAIL
+    assert caps["snapshots"] is False and caps["fork"] is False
+    assert caps["pause_keeps_memory"] is True
+    sid, _ = await create(provider, request_for(workspace_root))
+    if isinstance(provider, LocalProvider):
+        with pytest.raises(Unsupported, match="host directories bound in"):
+            await forks.fork(provider.service, "gateway", sid, None, 1)
+        with pytest.raises(Unsupported, match="host directories bound in"):
+            await snapshots.take(provider.service, "gateway", sid, None, True)
+    else:
+        server: Server = request.getfixturevalue("e2b_egress_server")
+        with server.api() as api:
+            for path in ("fork", "snapshots"):
+                r = api.post(f"/sandboxes/{sid}/{path}", json={})
+                assert r.status_code == 400 and "host directories" in r.json()["message"], r.text
+
+
+@pytest.mark.parametrize("kind", PROVIDERS)
+async def test_suspends_to_disk_where_declared(
+    kind: str, request: pytest.FixtureRequest, workspace_root: Path
+) -> None:
+    """suspend_after_s = 0: an auto-paused sandbox leaves memory at once (no process of it
+    left on the host, the provider says so) and connect restores it, its processes carrying on
+    from their own memory."""
+    server = request.getfixturevalue("e2b_suspend_server") if kind == "e2b" else None
+    async with opened(kind, server, suspend_after_s=0) as p:
+        assert p.capabilities.suspends_to_disk is CRIU_USABLE, CRIU_DETAIL
+        if not CRIU_USABLE:
+            pytest.skip(f"CRIU unusable here: {CRIU_DETAIL}")
+        runtime = p.runtime if isinstance(p, LocalProvider) else server.runtime()  # type: ignore[union-attr]
+        sid, handle = await create(p, request_for(workspace_root))
+        await sh(p, sid, handle, f"({COUNTER} &) ; echo started")
+        n0, secret = await counter(p, sid, handle)
+        await p.set_timeout(sid, 1)  # on_timeout=pause; then suspended at once
+        await wait_state(p, sid, "paused")
+        deadline = time.monotonic() + 30
+        while not (got := await p.get(sid)).suspended:  # type: ignore[union-attr]
+            assert got.failure is None, f"failed instead of being suspended: {got.failure}"
+            assert time.monotonic() < deadline, "never suspended"
+            await asyncio.sleep(0.1)
+        assert got.failure is None
+        assert got.public()["suspended"] == "disk"
+        assert runtime.get(sid).suspended == "disk" and runtime._cg(sid).pids() == []
+        resumed, fresh = await p.connect(sid, 60)
+        assert resumed is True
+        assert not (await p.get(sid)).suspended  # type: ignore[union-attr]
+        await asyncio.sleep(0.1)
+        n1, secret1 = await counter(p, sid, {**handle, **fresh})
+        assert secret1 == secret and n1 > n0  # the same process, from its own memory
+
+
+@pytest.mark.parametrize(
+    ("kind", "local"),
+    [("local", {"suspend_after_s": -1}), ("local", {"criu_path": Path("/nonexistent/criu")}),
+     ("e2b", {})],
+    ids=["local-never", "local-no-criu", "e2b-never"],
+)  # fmt: skip
+async def test_no_suspend_to_disk_is_declared_where_there_is_none(
+    kind: str, local: dict[str, object], request: pytest.FixtureRequest
+) -> None:
+    server = request.getfixturevalue("e2b_never_suspending_server") if kind == "e2b" else None
+    async with opened(kind, server, **local) as p:
+        assert p.capabilities.suspends_to_disk is False

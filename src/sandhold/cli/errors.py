@@ -34,6 +34,7 @@ EXIT_STATUS: dict[type[SandholdError], int] = {
     e.SessionBusy: 75,
     e.LockLost: 75,
     e.EgressUnavailable: 75,
+    e.GuestUnresponsive: 75,
     e.SandboxStartFailed: 70,
     e.TemplateBuildFailed: 70,
     e.CheckpointFailed: 70,

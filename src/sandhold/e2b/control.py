@@ -36,6 +36,7 @@ from sandhold.errors import (
     SandholdError,
 )
 from sandhold.service import Sandbox, SandboxService
+from sandhold.service.metrics import suspend_gauge
 
 MAX_PAGE = 100  # E2B's: the default and the largest `limit` of a list
 MAX_METRICS_IDS = 100
@@ -189,10 +190,9 @@ class ControlPlane:
 
     async def prometheus(self, request: Request, team: str) -> Response:
         # Server-wide counts without sandbox ids, so any team's key may read them.
-        return PlainTextResponse(
-            self.service.failures.prometheus(),
-            media_type="text/plain; version=0.0.4; charset=utf-8",
-        )
+        text = self.service.failures.prometheus()
+        text += suspend_gauge(await self.service.suspends_to_disk())
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def unsupported(self, request: Request, team: str) -> Response:
         # A known E2B endpoint, not an option of one: 501, the wire's own answer for that.
@@ -320,8 +320,11 @@ class ControlPlane:
         return JSONResponse(wire.created(sbx, self.domain), status_code=201)
 
     async def pause(self, request: Request, team: str) -> Response:
-        models.parse(models.Pause, await self.read_body(request), empty_ok=True)
-        await self.service.pause(team, path_id(request))
+        body = models.parse(models.Pause, await self.read_body(request), empty_ok=True)
+        await self.service.pause(
+            team, path_id(request), memory=body.memory,
+            require_healthy=bool(body.requireHealthyGuest),
+        )  # fmt: skip
         return Response(status_code=204)
 
     async def fork(self, request: Request, team: str) -> Response:

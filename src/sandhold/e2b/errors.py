@@ -37,6 +37,9 @@ E2B_STATUS: dict[type[SandholdError], int] = {
     e.SessionBusy: 500,
     e.LockLost: 500,
     e.EgressUnavailable: 500,
+    # E2B's own answer to a strict pause (requireHealthyGuest) of an unresponsive guest: the
+    # SDK raises ServiceBusyException (after its retries, each one checked again).
+    e.GuestUnresponsive: 503,
     e.SandboxStartFailed: 500,
     e.TemplateBuildFailed: 500,
     e.CheckpointFailed: 500,

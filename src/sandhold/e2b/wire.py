@@ -54,6 +54,8 @@ def listed(sbx: Sandbox, disk_size_mb: int) -> dict[str, Any]:
     }
     if sbx.failed:  # Sandhold's own field (the SDK keeps unknown ones aside): why it failed
         out["sandholdFailure"] = sbx.info.failure or "its agent died"
+    elif sbx.info.suspended:  # Sandhold's own too: paused, its processes checkpointed to disk
+        out["sandholdSuspended"] = sbx.info.suspended
     return out
 
 
@@ -74,7 +76,9 @@ def detail(sbx: Sandbox, disk_size_mb: int, domain: str | None) -> dict[str, Any
         },
     )
     if not sbx.running:
-        out["pauseMode"] = "full"  # a frozen sandbox keeps its memory
+        # Memory kept: in the freezer, or in its checkpoint once suspended to disk (a
+        # filesystem-only pause, "filesystem", is refused: not built yet).
+        out["pauseMode"] = "full"
     return out
 
 

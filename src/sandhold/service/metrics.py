@@ -122,3 +122,14 @@ class Failures:
         lines += [f'sandhold_sandboxes_failed_total{{reason="{r}"}} {n}'
                   for r, n in counts.items()]  # fmt: skip
         return "\n".join(lines) + "\n"
+
+
+def suspend_gauge(enabled: bool) -> str:
+    """``sandhold_suspend_to_disk``: whether this server suspends paused sandboxes to disk (the
+    gateway's e2b provider reads it as its ``suspends_to_disk`` capability)."""
+    return (
+        "# HELP sandhold_suspend_to_disk Whether paused sandboxes are suspended to disk after "
+        "suspend_after_s (1: CRIU usable and suspend_after_s >= 0).\n"
+        "# TYPE sandhold_suspend_to_disk gauge\n"
+        f"sandhold_suspend_to_disk {int(enabled)}\n"
+    )

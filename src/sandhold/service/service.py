@@ -13,11 +13,16 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
+import httpx
 from pydantic import ValidationError
 
 from sandhold.config import Settings
+from sandhold.envd import ENVD_PORT
+from sandhold.envd.client import EnvdClient
+from sandhold.envd.transports import agent_channel
 from sandhold.errors import (
     Conflict,
+    GuestUnresponsive,
     IdempotencyMismatch,
     InvalidRequest,
     PreconditionFailed,
@@ -37,6 +42,15 @@ from sandhold.service.timers import Periodic, Timer
 
 RUNTIME_THREADS = 16  # creates, kills, pauses and resumes in flight at once
 REFRESH_MIN_S = 15
+HEALTH_TIMEOUT_S = 5.0  # a strict pause's health check of the agent (the SDK's own probe: 5 s)
+# Filesystem-only pause (memory dropped, files kept, a cold boot on resume) is not offered by
+# the service yet: every way of asking for it is refused with this reason rather than silently
+# given a full pause.
+NO_FILESYSTEM_PAUSE = (
+    "filesystem-only pause is not built yet on this server: a paused sandbox here keeps its "
+    "memory (pause mode 'full', suspended to disk after a while where CRIU is usable) and "
+    "resumes from it"
+)
 
 T = TypeVar("T")
 
@@ -208,6 +222,11 @@ class SandboxService:
             raise InvalidRequest(
                 "autoResume cannot be combined with a filesystem-only pause (autoPauseMemory)"
             )
+        if req.auto_pause_memory is False:
+            raise Unsupported(
+                "autoPauseMemory: false (lifecycle on_timeout mode 'filesystem') was refused, "
+                f"nothing was created: {NO_FILESYSTEM_PAUSE}; leave the mode unset or 'full'"
+            )
         s = self.settings
         try:
             spec = SandboxSpec.model_validate({
@@ -271,8 +290,9 @@ class SandboxService:
                 return await self._save(sbx), False
             if memory is False:
                 raise Unsupported(
-                    "resuming without memory (on_resume='reboot') is not supported: a paused "
-                    "sandbox here keeps its memory and resumes from it"
+                    "resuming without memory (memory: false, on_resume='reboot') was refused, "
+                    f"the sandbox is still paused: {NO_FILESYSTEM_PAUSE}; connect without "
+                    "on_resume (or 'restore')"
                 )
             return await self._resume(sbx, now + timeout), True
 
@@ -287,7 +307,10 @@ class SandboxService:
             if sbx.running:
                 raise Conflict(f"sandbox {sbx.id!r} is already running")
             if memory is False:
-                raise Unsupported("resuming without memory is not supported")
+                raise Unsupported(
+                    "resuming without memory (memory: false) was refused, the sandbox is still "
+                    f"paused: {NO_FILESYSTEM_PAUSE}"
+                )
             if auto_pause is not None:
                 sbx.life.auto_pause = auto_pause
             return await self._resume(sbx, time.time() + timeout)
@@ -321,11 +344,30 @@ class SandboxService:
             sbx.life.end_at = max(sbx.life.end_at, time.time() + duration)
             await self._save(sbx)
 
-    async def pause(self, owner: str, sandbox_id: str) -> None:
+    async def pause(
+        self, owner: str, sandbox_id: str, *, memory: bool | None = None,
+        require_healthy: bool = False,
+    ) -> None:  # fmt: skip
+        """Pause a running sandbox, its memory kept (Conflict for a paused one; suspended to
+        disk later: suspender.py). ``memory=False`` (a filesystem-only pause) is refused: not
+        built yet. ``require_healthy`` (E2B's strict pause): only if its agent answers its
+        health check now, else GuestUnresponsive and it keeps running."""
+        if memory is False:
+            raise Unsupported(
+                "a filesystem-only pause (memory: false, the SDK's pause(mode='filesystem')) "
+                f"was refused, the sandbox keeps running: {NO_FILESYSTEM_PAUSE}; pause without "
+                "a mode (or mode 'full')"
+            )
         async with self.lock(sandbox_id):
             sbx = await self.usable(owner, sandbox_id)
             if not sbx.running:
                 raise Conflict(f"sandbox {sbx.id!r} is already paused")
+            if require_healthy and not await self._agent_answers(sbx):
+                raise GuestUnresponsive(
+                    f"sandbox {sbx.id!r} was not paused (requireHealthyGuest): its agent (envd) "
+                    f"did not answer its health check within {HEALTH_TIMEOUT_S:g} s; it keeps "
+                    "running"
+                )
             await self._run(self.runtime.pause, sbx.id)
         if self.settings.suspend_after_s == 0 and self.suspender.enabled:
             await self.suspender.suspend(sandbox_id)
@@ -353,6 +395,19 @@ class SandboxService:
             await self._run(self.runtime.kill, sandbox_id)
         self.samples.forget(sandbox_id)
         self.failures.forget(sandbox_id)
+
+    async def suspends_to_disk(self) -> bool:
+        """Whether paused sandboxes are checkpointed to disk here after ``suspend_after_s``:
+        CRIU is usable (``criu check`` runs once per process) and the setting is not negative."""
+        return await self._run(lambda: self.suspender.enabled)
+
+    async def _agent_answers(self, sbx: Sandbox) -> bool:
+        """Whether the sandbox's agent answers ``GET /health`` (on its socket) in time."""
+        try:
+            async with agent_channel(sbx.info.agent_socket, ENVD_PORT, HEALTH_TIMEOUT_S) as ch:
+                return await EnvdClient(ch).health()
+        except (httpx.HTTPError, OSError):
+            return False
 
     async def set_network(
         self, owner: str, sandbox_id: str, policy: NetworkPolicy, **surface: Any

@@ -23,6 +23,12 @@ __all__ = ["Channel", "NeedsNewSandbox", "PreconditionFailed", "ProviderError", 
 @dataclass(frozen=True)
 class Capabilities:
     pause_keeps_memory: bool  # a resumed sandbox has its processes and /tmp back
+    # A long-paused sandbox leaves memory: whoever runs it checkpoints it to disk (processes
+    # gone, memory freed) and resume restores it, processes and memory. The gateway needs to do
+    # nothing for it (it never touches a paused sandbox but to resume it for a call, or kill it).
+    suspends_to_disk: bool
+    snapshots: bool  # named snapshots of a sandbox can be taken and created from (the backend's)
+    fork: bool  # a running sandbox can be forked into independent copies (the backend's)
     auto_resume: bool  # traffic to a paused sandbox resumes it
     mount_workspace: bool  # a host directory (the session's workspace) can be bound at /workspace
     conditional_delete: bool  # kill only if still paused with the endAt we saw
@@ -45,12 +51,17 @@ class ProviderSandbox:
     # Set when its agent died (where the provider can tell): it is "paused" for good then, and
     # its end_at is when it failed.
     failure: str | None = None
+    # Paused and suspended to disk (no process, no memory; resume restores it), where the
+    # provider can tell: the local provider and a Sandhold server.
+    suspended: bool = False
 
     def public(self) -> dict[str, Any]:
         out = {"id": self.id, "state": self.state, "end_at": self.end_at,
                "started_at": self.started_at}  # fmt: skip
         if self.failure is not None:
             out["failure"] = self.failure
+        if self.suspended:
+            out["suspended"] = "disk"
         return out
 
 

@@ -12,7 +12,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
+import re
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -41,23 +44,33 @@ from sandhold.service.metadata import (
     WORKSPACE_DISK_KEY,
 )
 
+log = logging.getLogger(__name__)
+
 PAGE = 100
 BUSY_RETRIES = 5  # CubeSandbox answers 503 + Retry-After while a sandbox is pausing or locked
 
+# suspends_to_disk: E2B cloud persists a paused sandbox's memory snapshot (it holds no host
+# memory while paused); a Sandhold server says whether it does (start(): its /metrics gauge),
+# false until then or when it cannot be asked; CubeSandbox keeps paused sandboxes in memory.
+# snapshots and fork: E2B cloud has both; a Sandhold server answers 501 for them (not built).
 CAPABILITIES = {
     "sandhold": Capabilities(
-        pause_keeps_memory=True, auto_resume=True, mount_workspace=True,
-        conditional_delete=True, idle_timeout=False, per_sandbox_limits=False,
+        pause_keeps_memory=True, suspends_to_disk=False, snapshots=False, fork=False,
+        auto_resume=True, mount_workspace=True, conditional_delete=True, idle_timeout=False,
+        per_sandbox_limits=False,
     ),
     "e2b": Capabilities(
-        pause_keeps_memory=True, auto_resume=True, mount_workspace=False,
-        conditional_delete=False, idle_timeout=False, per_sandbox_limits=False,
+        pause_keeps_memory=True, suspends_to_disk=True, snapshots=True, fork=True,
+        auto_resume=True, mount_workspace=False, conditional_delete=False, idle_timeout=False,
+        per_sandbox_limits=False,
     ),
     "cube": Capabilities(
-        pause_keeps_memory=True, auto_resume=True, mount_workspace=True,
-        conditional_delete=False, idle_timeout=True, per_sandbox_limits=False,
+        pause_keeps_memory=True, suspends_to_disk=False, snapshots=False, fork=False,
+        auto_resume=True, mount_workspace=True, conditional_delete=False, idle_timeout=True,
+        per_sandbox_limits=False,
     ),
 }  # fmt: skip
+SUSPEND_GAUGE = re.compile(r"^sandhold_suspend_to_disk (\d+)$", re.M)
 
 
 def _ts(value: str | None) -> float | None:
@@ -83,6 +96,7 @@ def _sandbox(d: dict[str, Any]) -> ProviderSandbox:
         started_at=_ts(d.get("startedAt")) or 0.0,
         metadata=dict(d.get("metadata") or {}),
         failure=d.get("sandholdFailure"),  # a Sandhold server's; E2B's own never send it
+        suspended=d.get("sandholdSuspended") == "disk",  # a Sandhold server's, too
     )
 
 
@@ -120,6 +134,26 @@ class E2bProvider(Provider):
         self.api = httpx.AsyncClient(base_url=api_url, headers=headers, timeout=timeout)
         limits = httpx.Limits(max_connections=200, max_keepalive_connections=50)
         self.data = httpx.AsyncClient(timeout=None, limits=limits)
+
+    async def start(self) -> None:
+        if self.flavor == "sandhold":
+            suspends = await self._server_suspends_to_disk()
+            self.capabilities = replace(self.capabilities, suspends_to_disk=suspends)
+
+    async def _server_suspends_to_disk(self) -> bool:
+        """What the Sandhold server says (``sandhold_suspend_to_disk`` on its ``/metrics``); a
+        server that cannot be asked, or too old to say, counts as not suspending."""
+        try:
+            r = await self._call("GET", "/metrics")
+        except ProviderError as e:
+            log.warning("cannot ask the Sandhold server whether it suspends to disk: %s", e)
+            return False
+        m = SUSPEND_GAUGE.search(r.text) if r.status_code == 200 else None
+        if m is None:
+            log.warning("the Sandhold server does not say whether it suspends to disk "
+                        "(GET /metrics: %s); assuming it does not", r.status_code)  # fmt: skip
+            return False
+        return m[1] == "1"
 
     async def close(self) -> None:
         await self.api.aclose()

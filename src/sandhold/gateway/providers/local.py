@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 from sandhold.config import Settings
@@ -38,6 +39,7 @@ def _listed(sbx: Sandbox) -> ProviderSandbox:
         started_at=sbx.info.created_at,
         metadata=dict(sbx.metadata),
         failure=(sbx.info.failure or "its agent died") if sbx.failed else None,
+        suspended=sbx.info.suspended == "disk" and not sbx.failed,
     )
 
 
@@ -49,6 +51,9 @@ class LocalProvider(Provider):
     name = "local"
     capabilities = Capabilities(
         pause_keeps_memory=True,  # the cgroup freezer keeps every process as it was
+        suspends_to_disk=False,  # until start(): whether CRIU is usable here
+        snapshots=False,  # not built yet
+        fork=False,  # not built yet
         auto_resume=True,
         mount_workspace=True,
         conditional_delete=True,
@@ -63,6 +68,8 @@ class LocalProvider(Provider):
 
     async def start(self) -> None:
         await self.service.open()
+        suspends = await self.service.suspends_to_disk()
+        self.capabilities = replace(self.capabilities, suspends_to_disk=suspends)
 
     async def close(self) -> None:
         await self.service.close()
