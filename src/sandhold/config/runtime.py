@@ -58,8 +58,28 @@ class RuntimeSettings(CreateLimits, Layer):
         51200,
         ge=0,
         description="Most disk the snapshots under data_dir/snapshots may use together (MiB); "
-        "a snapshot past it is refused.",
+        "a snapshot past it is refused. With snapshot_s3_bucket the local copies are a cache: "
+        "the least recently used ones (kept in S3) are dropped first.",
     )
+    snapshot_s3_bucket: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{1,254}$",
+        description="Keep every snapshot in this S3 (or S3-compatible) bucket too, sealed with "
+        "the secrets key ring, so that every server given the same bucket and keys lists and "
+        "starts it; unset: snapshots stay on this server. Credentials come from boto3's own "
+        "chain (AWS_* variables, its config files, an instance role), never from Sandhold.",
+    )
+    snapshot_s3_prefix: str = Field(
+        "sandhold/snapshots/",
+        pattern=r"^([A-Za-z0-9._-]+/)*$",
+        description="Key prefix of the snapshot store in the bucket (empty, or ending in /).",
+    )
+    snapshot_s3_endpoint_url: str | None = Field(
+        None,
+        pattern=r"^https?://",
+        description="Endpoint of an S3-compatible store (MinIO, Ceph, ...); AWS when unset.",
+    )
+    snapshot_s3_region: str | None = Field(None, description="Region of the snapshot bucket.")
     criu_path: Path = Field(
         Path("/opt/sandhold/criu/4.1.1/sbin/criu"),
         description="The CRIU binary (>= 4.1) for checkpoints; scripts/install.sh builds it "
