@@ -80,7 +80,7 @@ CASES = [
     ("GET", "/v2/sandboxes?metadata=novalue", None, 400, "metadata"),
     ("GET", "/nowhere", None, 404, "no such endpoint"),
     ("PATCH", "/v2/sandboxes", {}, 405, "not allowed"),
-    ("POST", f"/sandboxes/{GHOST}/snapshots", {}, 501, "not supported"),
+    ("POST", f"/sandboxes/{GHOST}/snapshots", {}, 404, "doesn't exist"),
     ("POST", "/volumes", {"name": "../up"}, 400, "not valid"),
     ("POST", "/volumes", {"name": 3}, 400, "'name'"),
     ("GET", "/volumes/nope", None, 404, "nope"),

@@ -167,3 +167,27 @@ async def test_a_filesystem_pause_drops_processes_and_resume_boots_afresh(make_s
     assert not (info.dir / "checkpoint").exists()
     again = runtime.resume(booted.id)
     assert (await sh(again, "cat /home/user/file")).text.strip() == "kept"
+
+
+async def test_reads_during_a_suspend_never_judge_it_failed(make_sandbox, runtime):
+    """A reader sees no process while the dump runs: it must not mark the sandbox failed."""
+    import threading
+
+    info = await make_sandbox()
+    await sh(info, COUNTER)
+    seen: set[str] = set()
+    done = threading.Event()
+
+    def read() -> None:
+        while not done.is_set():
+            seen.add(runtime.get(info.id).state)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        runtime.suspend(info.id)
+    finally:
+        done.set()
+        reader.join()
+    assert "failed" not in seen and runtime.get(info.id).suspended == "disk"
+    assert runtime.resume(info.id).state == "running"

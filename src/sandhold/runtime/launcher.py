@@ -33,7 +33,7 @@ from sandhold.runtime.seccomp import filter_fd
 log = logging.getLogger(__name__)
 
 AGENT_LIB = "/opt/sandhold/lib"
-HANDOFF_AT = "/run/sandhold-handoff"  # where the host hands the agent its socket (checkpoint.py)
+HANDOFF_AT = "/run/sandbox-handoff"  # where the host hands the agent its socket (checkpoint.py)
 AGENT_MAIN = f"{AGENT_LIB}/sandhold/runtime/agent/__main__.py"
 # The agent's /proc files that its owner (the sandbox's root has the same uid) could write to
 # make it the OOM killer's first choice; bwrap covers each with a read-only view of itself, taken

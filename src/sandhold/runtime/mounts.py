@@ -50,6 +50,14 @@ def mount_overlay(lower: Path | int, upper: Path, work: Path, target: Path) -> N
     check(rc, f"overlay {target}")
 
 
+def mount_tmpfs(target: Path, size: int, mode: int) -> None:
+    """A small tmpfs of ``size`` bytes at ``target`` (made if missing), nosuid, nodev, noexec."""
+    target.mkdir(mode=0o755, exist_ok=True)
+    opts = f"size={size},mode={mode:o}".encode()
+    flags = 0x2 | 0x4 | 0x8  # MS_NOSUID | MS_NODEV | MS_NOEXEC
+    check(_libc.mount(b"tmpfs", str(target).encode(), b"tmpfs", flags, opts), f"tmpfs {target}")
+
+
 def umount(target: Path) -> None:
     """Lazily unmount ``target`` if something is mounted there."""
     if not is_mountpoint(target):

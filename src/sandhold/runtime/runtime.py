@@ -214,7 +214,8 @@ class Runtime:
         run_dir = d / "run"
         run_dir.mkdir(mode=0o700)
         os.chown(run_dir, host_uid, host_uid)
-        (d / checkpoint.HANDOFF).mkdir(mode=0o755)
+        # A tmpfs of its own: bound in, its root shows as "/", not as a path of the data dir.
+        mounts.mount_tmpfs(d / checkpoint.HANDOFF, 64 << 10, 0o755)
         return host_uid
 
     def _destroy(self, sandbox_id: str, init_pid: int | None = None) -> None:
@@ -230,6 +231,7 @@ class Runtime:
         self.uids.give_back(d)
         self.wsdisk.release(d)  # after the views of it, before the range is given back
         mounts.umount(d / "root")
+        mounts.umount(d / checkpoint.HANDOFF)
         self.disk.release(d)
         had_egress = (d / "egress.json").exists()
         if had_egress:
@@ -398,7 +400,7 @@ class Runtime:
         try:
             with self._locked(info.id) as d:
                 info = self._load(d)
-                if info.state == "failed" or self._alive(info):
+                if info.state == "failed" or info.suspended or self._alive(info):
                     return info
                 bwrap = self._children.pop(info.id, None)  # exits with the agent's status
                 info.state, info.failed_at = "failed", time.time()

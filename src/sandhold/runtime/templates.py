@@ -148,7 +148,7 @@ class TemplateStore:
     def exists(self, name: str) -> bool:
         """Whether ``get`` finds (or builds) ``name``, without building it."""
         known = name == "base" or name in BUILTIN_TEMPLATES
-        return known or bool(NAME_RE.match(name)) and (self._dir(name) / "template.json").exists()
+        return known or (bool(NAME_RE.match(name)) and (self._dir(name) / "template.json").exists())
 
     def get(self, name: str) -> Template:
         if not NAME_RE.match(name):

@@ -6,7 +6,7 @@ accepted on it, and stdout/stderr (the host's log file). So, asked by the host
 (``POST /sandhold/quiesce``, a path the data plane never forwards), the agent answers, stops
 listening, closes every connection and points stdout/stderr at ``/dev/null``. Then it waits for
 the host to hand it a new listening socket and log file: the host listens on
-``/run/sandhold-handoff/agent.sock`` (a read-only bind of a host directory of the sandbox's own),
+``/run/sandbox-handoff/agent.sock`` (a read-only bind of a small tmpfs of the sandbox's own),
 the agent connects, and the host, having checked by ``SO_PEERCRED`` that the peer is the agent's
 own process, sends both descriptors over the connection. The same handoff serves a restore from
 the checkpoint and a checkpoint that failed (the agent then carries on where it was).
@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable
 log = logging.getLogger("sandhold.agent")
 
 QUIESCE_PATH = "/sandhold/quiesce"
-HANDOFF = "/run/sandhold-handoff/agent.sock"
+HANDOFF = "/run/sandbox-handoff/agent.sock"
 POLL_S = 0.02
 
 
