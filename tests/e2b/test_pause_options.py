@@ -1,27 +1,24 @@
-"""Pause options through the official SDK: what is not built here (a filesystem-only pause, a
-reboot on resume) is refused with a message that says so, and changes nothing; what is (a full
-pause, a strict one that first checks the guest agent answers) works."""
+"""Pause options through the official SDK: a filesystem-only pause (its memory dropped, its files
+kept, a fresh boot on resume), a reboot on resume, a filesystem auto-pause, and a strict pause
+that first checks the guest agent answers."""
 
 from __future__ import annotations
 
 import os
 import signal
+import time
 import uuid
 
 import httpx
 import pytest
 from e2b import (
     Sandbox,
-    SandboxException,
-    SandboxLifecycle,
     SandboxQuery,
     SandboxState,
     ServiceBusyException,
 )
 
 from tests.e2b.conftest import Server
-
-NOT_BUILT = "filesystem-only pause is not built yet"
 
 
 def running_unchanged(server: Server, sbx: Sandbox, pid: int, end_at: object) -> None:
@@ -34,73 +31,67 @@ def running_unchanged(server: Server, sbx: Sandbox, pid: int, end_at: object) ->
     assert sbx.commands.run("cat /tmp/kept").stdout == "in memory"
 
 
-def test_a_filesystem_pause_is_refused_and_the_sandbox_keeps_running(server: Server) -> None:
+def test_a_filesystem_pause_drops_processes_and_keeps_files(server: Server) -> None:
     sbx = Sandbox.create(timeout=300)
     try:
-        sbx.files.write("/tmp/kept", "in memory")
-        pid = sbx.commands.run("sleep 600", background=True).pid
-        end_at = sbx.get_info().end_at
-        with pytest.raises(SandboxException, match=NOT_BUILT) as refused:
-            sbx.pause(mode="filesystem")  # {"memory": false}
-        assert str(refused.value).startswith("400: ")
-        assert "keeps running" in str(refused.value)
-        running_unchanged(server, sbx, pid, end_at)
-        with pytest.raises(SandboxException, match=NOT_BUILT):
-            sbx.pause(keep_memory=False)  # the deprecated spelling of the same
-        running_unchanged(server, sbx, pid, end_at)
+        sbx.files.write("/home/user/kept.txt", "on disk")
+        sbx.files.write("/tmp/gone", "in memory")  # /tmp is memory (a tmpfs)
+        sbx.commands.run("sleep 600", background=True)
+        assert sbx.pause(mode="filesystem") is True  # {"memory": false}
+        info = sbx.get_info()
+        assert info.state == SandboxState.PAUSED
+        record = server.runtime().get(sbx.sandbox_id)
+        assert record.suspended == "filesystem"
+        assert server.runtime()._cg(record.id).pids() == []  # no process, no memory
+        assert sbx.pause(mode="filesystem") is False  # already paused
+        back = Sandbox.connect(sbx.sandbox_id)  # boots afresh over the files
+        assert back.files.read("/home/user/kept.txt") == "on disk"
+        assert back.commands.run("pgrep -c -x sleep || true").stdout.strip() == "0"
+        assert back.commands.run("cat /tmp/gone 2>/dev/null || echo none").stdout == "none\n"
+        assert sbx.pause(keep_memory=False) is True  # the deprecated spelling of the same
+    finally:
+        sbx.kill()
 
-        # What is built still works: {"memory": true}, then {} (the SDK's plain pause()).
-        assert sbx.pause(mode="full") is True
-        assert sbx.get_info().state == SandboxState.PAUSED
-        # Asking a paused sandbox for a filesystem pause is a refusal too, not "already paused".
-        with pytest.raises(SandboxException, match=NOT_BUILT):
-            sbx.pause(mode="filesystem")
-        back = Sandbox.connect(sbx.sandbox_id)
-        assert back.commands.run("cat /tmp/kept").stdout == "in memory"
+
+def test_reboot_on_resume_drops_the_memory_of_a_paused_sandbox(
+    server: Server, api: httpx.Client
+) -> None:
+    sbx = Sandbox.create(timeout=300)
+    try:
+        sbx.files.write("/home/user/kept.txt", "on disk")
+        sbx.commands.run("sleep 600", background=True)
+        assert sbx.pause() is True  # memory kept...
+        back = Sandbox.connect(sbx.sandbox_id, on_resume="reboot")  # ...and dropped
+        assert back.commands.run("pgrep -c -x sleep || true").stdout.strip() == "0"
+        assert back.files.read("/home/user/kept.txt") == "on disk"
+        back.commands.run("sleep 600", background=True)
         assert back.pause() is True
-        assert back.pause() is False  # already paused: the SDK's False
+        r = api.post(f"/sandboxes/{sbx.sandbox_id}/resume", json={"timeout": 60, "memory": False})
+        assert r.status_code == 201, r.text
+        assert back.commands.run("pgrep -c -x sleep || true").stdout.strip() == "0"
     finally:
         sbx.kill()
 
 
-def test_reboot_on_resume_is_refused_saying_it_is_not_built(
-    server: Server, api: httpx.Client
-) -> None:
-    sbx = Sandbox.create(timeout=300)
-    try:
-        sbx.files.write("/tmp/kept", "in memory")
-        assert sbx.pause() is True
-        with pytest.raises(SandboxException, match=NOT_BUILT) as refused:
-            Sandbox.connect(sbx.sandbox_id, on_resume="reboot")  # {"memory": false}
-        assert "still paused" in str(refused.value)
-        r = api.post(f"/sandboxes/{sbx.sandbox_id}/resume", json={"memory": False})  # v1
-        assert r.status_code == 400 and NOT_BUILT in r.json()["message"]
-        assert sbx.get_info().state == SandboxState.PAUSED
-        back = Sandbox.connect(sbx.sandbox_id, on_resume="restore")
-        assert back.commands.run("cat /tmp/kept").stdout == "in memory"
-    finally:
-        sbx.kill()
-
-
-def test_a_filesystem_auto_pause_is_refused_and_creates_nothing(
-    server: Server, api: httpx.Client
-) -> None:
+def test_a_filesystem_auto_pause(server: Server, api: httpx.Client) -> None:
     tag = {"suite": uuid.uuid4().hex}
-    filesystem: SandboxLifecycle = {"on_timeout": {"action": "pause", "mode": "filesystem"}}
-    with pytest.raises(SandboxException, match=NOT_BUILT) as refused:
-        Sandbox.create(timeout=60, metadata=tag, lifecycle=filesystem)
-    assert str(refused.value).startswith("400: ") and "autoPauseMemory" in str(refused.value)
-    assert Sandbox.list(query=SandboxQuery(metadata=tag)).next_items() == []
     # With auto-resume it is E2B's own refusal (the SDK refuses it before sending; raw here).
     body = {"templateID": "base", "autoPause": True, "autoPauseMemory": False,
             "autoResume": {"enabled": True}, "metadata": tag}  # fmt: skip
     r = api.post("/v2/sandboxes", json=body)
     assert r.status_code == 400 and "autoResume cannot be combined" in r.json()["message"]
-    # A full auto-pause is what is built.
-    sbx = Sandbox.create(timeout=60, metadata=tag,
-                         lifecycle={"on_timeout": {"action": "pause", "mode": "full"}})  # fmt: skip
+    assert Sandbox.list(query=SandboxQuery(metadata=tag)).next_items() == []
+    fs_pause = {"on_timeout": {"action": "pause", "mode": "filesystem"}}
+    sbx = Sandbox.create(timeout=3, metadata=tag, lifecycle=fs_pause)  # type: ignore[arg-type]
     try:
-        assert sbx.get_info().lifecycle == {"on_timeout": "pause", "auto_resume": False}
+        sbx.files.write("/home/user/kept.txt", "on disk")
+        for _ in range(200):
+            if sbx.get_info().state == SandboxState.PAUSED:
+                break
+            time.sleep(0.05)
+        assert server.runtime().get(sbx.sandbox_id).suspended == "filesystem"
+        back = Sandbox.connect(sbx.sandbox_id, timeout=60)
+        assert back.files.read("/home/user/kept.txt") == "on disk"
     finally:
         sbx.kill()
 

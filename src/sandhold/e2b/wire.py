@@ -76,9 +76,9 @@ def detail(sbx: Sandbox, disk_size_mb: int, domain: str | None) -> dict[str, Any
         },
     )
     if not sbx.running:
-        # Memory kept: in the freezer, or in its checkpoint once suspended to disk (a
-        # filesystem-only pause, "filesystem", is refused: not built yet).
-        out["pauseMode"] = "full"
+        # Memory kept (in the freezer, or in its checkpoint once suspended to disk), or
+        # dropped by a filesystem-only pause: resume boots it afresh.
+        out["pauseMode"] = "filesystem" if sbx.info.suspended == "filesystem" else "full"
     return out
 
 

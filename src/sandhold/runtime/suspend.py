@@ -59,9 +59,12 @@ def suspend(rt: Runtime, sandbox_id: str) -> SandboxInfo:
                 shutil.rmtree(d / checkpoint.IMAGES, ignore_errors=True)
                 hand_back(d, info.init_pid)  # it carries on where it was
                 raise
-        finally:
-            if frozen and cg.pids():
-                cg.freeze()
+        except BaseException:
+            if frozen:
+                cg.freeze()  # paused in the freezer, as it was
+            raise
+        # Never frozen again once dumped: its dying tasks may still be listed, and a frozen
+        # group would freeze the restore that joins it.
         bwrap = rt._children.pop(sandbox_id, None)
         if bwrap is not None:
             bwrap.wait()  # exits with the tree
@@ -108,6 +111,8 @@ def cold_boot(rt: Runtime, d: Path, info: SandboxInfo) -> None:
     if not cg.exists():  # (the host rebooted)
         limits = info.spec.limits
         cg.create(limits.memory_mb, limits.cpu, limits.pids)
+    elif cg.freezer_state() != "THAWED":
+        cg.thaw()
     proc, init_pid, _workspace, _spec = boot(rt, d, info.spec, rt.templates.get(info.template),
                                             info.host_uid)  # fmt: skip
     rt._children[info.id] = proc
@@ -121,6 +126,8 @@ def restore(rt: Runtime, d: Path, info: SandboxInfo) -> None:
     if not cg.exists():  # (the host rebooted)
         limits = info.spec.limits
         cg.create(limits.memory_mb, limits.cpu, limits.pids)
+    if cg.freezer_state() != "THAWED":
+        cg.thaw()  # whatever froze it: what joins a frozen group stops there
     procs = [str(x / "cgroup.procs") for x in cg.dirs()]
     assert info.host_uid is not None
     try:

@@ -27,7 +27,6 @@ from sandhold.errors import (
     InvalidRequest,
     PreconditionFailed,
     SandboxNotFound,
-    Unsupported,
 )
 from sandhold.runtime.records import SandboxInfo
 from sandhold.runtime.runtime import Runtime
@@ -43,14 +42,6 @@ from sandhold.service.timers import Periodic, Timer
 RUNTIME_THREADS = 16  # creates, kills, pauses and resumes in flight at once
 REFRESH_MIN_S = 15
 HEALTH_TIMEOUT_S = 5.0  # a strict pause's health check of the agent (the SDK's own probe: 5 s)
-# Filesystem-only pause (memory dropped, files kept, a cold boot on resume) is not offered by
-# the service yet: every way of asking for it is refused with this reason rather than silently
-# given a full pause.
-NO_FILESYSTEM_PAUSE = (
-    "filesystem-only pause is not built yet on this server: a paused sandbox here keeps its "
-    "memory (pause mode 'full', suspended to disk after a while where CRIU is usable) and "
-    "resumes from it"
-)
 
 T = TypeVar("T")
 
@@ -222,11 +213,6 @@ class SandboxService:
             raise InvalidRequest(
                 "autoResume cannot be combined with a filesystem-only pause (autoPauseMemory)"
             )
-        if req.auto_pause_memory is False:
-            raise Unsupported(
-                "autoPauseMemory: false (lifecycle on_timeout mode 'filesystem') was refused, "
-                f"nothing was created: {NO_FILESYSTEM_PAUSE}; leave the mode unset or 'full'"
-            )
         s = self.settings
         try:
             spec = SandboxSpec.model_validate({
@@ -288,12 +274,8 @@ class SandboxService:
             if sbx.running:
                 sbx.life.end_at = max(sbx.life.end_at, now + timeout)
                 return await self._save(sbx), False
-            if memory is False:
-                raise Unsupported(
-                    "resuming without memory (memory: false, on_resume='reboot') was refused, "
-                    f"the sandbox is still paused: {NO_FILESYSTEM_PAUSE}; connect without "
-                    "on_resume (or 'restore')"
-                )
+            if memory is False:  # on_resume="reboot": its memory dropped, a fresh boot
+                await self._run(self._drop_memory, sbx)
             return await self._resume(sbx, now + timeout), True
 
     async def resume(
@@ -307,10 +289,7 @@ class SandboxService:
             if sbx.running:
                 raise Conflict(f"sandbox {sbx.id!r} is already running")
             if memory is False:
-                raise Unsupported(
-                    "resuming without memory (memory: false) was refused, the sandbox is still "
-                    f"paused: {NO_FILESYSTEM_PAUSE}"
-                )
+                await self._run(self._drop_memory, sbx)
             if auto_pause is not None:
                 sbx.life.auto_pause = auto_pause
             return await self._resume(sbx, time.time() + timeout)
@@ -348,16 +327,10 @@ class SandboxService:
         self, owner: str, sandbox_id: str, *, memory: bool | None = None,
         require_healthy: bool = False,
     ) -> None:  # fmt: skip
-        """Pause a running sandbox, its memory kept (Conflict for a paused one; suspended to
-        disk later: suspender.py). ``memory=False`` (a filesystem-only pause) is refused: not
-        built yet. ``require_healthy`` (E2B's strict pause): only if its agent answers its
-        health check now, else GuestUnresponsive and it keeps running."""
-        if memory is False:
-            raise Unsupported(
-                "a filesystem-only pause (memory: false, the SDK's pause(mode='filesystem')) "
-                f"was refused, the sandbox keeps running: {NO_FILESYSTEM_PAUSE}; pause without "
-                "a mode (or mode 'full')"
-            )
+        """Pause a running sandbox (Conflict for a paused one): its memory kept (suspended to
+        disk later: suspender.py), or with ``memory=False`` dropped (a filesystem-only pause:
+        its files kept, resume boots it afresh). ``require_healthy`` (E2B's strict pause): only
+        if its agent answers its health check now, else GuestUnresponsive and it keeps running."""
         async with self.lock(sandbox_id):
             sbx = await self.usable(owner, sandbox_id)
             if not sbx.running:
@@ -368,6 +341,9 @@ class SandboxService:
                     f"did not answer its health check within {HEALTH_TIMEOUT_S:g} s; it keeps "
                     "running"
                 )
+            if memory is False:
+                await self._run(self.runtime.pause_filesystem, sbx.id)
+                return
             await self._run(self.runtime.pause, sbx.id)
         if self.settings.suspend_after_s == 0 and self.suspender.enabled:
             await self.suspender.suspend(sandbox_id)
@@ -395,6 +371,11 @@ class SandboxService:
             await self._run(self.runtime.kill, sandbox_id)
         self.samples.forget(sandbox_id)
         self.failures.forget(sandbox_id)
+
+    def _drop_memory(self, sbx: Sandbox) -> None:
+        """A paused sandbox's memory (frozen or on disk) dropped before a resume: it boots."""
+        if sbx.info.suspended != "filesystem":
+            self.runtime.pause_filesystem(sbx.id)
 
     async def suspends_to_disk(self) -> bool:
         """Whether paused sandboxes are checkpointed to disk here after ``suspend_after_s``:
@@ -447,6 +428,9 @@ class SandboxService:
                 await self._kill(sbx.id)
                 return
             with contextlib.suppress(Conflict, SandboxNotFound):
+                if sbx.life.auto_pause_memory is False:  # on_timeout mode "filesystem"
+                    await self._run(self.runtime.pause_filesystem, sbx.id)
+                    return
                 await self._run(self.runtime.pause, sbx.id)
         if self.settings.suspend_after_s == 0 and self.suspender.enabled:
             await self.suspender.suspend(sandbox_id)
