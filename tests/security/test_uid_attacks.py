@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -63,8 +64,13 @@ async def _victim(make_sandbox, runtime: Runtime, name: str) -> tuple[SandboxInf
     info = await make_sandbox(workspace_id=f"uid-{name}")
     await sh(info, "umask 077; echo secret > ~/secret; echo secret > /workspace/secret; "
                    "(sleep 600 &)")  # fmt: skip
-    pid = next(p for p in runtime._cg(info.id).pids()
-               if Path(f"/proc/{p}/cmdline").read_bytes().startswith(b"sleep\0"))  # fmt: skip
+    pid = None
+    for _ in range(500):  # the subshell forks, then its child execs sleep
+        pid = next((p for p in runtime._cg(info.id).pids() if _is_sleep(p)), None)
+        if pid is not None:
+            break
+        time.sleep(0.005)
+    assert pid is not None, "the victim's sleep never started"
     return info, {
         "pid": pid,
         "home_secret": str(info.dir / "root/home/user/secret"),
@@ -72,6 +78,13 @@ async def _victim(make_sandbox, runtime: Runtime, name: str) -> tuple[SandboxInf
         "view_secret": str(info.dir / "views/0/secret"),  # as the sandbox's range sees it
         "plant": str(info.dir / "root/home/user/planted"),
     }
+
+
+def _is_sleep(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"sleep\0")
+    except OSError:
+        return False
 
 
 def _attack_as(uid: int, target: dict) -> dict[str, str]:

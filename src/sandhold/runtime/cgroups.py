@@ -8,6 +8,7 @@ being killed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import dataclass
@@ -131,9 +132,15 @@ class CgroupSet:
                     pass
         if self.v1("freezer").is_dir() and self.freezer_state() != "THAWED":
             self.thaw()  # SIGKILL is only delivered to thawed tasks
-        while self.pids():
+        while pids := self.pids():
             if time.monotonic() > deadline:
                 raise TimeoutError(f"processes of sandbox {self.name} survived SIGKILL")
+            # A process still joining the groups (a create cut short: its shell writes itself
+            # into one group after another) may be in the v1 groups and not yet in the v2 one
+            # that cgroup.kill empties: signal every one listed, again until none is left.
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, 9)
             time.sleep(0.001)
 
     def remove(self) -> None:

@@ -100,13 +100,15 @@ def mount_image(
             dev = f"/dev/loop{fcntl.ioctl(ctl, LOOP_CTL_GET_FREE)}"
             fd = os.open(dev, os.O_RDWR | os.O_CLOEXEC)
             try:
+                # Named before it is attached: a crash just after the attach still leaves the
+                # name for release() to wait on (the kernel detaches it a moment later).
+                record.write_text(os.path.basename(dev))
                 try:
                     fcntl.ioctl(fd, LOOP_CONFIGURE, _loop_config(backing, name))
                 except OSError as e:
                     if e.errno == errno.EBUSY:
                         continue  # another create took it between GET_FREE and CONFIGURE
                     raise
-                record.write_text(os.path.basename(dev))
                 if _libc.mount(dev.encode(), str(target).encode(), fstype, flags, opts) != 0:
                     err = ctypes.get_errno()
                     raise OSError(err, f"mount {name} at {target}: {os.strerror(err)}")

@@ -137,10 +137,16 @@ class WorkspaceDisk:
             image = Path((d / SOURCE).read_text())
         except FileNotFoundError:
             return
-        was_attached = images.attached(d / DEVICE, image)
-        if not images.release(d / MOUNT, d / DEVICE, image, DETACH_TIMEOUT_S) or not was_attached:
+        if not images.release(d / MOUNT, d / DEVICE, image, DETACH_TIMEOUT_S):
             return
+        # Whatever the record says (a crash can come between any two steps of an attach, a
+        # first one's image renamed or not): wait until no loop device holds the image.
         deadline = time.monotonic() + DETACH_TIMEOUT_S
+        while _held_by_a_loop_device(image, image.with_name(NEW)):
+            if time.monotonic() > deadline:
+                log.warning("the workspace image %s is still attached after its release", image)
+                return
+            time.sleep(0.001)
         while not _lock_free(image):  # the kernel closes the device's file a moment after
             if time.monotonic() > deadline:
                 log.warning("the workspace image %s is still locked after its release", image)
@@ -363,3 +369,12 @@ def _fsync_dir(path: Path) -> None:
             raise
     finally:
         os.close(fd)
+
+
+def _held_by_a_loop_device(*paths: Path) -> bool:
+    wanted = {str(p) for p in paths}
+    for backing in Path("/sys/block").glob("loop*/loop/backing_file"):
+        with contextlib.suppress(OSError):
+            if backing.read_text().strip().removesuffix(" (deleted)") in wanted:
+                return True
+    return False
