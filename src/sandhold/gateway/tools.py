@@ -28,7 +28,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sandhold.envd import ENVD_PORT, INTERPRETER_PORT
 from sandhold.envd.client import CommandOutput, EnvdClient
-from sandhold.errors import EnvdError, InvalidRequest, PayloadTooLarge, PortClosed, SandholdError
+from sandhold.errors import (
+    EnvdError,
+    InvalidRequest,
+    PayloadTooLarge,
+    PortClosed,
+    SandboxGone,
+    SandholdError,
+)
 from sandhold.gateway.deliverables import DeliverableStore
 from sandhold.gateway.errors import server_fault
 from sandhold.gateway.policy import SESSION_ID_RE, check_id
@@ -251,10 +258,18 @@ class Tools:
         result: dict[str, Any] = {}
         error: SandholdError | None = None
         try:
-            async with self.m.use(tenant_id, sid, tool, budget, policy) as lease:
-                sandbox_id = lease.sandbox_id
-                result = await self._handlers[tool](lease, args)
-            return result
+            for attempt in (1, 2):
+                try:
+                    async with self.m.use(tenant_id, sid, tool, budget, policy) as lease:
+                        sandbox_id = lease.sandbox_id
+                        result = await self._handlers[tool](lease, args)
+                    return result
+                except SandboxGone:
+                    # Refused at connect (never delivered): its sandbox died after the session
+                    # looked. Once more: this time the session sees it and gets a new one.
+                    if attempt == 2:
+                        raise
+            raise AssertionError("unreachable")
         except PortClosed as e:
             error = ProviderError(str(e))
             raise error from None
