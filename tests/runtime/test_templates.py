@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from sandhold.errors import InvalidRequest
+from sandhold.runtime.templates import debian_archive
 from tests.runtime.helpers import sh
 
-MIRROR = "http://deb.debian.org/debian"
+MIRROR = debian_archive()  # the machine's own, from its apt sources
 
 
 def test_base_template_is_curated_and_owned_by_mapped_ids(runtime):
@@ -69,3 +70,17 @@ async def test_debootstrap_template_runs_sandboxes(runtime, make_sandbox):
     make_sandbox.runtime.kill(sbx.id)
     runtime.templates.remove("bookworm-min")
     assert not Path(t.rootfs).exists()
+
+
+def test_the_debian_archive_comes_from_the_machines_apt_sources(tmp_path):
+    (tmp_path / "sources.list.d").mkdir()
+    (tmp_path / "sources.list.d" / "a.sources").write_text(
+        "Types: deb\nURIs: http://archive.example/debian-security\nSuites: x-security\n\n"
+        "Types: deb deb-src\nURIs: http://archive.example/debian\nSuites: x\n"
+    )
+    assert debian_archive(tmp_path) == "http://archive.example/debian"
+    (tmp_path / "sources.list.d" / "a.sources").unlink()
+    (tmp_path / "sources.list").write_text(
+        "# a comment\ndeb [arch=amd64] http://archive.example/d x main\n"
+    )
+    assert debian_archive(tmp_path) == "http://archive.example/d"

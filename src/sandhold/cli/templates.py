@@ -36,7 +36,9 @@ def template_build(
     rootfs: Annotated[
         Path | None, typer.Option(help="Import this root filesystem directory")
     ] = None,
-    mirror: str = "http://deb.debian.org/debian",
+    mirror: Annotated[
+        str | None, typer.Option(help="Debian archive URI (default: this machine's apt sources')")
+    ] = None,
 ) -> None:
     """Build a template: a shipped one (`base`, `code-interpreter-v1`), from debootstrap, or
     from a root filesystem directory."""

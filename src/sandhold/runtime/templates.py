@@ -77,6 +77,30 @@ class Template:
         return cls(**d)  # type: ignore[arg-type]
 
 
+def debian_archive(sources_dir: Path = Path("/etc/apt")) -> str:
+    """The Debian archive this machine installs from (its apt sources' first ``deb`` URI),
+    so no mirror's name is written here."""
+    for f in sorted((sources_dir / "sources.list.d").glob("*.sources")):
+        for stanza in f.read_text().split("\n\n"):
+            fields = dict(
+                line.split(":", 1) for line in stanza.splitlines()
+                if ":" in line and not line.startswith("#")
+            )  # fmt: skip
+            if "deb" in fields.get("Types", "").split() and fields.get("URIs", "").strip():
+                uri = fields["URIs"].split()[0]
+                if "security" not in uri:
+                    return uri
+    listed = sources_dir / "sources.list"
+    if listed.exists():
+        for line in listed.read_text().splitlines():
+            parts = line.split()
+            if parts[:1] == ["deb"]:
+                parts = [p for p in parts[1:] if not p.startswith("[")]
+                if parts and "security" not in parts[0]:
+                    return parts[0]
+    raise HostUnsupported("no Debian archive in this machine's apt sources (/etc/apt)")
+
+
 def _passwd(uid_home: dict[str, tuple[int, str]]) -> str:
     lines = []
     for name, (uid, home) in uid_home.items():
@@ -285,11 +309,12 @@ class TemplateStore:
         self,
         name: str,
         suite: str = "bookworm",
-        mirror: str = "http://deb.debian.org/debian",
+        mirror: str | None = None,
         include: tuple[str, ...] = ("python3", "ca-certificates", "procps", "less", "curl"),
     ) -> Template:
         if shutil.which("debootstrap") is None:
             raise HostUnsupported("debootstrap is not installed (apt-get install debootstrap)")
+        mirror = mirror or debian_archive()
         work = Path(tempfile.mkdtemp(dir=self.root, prefix=f".debootstrap-{name}-"))
         try:
             target = work / "rootfs"
