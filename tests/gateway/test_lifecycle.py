@@ -11,6 +11,7 @@ import os
 import signal
 import sqlite3
 from collections.abc import Callable
+from typing import Any
 
 import httpx
 import pytest
@@ -94,9 +95,15 @@ def test_a_failed_sandbox_is_recorded_as_failed(
         first = sandbox(gw, s)["id"]
         rt = gw.server.runtime() if gw.server else Runtime(Settings(data_dir=gw.data_dir))
         os.kill(rt.get(first).init_pid, signal.SIGKILL)
-        wait_for(lambda: sandbox(gw, s) is None)  # the reclaimer runs every 0.5 s
-        events = c.get(f"/v1/sessions/{s}/timeline").json()["events"]
-        mine = [e for e in events if e.get("sandbox_id") == first and e["kind"] != "tool_call"]
+
+        def of_first() -> list[dict[str, Any]]:
+            events = c.get(f"/v1/sessions/{s}/timeline").json()["events"]
+            return [e for e in events if e.get("sandbox_id") == first and e["kind"] != "tool_call"]
+
+        # The reclaimer runs every 0.5 s; its record follows the kill's return (the status
+        # shows no sandbox as soon as the kill has begun).
+        wait_for(lambda: any(e["kind"] == "sandbox_reclaimed" for e in of_first()))
+        mine = events = of_first()
         assert [e["kind"] for e in mine] == [
             "sandbox_created",
             "sandbox_failed",
