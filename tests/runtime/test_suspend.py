@@ -191,3 +191,17 @@ async def test_reads_during_a_suspend_never_judge_it_failed(make_sandbox, runtim
         reader.join()
     assert "failed" not in seen and runtime.get(info.id).suspended == "disk"
     assert runtime.resume(info.id).state == "running"
+
+
+async def test_a_process_holding_a_tcp_socket_suspends_and_resumes(make_sandbox, runtime):
+    """A server inside (one thread): CRIU 4.1.1 as released fails to dump any TCP socket on
+    Linux >= 6.16 (scripts/criu/0002-socket-opts-eopnotsupp.patch)."""
+    info = await make_sandbox()
+    serve = "python3 -m http.server 8000 --bind 127.0.0.1 -d /home/user </dev/null >/dev/null"
+    get = "curl -sf localhost:8000/page"
+    await sh(info, f"({serve} 2>&1 &); echo served > /home/user/page; "
+                   f"for i in $(seq 100); do {get} && break; sleep 0.05; done")  # fmt: skip
+    runtime.suspend(info.id)
+    restored = runtime.resume(info.id)
+    r = await sh(restored, "curl -sf localhost:8000/page")
+    assert r.text == "served\n", r.text
