@@ -133,9 +133,13 @@ def dump(criu: Path, d: Path, init_pid: int, images: Path | None = None, *,
     return images
 
 
-def restore(criu: Path, d: Path, cgroup_procs: list[str], host_uid: int) -> int:
+def restore(criu: Path, d: Path, cgroup_procs: list[str], host_uid: int,
+            own: bool = True) -> int:  # fmt: skip
     """Recreate the tree from ``d/checkpoint`` over ``d/root``, in the given cgroups, in the
-    uid range at ``host_uid``; returns its init's pid."""
+    uid range at ``host_uid``; returns its init's pid. ``own``: the images are this sandbox's
+    (a suspend), so the groups they name are its own: CRIU puts every task, threads too, back
+    in them. A fork's or snapshot's name another sandbox's: the tasks stay in CRIU's (ours),
+    which CRIU 4.1.1 does for single-threaded processes only."""
     images = d / IMAGES
     remap_userns(images, host_uid)
     # The restored tasks read their images after taking the sandbox's ids: the files become
@@ -156,8 +160,8 @@ def restore(criu: Path, d: Path, cgroup_procs: list[str], host_uid: int) -> int:
     r = subprocess.run(
         ["/bin/sh", "-c", JOIN_AND_EXEC, "sh", *cgroup_procs, "--",
          str(criu), "restore", "-D", str(images), "-d", "-o", "restore.log",
-         "--root", str(d / "root"), "--manage-cgroups=ignore", "--pidfile", str(pidfile),
-         *COMMON, *maps],
+         "--root", str(d / "root"), f"--manage-cgroups={'none' if own else 'ignore'}",
+         "--pidfile", str(pidfile), *COMMON, *maps],
         capture_output=True, text=True, start_new_session=True,
     )  # fmt: skip
     if r.returncode != 0:

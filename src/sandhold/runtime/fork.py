@@ -93,7 +93,7 @@ def start(
         host_uid = rt._prepare_root(d, spec, template, layer_image=taken / disk.IMAGE)
         shutil.copytree(taken / checkpoint.IMAGES, d / checkpoint.IMAGES)
         procs = [str(x / "cgroup.procs") for x in rt._cg(sandbox_id).dirs()]
-        pid = checkpoint.restore(criu, d, procs, host_uid)
+        pid = checkpoint.restore(criu, d, procs, host_uid, own=False)
         hand_back(d, pid)
         info = SandboxInfo(
             id=sandbox_id, template=template_name, state="running", spec=spec,
