@@ -9,22 +9,8 @@ import time
 import pytest
 
 from sandhold.errors import InvalidRequest, Unsupported
-from sandhold.runtime.criu import criu_status
-from sandhold.runtime.runtime import Runtime
 from tests.runtime.helpers import sh
-from tests.runtime.test_suspend import COUNTER
-
-
-@pytest.fixture(autouse=True)
-def _criu(runtime: Runtime) -> None:
-    ok, detail = criu_status(runtime.settings.criu_path)
-    if not ok:
-        pytest.skip(f"CRIU unusable here: {detail}")
-
-
-async def _state(info) -> tuple[int, str]:
-    n, secret = (await sh(info, "cat /tmp/state")).text.split()
-    return int(n), secret
+from tests.runtime.test_suspend import COUNTER, _criu, _state  # noqa: F401 (_criu: autouse)
 
 
 async def test_forks_carry_the_memory_and_share_nothing(make_sandbox, runtime):

@@ -12,12 +12,7 @@ from sandhold.runtime.criu import criu_status
 from sandhold.runtime.runtime import Runtime
 from sandhold.runtime.snapshots import SnapshotStore
 from tests.runtime.helpers import sh
-from tests.runtime.test_suspend import COUNTER
-
-
-async def _state(info) -> tuple[int, str]:
-    n, secret = (await sh(info, "cat /tmp/state")).text.split()
-    return int(n), secret
+from tests.runtime.test_suspend import COUNTER, _state
 
 
 async def test_a_full_snapshot_outlives_its_source_and_restores_memory(
