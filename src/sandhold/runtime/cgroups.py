@@ -84,6 +84,10 @@ class CgroupSet:
             with open(d / "cgroup.procs", "w") as f:
                 f.write(str(pid))
 
+    def procs_files(self) -> list[str]:
+        """Its ``cgroup.procs`` in every hierarchy: what a process joining it writes itself to."""
+        return [str(d / "cgroup.procs") for d in self.dirs()]
+
     def pids(self) -> list[int]:
         try:
             text = _read(self.v1("pids") / "cgroup.procs")

@@ -92,7 +92,7 @@ def start(
     try:
         host_uid = rt._prepare_root(d, spec, template, layer_image=taken / disk.IMAGE)
         shutil.copytree(taken / checkpoint.IMAGES, d / checkpoint.IMAGES)
-        procs = [str(x / "cgroup.procs") for x in rt._cg(sandbox_id).dirs()]
+        procs = rt._cg(sandbox_id).procs_files()
         pid = checkpoint.restore(criu, d, procs, host_uid, own=False)
         hand_back(d, pid)
         info = SandboxInfo(

@@ -122,7 +122,7 @@ def mount_image(
         os.close(ctl)
 
 
-def _backing(path: Path) -> str | None:
+def backing(path: Path) -> str | None:
     try:
         return path.read_text().strip().removesuffix(" (deleted)")
     except OSError:
@@ -135,7 +135,7 @@ def attached(record: Path, image: Path) -> bool:
         name = record.read_text().strip()
     except FileNotFoundError:
         return False
-    return _backing(Path(f"/sys/block/{name}/loop/backing_file")) == str(image)
+    return backing(Path(f"/sys/block/{name}/loop/backing_file")) == str(image)
 
 
 def release(target: Path, record: Path, image: Path, timeout_s: float = DETACH_TIMEOUT_S) -> bool:
@@ -150,9 +150,9 @@ def release(target: Path, record: Path, image: Path, timeout_s: float = DETACH_T
         return True
     if not name.startswith("loop") or not name[4:].isdigit():
         return True
-    backing = Path(f"/sys/block/{name}/loop/backing_file")
+    record_file = Path(f"/sys/block/{name}/loop/backing_file")
     deadline = time.monotonic() + timeout_s
-    while _backing(backing) == str(image):  # another image there: the device was reused
+    while backing(record_file) == str(image):  # another image there: the device was reused
         if time.monotonic() > deadline:
             log.warning("loop device %s of %s is still attached", name, image)
             return False

@@ -128,7 +128,7 @@ def restore(rt: Runtime, d: Path, info: SandboxInfo) -> None:
         cg.create(limits.memory_mb, limits.cpu, limits.pids)
     if cg.freezer_state() != "THAWED":
         cg.thaw()  # whatever froze it: what joins a frozen group stops there
-    procs = [str(x / "cgroup.procs") for x in cg.dirs()]
+    procs = cg.procs_files()
     assert info.host_uid is not None
     try:
         pid = checkpoint.restore(criu, d, procs, info.host_uid)

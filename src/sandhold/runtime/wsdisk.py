@@ -373,8 +373,5 @@ def _fsync_dir(path: Path) -> None:
 
 def _held_by_a_loop_device(*paths: Path) -> bool:
     wanted = {str(p) for p in paths}
-    for backing in Path("/sys/block").glob("loop*/loop/backing_file"):
-        with contextlib.suppress(OSError):
-            if backing.read_text().strip().removesuffix(" (deleted)") in wanted:
-                return True
-    return False
+    return any(images.backing(f) in wanted
+               for f in Path("/sys/block").glob("loop*/loop/backing_file"))  # fmt: skip
