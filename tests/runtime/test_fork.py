@@ -10,7 +10,13 @@ import pytest
 
 from sandhold.errors import InvalidRequest, Unsupported
 from tests.runtime.helpers import sh
-from tests.runtime.test_suspend import COUNTER, _criu, _state  # noqa: F401 (_criu: autouse)
+from tests.runtime.test_suspend import (  # noqa: F401 (_criu: autouse)
+    COUNTER,
+    THREADS,
+    _criu,
+    _state,
+    assert_ticking,
+)
 
 
 async def test_forks_carry_the_memory_and_share_nothing(make_sandbox, runtime):
@@ -39,6 +45,17 @@ async def test_forks_carry_the_memory_and_share_nothing(make_sandbox, runtime):
     # Killing the source leaves the forks alone.
     runtime.kill(source.id)
     assert (await _state(forks[1]))[1] == secret
+
+
+async def test_a_multi_threaded_process_forks(make_sandbox, runtime):
+    """The interpreter's kernel has threads: each fork's land in the fork's own cgroups."""
+    source = await make_sandbox()
+    await sh(source, THREADS)
+    forks = runtime.fork(source.id, [{}, {}])
+    make_sandbox.created += [f.id for f in forks if not isinstance(f, Exception)]
+    assert all(not isinstance(f, Exception) for f in forks), forks
+    for info in (source, *forks):
+        await assert_ticking(runtime, info)
 
 
 async def test_what_cannot_be_forked_is_refused_and_nothing_made(make_sandbox, runtime):

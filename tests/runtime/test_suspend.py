@@ -211,17 +211,25 @@ async def test_a_process_holding_a_tcp_socket_suspends_and_resumes(make_sandbox,
 async def test_a_multi_threaded_process_suspends_and_resumes(make_sandbox, runtime):
     """Threads are restored into the sandbox's cgroups too (the interpreter's kernel has them)."""
     info = await make_sandbox()
-    threads = (
-        "import threading, time\nn = [0]\ndef tick():\n    while True:\n"
-        "        n[0] += 1; time.sleep(0.01)\nthreading.Thread(target=tick, daemon=True).start()\n"
-        "while True:\n    open('/tmp/ticks', 'w').write(str(n[0])); time.sleep(0.02)\n"
-    )
-    await sh(info, f'(python3 -c "{threads}" </dev/null >/dev/null 2>&1 &); sleep 0.3')
+    await sh(info, THREADS)
     runtime.suspend(info.id)
-    restored = runtime.resume(info.id)
+    await assert_ticking(runtime, runtime.resume(info.id))
+
+
+# A process with a thread that ticks a counter its main thread writes to /tmp/ticks.
+THREADS = (
+    "(python3 -c \"import threading, time\nn = [0]\ndef tick():\n    while True:\n"
+    "        n[0] += 1; time.sleep(0.01)\nthreading.Thread(target=tick, daemon=True).start()\n"
+    "while True:\n    open('/tmp/ticks', 'w').write(str(n[0])); time.sleep(0.02)\n\" "
+    "</dev/null >/dev/null 2>&1 &); sleep 0.3"
+)
+
+
+async def assert_ticking(runtime, info) -> None:
+    """THREADS' thread carries on in ``info``, in that sandbox's own cgroups."""
     ticks = "cat /tmp/ticks"
-    r = await sh(restored, f"a=$({ticks}); sleep 0.3; b=$({ticks}); [ $b -gt $a ] && echo ticking")
+    r = await sh(info, f"a=$({ticks}); sleep 0.3; b=$({ticks}); [ $b -gt $a ] && echo ticking")
     assert r.text.strip() == "ticking", r.text
     mine = set(runtime._cg(info.id).pids())
     tasks = {int(t) for p in mine for t in os.listdir(f"/proc/{p}/task")}
-    assert len(tasks) > len(mine)  # its thread is back, in the sandbox's groups
+    assert len(tasks) > len(mine)  # its thread is there, in the sandbox's groups

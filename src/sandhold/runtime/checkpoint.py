@@ -138,8 +138,8 @@ def restore(criu: Path, d: Path, cgroup_procs: list[str], host_uid: int,
     """Recreate the tree from ``d/checkpoint`` over ``d/root``, in the given cgroups, in the
     uid range at ``host_uid``; returns its init's pid. ``own``: the images are this sandbox's
     (a suspend), so the groups they name are its own: CRIU puts every task, threads too, back
-    in them. A fork's or snapshot's name another sandbox's: the tasks stay in CRIU's (ours),
-    which CRIU 4.1.1 does for single-threaded processes only."""
+    in them. A fork's or snapshot's name another sandbox's: the tasks, threads too (our third
+    CRIU patch), stay in CRIU's, which are the new sandbox's."""
     images = d / IMAGES
     remap_userns(images, host_uid)
     # The restored tasks read their images after taking the sandbox's ids: the files become
