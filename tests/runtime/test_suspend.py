@@ -233,3 +233,18 @@ async def assert_ticking(runtime, info) -> None:
     mine = set(runtime._cg(info.id).pids())
     tasks = {int(t) for p in mine for t in os.listdir(f"/proc/{p}/task")}
     assert len(tasks) > len(mine)  # its thread is there, in the sandbox's groups
+
+
+async def test_a_dump_past_its_timeout_is_killed_and_loses_nothing(make_sandbox, runtime,
+                                                                   monkeypatch):  # fmt: skip
+    info = await _counting(make_sandbox)
+    monkeypatch.setattr(runtime.settings, "criu_timeout_s", 0.001)
+    with pytest.raises(CheckpointFailed, match=r"criu dump did not finish in 0\.001 s"):
+        runtime.suspend(info.id)
+    monkeypatch.undo()
+    got = runtime.get(info.id)
+    assert got.state == "running" and got.suspended is None
+    n0, secret = await _state(info)
+    time.sleep(0.1)
+    n1, secret1 = await _state(info)
+    assert secret1 == secret and n1 > n0  # handed its socket back; its processes ran on

@@ -85,6 +85,12 @@ class RuntimeSettings(CreateLimits, Layer):
         description="The CRIU binary (>= 4.1) for checkpoints; scripts/install.sh builds it "
         "there. Missing or failing `criu check`: checkpoints are unavailable, pause still works.",
     )
+    criu_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        description="How long one `criu dump` or `criu restore` may take before it is killed "
+        "and the checkpoint fails (the sandbox is left as a failed dump or restore leaves it).",
+    )
 
     # -- the disk budget of a sandbox's writable layer (runtime/disk.py) --
     disk_enforced: bool = Field(

@@ -18,6 +18,7 @@ import socket
 import struct
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from sandhold.errors import CheckpointFailed
@@ -39,6 +40,22 @@ IRMAP = ["--force-irmap", "--irmap-scan-path", "/home", "--irmap-scan-path", "/w
 # /proc files, gone with it: the dump names them, the restore covers them with host files.
 COVERS = {f"/proc/1/{sub}{name}": f"{sub.replace('/', '-')}{name}"
           for sub in ("", "task/1/") for name in ("oom_score_adj", "oom_adj")}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Criu:
+    path: Path
+    timeout_s: float  # per dump or restore: killed past it (settings' criu_timeout_s)
+
+    def run(self, argv: list[str], what: str, logfile: Path, **kw: object) -> None:
+        try:
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=self.timeout_s,
+                               **kw)  # type: ignore[call-overload]  # fmt: skip
+        except subprocess.TimeoutExpired:
+            raise CheckpointFailed(f"criu {what} did not finish in {self.timeout_s:g} s (killed; "
+                                   f"criu_timeout_s): {_errors(logfile)}") from None  # fmt: skip
+        if r.returncode != 0:
+            raise CheckpointFailed(f"criu {what} failed: {_errors(logfile)}")
 
 
 def quiesce(agent_socket: Path, init_pid: int, timeout: float = 5.0) -> None:
@@ -113,7 +130,7 @@ def _views(d: Path) -> dict[str, tuple[str, str]]:
     return out
 
 
-def dump(criu: Path, d: Path, init_pid: int, images: Path | None = None, *,
+def dump(criu: Criu, d: Path, init_pid: int, images: Path | None = None, *,
          freezer: Path | None = None) -> Path:  # fmt: skip
     """Checkpoint the tree of ``init_pid`` into ``images`` (``d/checkpoint``). The tree ends;
     with ``freezer`` (its frozen freezer cgroup) it stays, frozen."""
@@ -122,18 +139,16 @@ def dump(criu: Path, d: Path, init_pid: int, images: Path | None = None, *,
     _set_pings(init_pid)
     named = {**COVERS, HANDOFF_AT: HANDOFF, **{m: k for m, (k, _v) in _views(d).items()}}
     keep = ["--freeze-cgroup", str(freezer), "--leave-running"] if freezer else []
-    r = subprocess.run(
-        [str(criu), "dump", "-t", str(init_pid), "-D", str(images), "-o", "dump.log",
+    criu.run(
+        [str(criu.path), "dump", "-t", str(init_pid), "-D", str(images), "-o", "dump.log",
          "--enable-external-sharing", "--enable-external-masters", *IRMAP, *COMMON, *keep,
          *(a for m, k in named.items() for a in ("--ext-mount-map", f"{m}:{k}"))],
-        capture_output=True, text=True,
+        "dump", images / "dump.log",
     )  # fmt: skip
-    if r.returncode != 0:
-        raise CheckpointFailed(f"criu dump failed: {_errors(images / 'dump.log')}")
     return images
 
 
-def restore(criu: Path, d: Path, cgroup_procs: list[str], host_uid: int,
+def restore(criu: Criu, d: Path, cgroup_procs: list[str], host_uid: int,
             own: bool = True) -> int:  # fmt: skip
     """Recreate the tree from ``d/checkpoint`` over ``d/root``, in the given cgroups, in the
     uid range at ``host_uid``; returns its init's pid. ``own``: the images are this sandbox's
@@ -157,15 +172,13 @@ def restore(criu: Path, d: Path, cgroup_procs: list[str], host_uid: int,
         maps += ["--ext-mount-map", f"{key}:{view}"]
     pidfile = images / "restored.pid"
     pidfile.unlink(missing_ok=True)
-    r = subprocess.run(
+    criu.run(
         ["/bin/sh", "-c", JOIN_AND_EXEC, "sh", *cgroup_procs, "--",
-         str(criu), "restore", "-D", str(images), "-d", "-o", "restore.log",
+         str(criu.path), "restore", "-D", str(images), "-d", "-o", "restore.log",
          "--root", str(d / "root"), f"--manage-cgroups={'none' if own else 'ignore'}",
          "--pidfile", str(pidfile), *COMMON, *maps],
-        capture_output=True, text=True, start_new_session=True,
+        "restore", images / "restore.log", start_new_session=True,
     )  # fmt: skip
-    if r.returncode != 0:
-        raise CheckpointFailed(f"criu restore failed: {_errors(images / 'restore.log')}")
     return int(pidfile.read_text())
 
 

@@ -31,11 +31,11 @@ DISK = "disk"
 FILESYSTEM = "filesystem"  # no memory kept: resume boots afresh over the files
 
 
-def criu_path(rt: Runtime) -> Path:
+def criu_path(rt: Runtime) -> checkpoint.Criu:
     ok, detail = criu_status(rt.settings.criu_path)
     if not ok:
         raise HostUnsupported(f"suspending to disk needs CRIU >= 4.1: {detail}; {FIX}")
-    return rt.settings.criu_path
+    return checkpoint.Criu(rt.settings.criu_path, rt.settings.criu_timeout_s)
 
 
 def suspend(rt: Runtime, sandbox_id: str) -> SandboxInfo:
