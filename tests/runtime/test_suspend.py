@@ -218,7 +218,7 @@ async def test_a_multi_threaded_process_suspends_and_resumes(make_sandbox, runti
 
 # A process with a thread that ticks a counter its main thread writes to /tmp/ticks.
 THREADS = (
-    "(python3 -c \"import threading, time\nn = [0]\ndef tick():\n    while True:\n"
+    '(python3 -c "import threading, time\nn = [0]\ndef tick():\n    while True:\n'
     "        n[0] += 1; time.sleep(0.01)\nthreading.Thread(target=tick, daemon=True).start()\n"
     "while True:\n    open('/tmp/ticks', 'w').write(str(n[0])); time.sleep(0.02)\n\" "
     "</dev/null >/dev/null 2>&1 &); sleep 0.3"

@@ -85,6 +85,11 @@ class RuntimeSettings(CreateLimits, Layer):
         description="The CRIU binary (>= 4.1) for checkpoints; scripts/install.sh builds it "
         "there. Missing or failing `criu check`: checkpoints are unavailable, pause still works.",
     )
+    warm_templates: bool = Field(
+        True,
+        description="Start sandboxes of templates that start warm (code-interpreter-v1) from a "
+        "checkpoint of a started one (runtime/warm.py, needs CRIU); off: they always boot.",
+    )
     criu_timeout_s: float = Field(
         300.0,
         gt=0,

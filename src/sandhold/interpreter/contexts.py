@@ -73,11 +73,18 @@ class Context(ABC):
         self.id = context_id
         self.cwd = cwd
         self.env = env
+        self.pending_env: dict[str, str] = {}
         self.lock = asyncio.Lock()
         self._ready: asyncio.Task[None] | None = None
         # Bumped whenever the interpreter is replaced; a job watching an older generation knows
         # its interpreter is gone on purpose.
         self.generation = 0
+
+    def set_env(self, env: dict[str, str]) -> None:
+        """Replace the environment the interpreter starts with; one already running takes what
+        changed before its next execution (``pending_env``, for interpreters that can)."""
+        self.pending_env.update({k: v for k, v in env.items() if self.env.get(k) != v})
+        self.env = dict(env)
 
     def info(self) -> dict[str, str]:
         return {"id": self.id, "language": self.language, "cwd": self.cwd}
@@ -179,6 +186,9 @@ class Context(ABC):
     def _alive(self) -> bool: ...
 
 
+ENV_PATH = "/sandhold/env"  # where the agent posts the sandbox's env after a warm start
+READY_PATH = "/sandhold/ready"  # answers once the default kernel runs
+
 # The directory holding our own `sandhold` package (/opt/sandhold/interpreter in a sandbox).
 CODE_ROOT = str(Path(__file__).resolve().parents[2])
 
@@ -207,6 +217,14 @@ class ContextManager:
         ctx = self.factories[language](str(uuid.uuid4()), cwd, child_env())
         self.contexts[ctx.id] = ctx
         return ctx
+
+    def set_env(self, env: dict[str, str]) -> None:
+        """The sandbox's env changed (a warm start): contexts made from now on get it, and so
+        do the ones already made, their running interpreter before its next execution."""
+        os.environ.update(env)
+        fresh = child_env()
+        for ctx in self.contexts.values():
+            ctx.set_env(fresh)
 
     def start_defaults(self, eager: tuple[str, ...] = ("python",)) -> None:
         """Default Python and JavaScript contexts exist from the start; the ones in ``eager``

@@ -118,6 +118,7 @@ class PythonContext(Context):
             ip=os.path.join(self._runtime_dir.name, "kernel"),
         )
         km.connection_file = os.path.join(self._runtime_dir.name, "kernel.json")
+        self.pending_env = {}  # (a new kernel starts with self.env)
         env = dict(self.env)
         # The inline backend turns figures into display_data (PNG + our e2b/chart) at the end
         # of each cell; scripts in the sandbox keep the template's Agg.
@@ -202,6 +203,11 @@ class PythonContext(Context):
     async def _run(self, job: Job) -> None:
         if self.kc is None:  # restarted between our start check and now
             await self.ensure_started()
+        if self.pending_env:  # (the kernel's own MPLBACKEND stays: see _start)
+            changed = {k: v for k, v in self.pending_env.items() if k != "MPLBACKEND"}
+            self.pending_env = {}
+            if changed:
+                await self._silent(f"__import__('os').environ.update({changed!r})")
         if job.env_vars:
             await self._silent(f"__import__('_sandhold').push_env({job.env_vars!r})")
         generation = self.generation

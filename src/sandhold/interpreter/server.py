@@ -30,6 +30,8 @@ from starlette.routing import Route
 from sandhold.interpreter import outputs
 from sandhold.interpreter.bash_context import BashContext
 from sandhold.interpreter.contexts import (
+    ENV_PATH,
+    READY_PATH,
     Context,
     ContextError,
     ContextManager,
@@ -189,7 +191,33 @@ async def restart_context(request: Request) -> Response:
     return Response(status_code=204)
 
 
+async def set_env(request: Request) -> Response:
+    """The sandbox's env, from the agent after a warm start (the service and its default
+    kernel were started from the template's checkpoint, before the sandbox had one)."""
+    try:
+        body = await request.json()
+    except ValueError:
+        return _error(400, "the body must be JSON")
+    env = body.get("env") if isinstance(body, dict) else None
+    if not isinstance(env, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+    ):
+        return _error(400, "'env' must map variable names to string values")
+    _manager(request).set_env(env)
+    return Response(status_code=204)
+
+
 async def health(request: Request) -> Response:
+    return JSONResponse("OK")
+
+
+async def ready(request: Request) -> Response:
+    """Answers once the default Python kernel has started (what a warm template waits for
+    before its checkpoint is taken)."""
+    try:
+        await _manager(request).default_for("python").ensure_started()
+    except Exception as e:
+        return _error(503, f"the default Python kernel did not start: {e}")
     return JSONResponse("OK")
 
 
@@ -210,6 +238,8 @@ def create_app(
 
     routes = [
         Route("/health", health, methods=["GET"]),
+        Route(READY_PATH, ready, methods=["GET"]),
+        Route(ENV_PATH, set_env, methods=["POST"]),
         Route("/execute", execute, methods=["POST"]),
         Route("/contexts", create_context, methods=["POST"]),
         Route("/contexts", list_contexts, methods=["GET"]),

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from sandhold.envd import INTERPRETER_PORT
 from sandhold.errors import HostUnsupported, TemplateBuildFailed
+from sandhold.interpreter.contexts import ENV_PATH, READY_PATH
 from sandhold.interpreter.packages import PACKAGES
 from sandhold.runtime.templates import (
     DEFAULT_PATH,
@@ -62,6 +63,8 @@ SERVICE: dict[str, object] = {
     "user": "user",
     "cwd": "/home/user",
     "port": SERVICE_PORT,
+    "ready_path": READY_PATH,  # a warm template's checkpoint is taken once it answers
+    "env_path": ENV_PATH,  # the sandbox's env, after a warm start (agent/supervisor.py)
 }
 
 # Source files of this package that run inside the sandbox (template.py itself does not).
@@ -304,6 +307,7 @@ def build_code_interpreter_template(
                 ro_binds=list(base.ro_binds),
                 services=[SERVICE],
                 created_at=time.time(),
+                warm=True,
             )
             staged = staging_root / name
             (staged / "template.json").write_text(json.dumps(tpl.to_json(), indent=2))

@@ -25,6 +25,25 @@ if TYPE_CHECKING:
     from sandhold.runtime.runtime import Runtime
 
 
+def agent_config(spec: SandboxSpec, template: Template, env: dict[str, str],
+                 binds: list[tuple[str, str, bool]]) -> dict[str, object]:  # fmt: skip
+    """The agent's configuration (``run/agent.json``) for a sandbox of ``spec``; a warm start
+    hands it to the agent restored from the template's checkpoint (warm.py)."""
+    return {
+        "socket": "/run/sandhold/agent.sock",
+        "default_user": spec.user or template.user,
+        "default_workdir": spec.workdir or template.workdir,
+        "env": env,
+        "envd_version": ENVD_VERSION,
+        "services": template.services,
+        "file_view": {
+            **spec.file_view.model_dump(),
+            "read_only": [dst for _src, dst, ro in binds if ro]
+            + [dst for _src, dst in template.ro_binds],
+        },
+    }
+
+
 def boot(
     rt: Runtime, d: Path, spec: SandboxSpec, template: Template, host_uid: int
 ) -> tuple[subprocess.Popen[bytes], int, Path | None, SandboxSpec]:
@@ -58,21 +77,8 @@ def boot(
             rt.egress.sync()  # the sandbox's socket listens before the sandbox starts
             egress_env, egress_agent = egress_sandbox_env(), egress_agent_config()
         env = {**template.env, **egress_env, **spec.env}
-        agent_cfg = {
-            "socket": "/run/sandhold/agent.sock",
-            "default_user": spec.user or template.user,
-            "default_workdir": spec.workdir or template.workdir,
-            "env": env,
-            "ready_fd": ready_w,
-            "envd_version": ENVD_VERSION,
-            "services": template.services,
-            "egress": egress_agent,
-            "file_view": {
-                **spec.file_view.model_dump(),
-                "read_only": [dst for _src, dst, ro in binds if ro]
-                + [dst for _src, dst in template.ro_binds],
-            },
-        }
+        agent_cfg = agent_config(spec, template, env, binds)
+        agent_cfg.update(ready_fd=ready_w, egress=egress_agent)
         (run_dir / "agent.json").write_text(json.dumps(agent_cfg))
         launch = Launch(
             root=root,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import array
 import contextlib
 import os
+import shutil
 import socket
 import struct
 import subprocess
@@ -87,8 +88,9 @@ def _quiet(agent_socket: Path, init_pid: int) -> bool:
 
 
 def handoff(d: Path, agent_pid: int, listener: socket.socket, log_fd: int,
-            timeout: float = 10.0) -> None:  # fmt: skip
-    """Hand the agent (host pid ``agent_pid``) its new listening socket and log file."""
+            config_fd: int | None = None, timeout: float = 10.0) -> None:  # fmt: skip
+    """Hand the agent (host pid ``agent_pid``) its new listening socket and log file and,
+    for a warm start, its own configuration; returns once it has taken them."""
     path = d / HANDOFF / "agent.sock"
     path.unlink(missing_ok=True)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as srv:
@@ -104,7 +106,13 @@ def handoff(d: Path, agent_pid: int, listener: socket.socket, log_fd: int,
                     if struct.unpack("3i", creds)[0] != agent_pid:
                         continue  # someone else inside the sandbox
                     fds = array.array("i", [listener.fileno(), log_fd])
+                    if config_fd is not None:
+                        fds.append(config_fd)
                     conn.sendmsg([b"x"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+                    conn.settimeout(timeout)
+                    ack = conn.recv(1)  # (nothing: an agent from before acknowledgements)
+                    if ack == b"0" or (config_fd is not None and ack != b"1"):
+                        raise CheckpointFailed("the agent could not take its new configuration")
                     return
         except TimeoutError:
             raise CheckpointFailed("the agent did not take its socket back in time") from None
@@ -158,9 +166,11 @@ def restore(criu: Criu, d: Path, cgroup_procs: list[str], host_uid: int,
     images = d / IMAGES
     remap_userns(images, host_uid)
     # The restored tasks read their images after taking the sandbox's ids: the files become
-    # its root's (0600), in a directory it may search but not list.
+    # its root's (0600), in a directory it may search but not list. (Hard links are shared
+    # read-only pages: copy_images.)
     for f in images.iterdir():
-        os.chown(f, host_uid, host_uid)
+        if f.stat().st_nlink == 1:
+            os.chown(f, host_uid, host_uid)
     images.chmod(0o711)
     covers = d / "covers"
     covers.mkdir(exist_ok=True)
@@ -180,6 +190,17 @@ def restore(criu: Criu, d: Path, cgroup_procs: list[str], host_uid: int,
         "restore", images / "restore.log", start_new_session=True,
     )  # fmt: skip
     return int(pidfile.read_text())
+
+
+def copy_images(src: Path, dst: Path) -> None:
+    """Copy a checkpoint's images for a new sandbox; read-only ones (0444: a warm template's
+    memory pages, restored by many) are hard-linked instead."""
+    dst.mkdir(mode=0o700)
+    for f in src.iterdir():
+        if f.stat().st_mode & 0o777 == 0o444:
+            os.link(f, dst / f.name)
+        else:
+            shutil.copy2(f, dst / f.name)
 
 
 def _errors(logfile: Path) -> str:

@@ -16,6 +16,7 @@ disk budget (no layer image to copy), or not running.
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import shutil
 import tempfile
@@ -81,9 +82,11 @@ def checkpoint_in_place(rt: Runtime, info: SandboxInfo, into: Path, memory: bool
 
 
 def start(
-    rt: Runtime, spec: SandboxSpec, template_name: str, taken: Path, extra: dict[str, object]
-) -> SandboxInfo:
-    """A new sandbox restored from what ``checkpoint_in_place`` took into ``taken``."""
+    rt: Runtime, spec: SandboxSpec, template_name: str, taken: Path, extra: dict[str, object],
+    started_from: str = "fork", config: dict[str, object] | None = None,
+) -> SandboxInfo:  # fmt: skip
+    """A new sandbox restored from what ``checkpoint_in_place`` took into ``taken``; with
+    ``config``, its agent is handed that configuration (a warm start's: warm.py)."""
     criu = criu_path(rt)
     template = rt.templates.get(template_name)
     sandbox_id = new_sandbox_id()
@@ -91,14 +94,16 @@ def start(
     claim = reconciling.claim(d)
     try:
         host_uid = rt._prepare_root(d, spec, template, layer_image=taken / disk.IMAGE)
-        shutil.copytree(taken / checkpoint.IMAGES, d / checkpoint.IMAGES)
+        checkpoint.copy_images(taken / checkpoint.IMAGES, d / checkpoint.IMAGES)
+        if config is not None:
+            (d / "run" / "agent.json").write_text(json.dumps(config))
         procs = rt._cg(sandbox_id).procs_files()
         pid = checkpoint.restore(criu, d, procs, host_uid, own=False)
-        hand_back(d, pid)
+        hand_back(d, pid, rebind=config is not None)
         info = SandboxInfo(
             id=sandbox_id, template=template_name, state="running", spec=spec,
             created_at=time.time(), pid=pid, init_pid=pid, dir=d, workspace=None,
-            extra=dict(extra), host_uid=host_uid,
+            extra=dict(extra), host_uid=host_uid, started_from=started_from,
         )  # fmt: skip
         rt._save(info)
         shutil.rmtree(d / checkpoint.IMAGES, ignore_errors=True)

@@ -41,6 +41,7 @@ class SandboxInfo:
     failure: str | None = None  # why it is marked failed
     host_uid: int | None = None  # the first host id of its uid range (older records: unknown)
     suspended: str | None = None  # "disk": paused with no process, its memory image kept
+    started_from: str | None = None  # "warm": its template's checkpoint, "fork", "snapshot"
 
     @property
     def agent_socket(self) -> Path:
@@ -66,6 +67,7 @@ class SandboxInfo:
             "failure": self.failure,
             "host_uid": self.host_uid,
             "suspended": self.suspended,
+            "started_from": self.started_from,
         }
 
     @classmethod
@@ -87,6 +89,7 @@ class SandboxInfo:
             failure=d.get("failure"),  # type: ignore[arg-type]
             host_uid=d.get("host_uid"),  # type: ignore[arg-type]
             suspended=d.get("suspended"),  # type: ignore[arg-type]
+            started_from=d.get("started_from"),  # type: ignore[arg-type]
         )
 
 

@@ -49,6 +49,7 @@ from sandhold.runtime.records import (
 from sandhold.runtime.spec import NAME_RE, NetworkPolicy, SandboxSpec, validation_message
 from sandhold.runtime.templates import SANDBOX_USER_UID, Template, TemplateStore
 from sandhold.runtime.uids import UidPool
+from sandhold.runtime.warm import WarmStarts
 from sandhold.runtime.wsdisk import WorkspaceDisk
 
 log = logging.getLogger(__name__)
@@ -72,6 +73,7 @@ class Runtime:
         self.wsdisk = WorkspaceDisk(self.settings, self.disk.cache, self.sandboxes_dir)
         self.uids = UidPool(self.settings.uid_registry, root, self.settings.uid_base,
                             self.settings.uid_ranges, self.settings.uid_isolation)  # fmt: skip
+        self.warm = WarmStarts(self)
         self._opened = False
 
     def open(self) -> Runtime:
@@ -165,6 +167,8 @@ class Runtime:
         self.wsdisk.check(spec)
         for m in spec.mounts:
             mounts.check_traversable(m.source)
+        if layer_image is None and (warm := self.warm.start(spec, template, extra or {})):
+            return warm
         sandbox_id = new_sandbox_id()
         d = self.sandboxes_dir / sandbox_id
         # Held until the create is over: reconcile leaves a directory alone while it is held.

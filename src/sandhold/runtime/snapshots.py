@@ -290,7 +290,7 @@ class SnapshotStore:
         saved = SandboxSpec.model_validate(snap.spec, context={"stored": True})
         with self._in_use(snap):
             if snap.mode == "full":
-                return fork.start(self.rt, saved, snap.template, snap.dir, extra)
+                return fork.start(self.rt, saved, snap.template, snap.dir, extra, "snapshot")
             return self.rt.create(spec or saved, extra, layer_image=snap.dir / disk.IMAGE)
 
 

@@ -141,15 +141,19 @@ def restore(rt: Runtime, d: Path, info: SandboxInfo) -> None:
     shutil.rmtree(d / checkpoint.IMAGES, ignore_errors=True)
 
 
-def hand_back(d: Path, agent_pid: int) -> None:
-    """A new listening socket and log file for the agent, which has let go of its own."""
+def hand_back(d: Path, agent_pid: int, rebind: bool = False) -> None:
+    """A new listening socket and log file for the agent, which has let go of its own; with
+    ``rebind``, its configuration too (``run/agent.json``: a warm start's, its own)."""
     sock_path = d / "run" / "agent.sock"
     sock_path.unlink(missing_ok=True)
     listener = listen(sock_path)
     log_fd = os.open(d / "sandbox.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
                      0o600)  # fmt: skip
+    config_fd = os.open(d / "run" / "agent.json", os.O_RDONLY | os.O_CLOEXEC) if rebind else None
     try:
-        checkpoint.handoff(d, agent_pid, listener, log_fd)
+        checkpoint.handoff(d, agent_pid, listener, log_fd, config_fd)
     finally:
         listener.close()
         os.close(log_fd)
+        if config_fd is not None:
+            os.close(config_fd)

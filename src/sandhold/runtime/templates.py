@@ -63,6 +63,8 @@ class Template:
     services: list[dict[str, object]] = field(default_factory=list)
     created_at: float = 0.0
     disk_mb: int | None = None  # default disk budget of its sandboxes (settings' when unset)
+    # Its sandboxes start from a checkpoint of one that has started its services (warm.py).
+    warm: bool = False
 
     def to_json(self) -> dict[str, object]:
         d = asdict(self)

@@ -38,6 +38,7 @@ from sandhold.service.metrics import Failures, Sample, Samples
 from sandhold.service.records import RECORD_KEY, CreateSandbox, Lifecycle, Sandbox, view
 from sandhold.service.suspender import Suspender
 from sandhold.service.timers import Periodic, Timer
+from sandhold.service.warmer import WARM_CHECK_S, Warmer
 
 RUNTIME_THREADS = 16  # creates, kills, pauses and resumes in flight at once
 REFRESH_MIN_S = 15
@@ -75,6 +76,11 @@ class SandboxService:
             Periodic(self.suspender.tick, min(5.0, max(settings.suspend_after_s, 0.5)),
                      "sandhold-suspend") if timers else None
         )  # fmt: skip
+        self.warmer = Warmer(self)
+        self._warming = (
+            Periodic(self.warmer.tick, WARM_CHECK_S, "sandhold-warm", at_start=True)
+            if timers else None
+        )  # fmt: skip
         self.samples = Samples(0)
         self.failures = Failures(time.time())  # before open(): its reconcile may find some
         self.disk_total = 0
@@ -101,6 +107,8 @@ class SandboxService:
             self._reconciler.start()
         if self._suspending is not None:
             self._suspending.start()
+        if self._warming is not None:
+            self._warming.start()
         return self
 
     async def close(self) -> None:
@@ -112,6 +120,9 @@ class SandboxService:
             await self._reconciler.stop()
         if self._suspending is not None:
             await self._suspending.stop()
+        if self._warming is not None:
+            await self._warming.stop()
+        await self.warmer.close()
         await asyncio.to_thread(self._executor.shutdown, True)
 
     def lock(self, sandbox_id: str) -> contextlib.AbstractAsyncContextManager[None]:
@@ -252,6 +263,8 @@ class SandboxService:
             info = await snapshots.start(self, snap, spec, extra)
         else:
             info = await self._run(self.runtime.create, spec, extra)
+            if info.started_from != "warm" and self._warming is not None:
+                self.warmer.kick()  # (a template that starts warm, without its checkpoint?)
         return Sandbox(info, life)
 
     # -- lifecycle -----------------------------------------------------------------------------

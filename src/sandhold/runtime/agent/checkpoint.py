@@ -10,6 +10,11 @@ the host to hand it a new listening socket and log file: the host listens on
 the agent connects, and the host, having checked by ``SO_PEERCRED`` that the peer is the agent's
 own process, sends both descriptors over the connection. The same handoff serves a restore from
 the checkpoint and a checkpoint that failed (the agent then carries on where it was).
+
+A sandbox started from another's checkpoint (a warm template) is handed a third descriptor too:
+its own configuration (``agent.json``: env, default user and workdir, file view), which the agent
+takes before answering ``1`` on the connection (``0``: it could not), so that the create returns
+only once the sandbox is its own.
 """
 
 from __future__ import annotations
@@ -28,31 +33,36 @@ HANDOFF = "/run/sandbox-handoff/agent.sock"
 POLL_S = 0.02
 
 
-def _receive(path: str) -> tuple[socket.socket, int] | None:
-    """The listening socket and log file the host hands over at ``path``, if it is there."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-        try:
-            conn.connect(path)
-            conn.settimeout(5)
-            fds = array.array("i")
-            _msg, anc, _flags, _addr = conn.recvmsg(1, socket.CMSG_SPACE(2 * fds.itemsize))
-        except OSError:
-            return None
-        for level, kind, data in anc:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
-        if len(fds) != 2:
-            for fd in fds:
-                os.close(fd)
-            return None
-        return socket.socket(fileno=fds[0]), fds[1]
+def _receive(path: str) -> tuple[socket.socket, int, int | None, socket.socket] | None:
+    """The listening socket, log file and (a warm start) configuration the host hands over at
+    ``path``, if it is there, with the connection to acknowledge them on."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(path)
+        conn.settimeout(5)
+        fds = array.array("i")
+        _msg, anc, _flags, _addr = conn.recvmsg(1, socket.CMSG_SPACE(3 * fds.itemsize))
+    except OSError:
+        conn.close()
+        return None
+    for level, kind, data in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
+    if len(fds) not in (2, 3):
+        for fd in fds:
+            os.close(fd)
+        conn.close()
+        return None
+    return socket.socket(fileno=fds[0]), fds[1], fds[2] if len(fds) == 3 else None, conn
 
 
 async def quiesce(
-    stop: Callable[[], Awaitable[None]], serve: Callable[[socket.socket], Awaitable[None]]
+    stop: Callable[[], Awaitable[None]],
+    serve: Callable[[socket.socket], Awaitable[None]],
+    rebind: Callable[[int], Awaitable[bool]],
 ) -> None:
     """``stop`` closes the listening socket and every connection; once the host has handed
-    over new ones, ``serve`` listens on the socket."""
+    over new ones, ``rebind`` takes the configuration if one came and ``serve`` listens."""
     await stop()
     logging.disable(logging.CRITICAL)  # stderr goes nowhere until the handoff
     null = os.open("/dev/null", os.O_WRONLY)
@@ -63,10 +73,16 @@ async def quiesce(
         await asyncio.sleep(POLL_S)
         if os.path.exists(HANDOFF) and (got := _receive(HANDOFF)) is not None:
             break
-    sock, logfile = got
+    sock, logfile, config, conn = got
     for fd in (1, 2):
         os.dup2(logfile, fd)
     os.close(logfile)
     logging.disable(logging.NOTSET)
-    await serve(sock)
+    with conn:
+        ok = await rebind(config) if config is not None else True
+        await serve(sock)
+        try:
+            conn.sendall(b"1" if ok else b"0")
+        except OSError:
+            log.warning("the host left before the handoff was acknowledged")
     log.info("handed a new socket after a checkpoint; listening again")

@@ -16,7 +16,8 @@ class AgentConfig:
     ready_fd: int | None = None
     envd_version: str = "0.6.13"
     # Started at boot and kept as tagged background processes, like a template's start command:
-    # [{"name", "argv": [...], "env"?: {...}, "user"?: str, "cwd"?: str}]
+    # [{"name", "argv": [...], "env"?: {...}, "user"?: str, "cwd"?: str, "port"?: int,
+    #   "env_path"?: str (where the service takes the sandbox's env after a warm start)}]
     services: list[dict[str, Any]] = field(default_factory=list)
     # {"socket", "proxy_port", "dns_port"} when the sandbox has egress (see egress.py)
     egress: dict[str, Any] | None = None

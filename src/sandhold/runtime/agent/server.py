@@ -26,6 +26,7 @@ from .process import ProcessService
 from .process_table import ProcessManager
 from .supervisor import ServiceSupervisor
 from .system import SystemHandler
+from .view import ViewGuard
 
 log = logging.getLogger("sandhold.agent")
 
@@ -84,10 +85,26 @@ class Agent:
         """Make way for a checkpoint (see checkpoint.py); answers before it stops serving."""
         await resp.send(204)
         task = asyncio.get_running_loop().create_task(
-            checkpoint.quiesce(self.http.close, self.http.listen_unix)
+            checkpoint.quiesce(self.http.close, self.http.listen_unix, self._rebind)
         )
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    async def _rebind(self, config_fd: int) -> bool:
+        """Become the sandbox a warm start made of a template's checkpoint: its env, default
+        user and workdir and file view (the rest, socket, services, no egress, is the
+        template's); the services that take an env are told it. False if that failed."""
+        try:
+            new = AgentConfig.load(config_fd)
+        except (OSError, ValueError) as e:
+            log.error("the configuration handed over after a checkpoint is unreadable: %s", e)
+            return False
+        cfg = self.config
+        cfg.env, cfg.file_view = new.env, new.file_view
+        cfg.default_user, cfg.default_workdir = new.default_user, new.default_workdir
+        self.files.view = ViewGuard.from_config(cfg.file_view)
+        self.filesystem.view = self.files.view
+        return await self.services.announce_env(cfg.env)
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import logging
 import time
 from typing import Any
@@ -31,6 +32,24 @@ class ServiceSupervisor:
         others, and one that ends is started again after a growing delay (0.5 s up to 30 s)."""
         for svc in services:
             self._tasks.add(asyncio.ensure_future(self._supervise(svc)))
+
+    async def announce_env(self, env: dict[str, str]) -> bool:
+        """Tell each service that takes one (``env_path``: an HTTP path on its ``port``) the
+        sandbox's env, on top of its own: a warm start's services were started before the
+        sandbox had one. False if one of them did not take it."""
+        ok = True
+        for svc in self.config.services:
+            if not svc.get("env_path") or not svc.get("port"):
+                continue
+            body = json.dumps({"env": {**env, **(svc.get("env") or {})}}).encode()
+            try:
+                status = str(await _post(int(svc["port"]), str(svc["env_path"]), body))
+            except (TimeoutError, OSError) as e:
+                status = f"{type(e).__name__}: {e}"
+            if status != "204":
+                log.error("service %s did not take the sandbox's env: %s", svc.get("name"), status)
+                ok = False
+        return ok
 
     async def _spawn(self, svc: dict[str, Any], name: str) -> Process:
         user = lookup_user(str(svc.get("user") or self.config.default_user))
@@ -73,3 +92,18 @@ class ServiceSupervisor:
                 proc.unsubscribe(sub)
             delay = 0.5 if time.monotonic() - started > 60 else min(delay * 2, 30.0)
             await asyncio.sleep(delay)
+
+
+async def _post(port: int, path: str, body: bytes, timeout: float = 10.0) -> int:
+    """POST ``body`` (JSON) to a service on this sandbox's loopback; its status code."""
+    reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), timeout)
+    try:
+        writer.write(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
+                     f"application/json\r\nContent-Length: {len(body)}\r\nConnection: close"
+                     "\r\n\r\n".encode() + body)  # fmt: skip
+        await writer.drain()
+        line = await asyncio.wait_for(reader.readline(), timeout)
+        parts = line.split()
+        return int(parts[1]) if len(parts) >= 2 and parts[1].isdigit() else 0
+    finally:
+        writer.close()

@@ -1,0 +1,219 @@
+"""Templates that start warm: a template may carry a checkpoint of one of its sandboxes taken
+once its services were ready (the code interpreter's kernel started), and a create that this
+checkpoint can serve restores it instead of booting, as a fork is restored (fork.py): a new id,
+uid range, cgroups, network namespace and copy of the layer, then the agent is handed the
+create's own configuration (env, user, workdir, file view) and the services that take an env
+are told it (``env_path``) before the create returns.
+
+The checkpoint (``data_dir/warm/<template>/<key>/``: ``disk.img``, ``checkpoint/``,
+``warm.json``) is keyed by what it depends on: the template's record, the CRIU build and the
+agent's code; a new key replaces the old one. It is made by ``WarmStarts.build``: a sandbox of
+the template with the defaults (no network, no workspace), its ``ready_path`` services waited
+for, ``checkpoint_in_place``, then that sandbox is killed. Its memory pages are shared read-only
+(hard links) by every sandbox restored from it: they hold a fresh template's state, no one's data.
+
+A create is served warm only when nothing it asks differs from what the checkpoint holds beyond
+what the handoff sets: no egress, no workspace or mounts, the template's disk budget, enough
+memory. Anything else boots cold, as does a failed warm start (logged; nothing of it is left).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import shutil
+import socket
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from sandhold.errors import InvalidRequest, SandboxStartFailed, SandholdError
+from sandhold.runtime import checkpoint
+from sandhold.runtime import fork as forking
+from sandhold.runtime.boot import agent_config
+from sandhold.runtime.spec import SandboxSpec
+from sandhold.runtime.suspend import criu_path
+from sandhold.runtime.templates import Template
+
+if TYPE_CHECKING:
+    from sandhold.runtime.records import SandboxInfo
+    from sandhold.runtime.runtime import Runtime
+
+WARM = "warm"  # under data_dir
+META = "warm.json"
+READY_TIMEOUT_S = 120.0
+MEMORY_HEADROOM = 1.5  # a create's memory limit must leave this much room over the checkpoint's
+
+log = logging.getLogger(__name__)
+
+
+class WarmStarts:
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self.root = rt.settings.data_dir / WARM
+        self._keys: dict[tuple[str, float], str] = {}  # (CRIU and the agent: fixed while we run)
+
+    def key(self, template: Template) -> str:
+        """What a checkpoint of ``template`` depends on."""
+        cached = self._keys.get((template.name, template.created_at))
+        if cached is not None:
+            return cached
+        criu = self.rt.settings.criu_path
+        patches = criu.with_name(criu.name + ".patches")
+        agent = sorted(
+            (str(p.relative_to(self.rt.agent_lib())), p.stat().st_size, int(p.stat().st_mtime))
+            for p in self.rt.agent_lib().rglob("*.py")
+        )
+        parts = [template.to_json(), str(criu), _read(patches), agent, self.rt.settings.uid_base]
+        key = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+        self._keys[(template.name, template.created_at)] = key
+        return key
+
+    def _dir(self, template: Template) -> Path:
+        return self.root / template.name / self.key(template)
+
+    def available(self, template: Template) -> Path | None:
+        d = self._dir(template)
+        return d if (d / META).exists() else None
+
+    def refusal(self, spec: SandboxSpec, template: Template, d: Path) -> str | None:
+        """Why a create of ``spec`` cannot start from the checkpoint in ``d`` (None: it can)."""
+        meta = json.loads((d / META).read_text())
+        if spec.network.mode != "none":
+            return "it has egress"
+        if spec.workspace_id or spec.workspace_dir or spec.mounts:
+            return "it binds host directories"
+        if spec.limits.disk_mb != meta["disk_mb"]:
+            return f"its disk budget is not the template's {meta['disk_mb']} MiB"
+        need = int(meta["memory_bytes"] * MEMORY_HEADROOM) >> 20
+        if spec.limits.memory_mb < need:
+            return f"its memory limit is below the {need} MiB a warm start needs"
+        return None
+
+    def start(self, spec: SandboxSpec, template: Template,
+              extra: dict[str, object]) -> SandboxInfo | None:  # fmt: skip
+        """A sandbox of ``spec`` restored from ``template``'s checkpoint, or None when there is
+        none, it cannot serve this create, or restoring failed (then nothing of it is left)."""
+        if not template.warm or not self.rt.settings.warm_templates or not self.rt.disk.enforced:
+            return None  # (a checkpoint's layer is a disk image)
+        d = self.available(template)
+        if d is None:
+            return None
+        why = self.refusal(spec, template, d)
+        if why is not None:
+            log.debug("a %s sandbox boots cold: %s", template.name, why)
+            return None
+        env = {**template.env, **spec.env}
+        config = agent_config(spec, template, env, [])
+        try:
+            return forking.start(self.rt, spec, template.name, d, extra, "warm", config)
+        except SandholdError as e:
+            log.warning("warm start of a %s sandbox failed, booting it cold: %s", template.name, e)
+            return None
+
+    def build(self, name: str) -> Path:
+        """Make (or find) the checkpoint of template ``name``; returns its directory."""
+        template = self.rt.templates.get(name)
+        if not template.warm:
+            raise InvalidRequest(f"template {name} does not start warm")
+        if not self.rt.disk.enforced:
+            raise InvalidRequest("warm starts need disk budgets (disk_enforced=true): the "
+                                 "checkpoint's writable layer is a disk image")  # fmt: skip
+        criu_path(self.rt)
+        target = self._dir(template)
+        target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with _flocked(target.parent / ".lock"):  # one build at a time, in any process
+            if not (target / META).exists():
+                for stale in target.parent.glob(".new-*"):  # a build a crash cut short
+                    shutil.rmtree(stale, ignore_errors=True)
+                self._build(template, target)
+        for old in target.parent.iterdir():  # checkpoints of an older template, CRIU or agent
+            if old != target and not old.name.startswith("."):
+                shutil.rmtree(old, ignore_errors=True)
+        return target
+
+    def _build(self, template: Template, target: Path) -> None:
+        name = template.name
+        info = self.rt.create({"template": name})
+        staged = Path(tempfile.mkdtemp(dir=target.parent, prefix=".new-"))
+        try:
+            for svc in template.services:
+                if svc.get("ready_path") and svc.get("port"):
+                    port = svc["port"]
+                    assert isinstance(port, int)
+                    _wait_ready(info.agent_socket, port, str(svc["ready_path"]))
+            memory = self.rt._cg(info.id).usage()["memory_rss_bytes"]
+            with self.rt._locked(info.id):
+                forking.checkpoint_in_place(self.rt, info, staged)
+            for pages in (staged / checkpoint.IMAGES).glob("pages-*.img"):
+                pages.chmod(0o444)  # shared by the sandboxes restored from it (hard links)
+            meta = {"template": name, "key": target.name, "made_at": time.time(),
+                    "disk_mb": info.spec.limits.disk_mb, "memory_bytes": memory}  # fmt: skip
+            (staged / META).write_text(json.dumps(meta))
+            staged.rename(target)
+        except BaseException:
+            shutil.rmtree(staged, ignore_errors=True)
+            raise
+        finally:
+            self.rt.kill(info.id)
+        log.info("template %s starts warm from %s", name, target)
+
+    def remove(self, name: str) -> None:
+        shutil.rmtree(self.root / name, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _flocked(path: Path) -> Iterator[None]:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return ""
+
+
+def _wait_ready(agent_socket: Path, port: int, path: str) -> None:
+    """GET ``path`` on the sandbox's ``port`` through the agent's tunnel until it answers 200."""
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    last = ""
+    while time.monotonic() < deadline:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(max(deadline - time.monotonic(), 1.0))
+            with contextlib.suppress(OSError):
+                s.connect(str(agent_socket))
+                s.sendall(f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: agent\r\n\r\n".encode())
+                if _status(s) == 200:
+                    s.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                              "Connection: close\r\n\r\n".encode())  # fmt: skip
+                    status = _status(s)
+                    if status == 200:
+                        return
+                    last = f"status {status}"
+        time.sleep(0.1)
+    raise SandboxStartFailed(f"the service on port {port} was not ready ({path}) in "
+                             f"{READY_TIMEOUT_S:g} s: {last or 'no answer'}")  # fmt: skip
+
+
+def _status(s: socket.socket) -> int:
+    """The status code of the response head read from ``s`` (its whole head consumed)."""
+    head = b""
+    while b"\r\n\r\n" not in head:
+        chunk = s.recv(4096)
+        if not chunk:
+            return 0
+        head += chunk
+    parts = head.split(b"\r\n", 1)[0].split()
+    return int(parts[1]) if len(parts) >= 2 and parts[1].isdigit() else 0
