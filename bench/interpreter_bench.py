@@ -6,6 +6,10 @@
 
 Prints one JSON document (and writes it to --out). Times are milliseconds.
 
+Both ways a sandbox starts are timed, interleaved in one run: ``cold`` (booted: agent, service,
+kernel start) and ``warm`` (restored from the template's checkpoint, runtime/warm.py; made first,
+its build time and size reported). Without CRIU only ``cold`` runs.
+
 It drives the runtime directly, the way the agent will once its ``services`` start the
 interpreter at boot: create the sandbox, start the service with the template's own argv/env
 (one agent exec, as the agent would), and time, from inside the sandbox, the first answer of
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import platform
 import shutil
 import tempfile
@@ -34,6 +39,7 @@ from sandhold.interpreter.template import (
 from sandhold.runtime import cgroups
 from sandhold.runtime.cgroups import CgroupSet
 from sandhold.runtime.client import AgentClient
+from sandhold.runtime.criu import criu_status
 from sandhold.runtime.runtime import Runtime
 
 # Runs inside the sandbox: wait for the service, then time executions over one keep-alive
@@ -67,10 +73,12 @@ print(json.dumps({"first_result_at": first, "rtt_ms": rtts}))
 """
 
 
-async def one_sandbox(rt: Runtime, iterations: int) -> dict[str, object]:
+async def one_sandbox(rt: Runtime, iterations: int, mode: str) -> dict[str, object]:
     t0 = time.time()
     info = rt.create({"template": TEMPLATE_NAME, "limits": {"memory_mb": 1024}})
     created = time.time()
+    if info.started_from != (mode if mode == "warm" else None):
+        raise RuntimeError(f"a {mode} round started {info.started_from or 'cold'}")
     try:
         async with AgentClient(info.agent_socket, timeout=300) as agent:
             r = await agent.run(
@@ -103,28 +111,55 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         t = time.perf_counter()
         build_code_interpreter_template(rt.templates, cache_dir=Path(args.cache))
         build_ms = (time.perf_counter() - t) * 1000
-        runs = [await one_sandbox(rt, args.iterations if i == 0 else 0) for i in range(args.n)]
-        return {
-            "host": {"cpus": __import__("os").cpu_count(), "kernel": platform.release()},
+        modes = {"cold": Runtime(settings.model_copy(update={"warm_templates": False})).open()}
+        warm: dict[str, object] = {"available": False}
+        if criu_status(settings.criu_path)[0]:
+            t = time.perf_counter()
+            checkpoint = rt.warm.build(TEMPLATE_NAME)
+            warm = {"available": True, "build_ms": round((time.perf_counter() - t) * 1000, 1),
+                    "size_mib": round(du(checkpoint) / 2**20, 1)}  # fmt: skip
+            modes["warm"] = rt
+        runs: dict[str, list[dict[str, object]]] = {m: [] for m in modes}
+        for i in range(args.n):  # interleaved: the host's load falls on both alike
+            for mode, r in modes.items():
+                runs[mode].append(await one_sandbox(r, args.iterations if i == 0 else 0, mode))
+        out: dict[str, object] = {
+            "host": {"cpus": os.cpu_count(), "kernel": platform.release()},
             "template_build_ms": round(build_ms, 1),
             "template_build_note": "with the wheel/site cache in --cache already filled",
-            "sandbox_create_ms": summary([r["create_ms"] for r in runs]),  # type: ignore[misc]
-            "fresh_sandbox_to_first_result_ms": summary(
-                [r["first_result_ms"] for r in runs]  # type: ignore[misc]
-            ),
-            "warm_run_code_1plus1_rtt_ms": summary(runs[0]["rtt_ms"]),  # type: ignore[arg-type]
-            "idle_sandbox_pss_mib": summary([r["pss_kib"] / 1024 for r in runs]),  # type: ignore[operator]
-            "idle_sandbox_processes": runs[0]["processes"],
-            "idle_sandbox_cgroup_memory_mib": summary(
-                [r["cgroup_memory_bytes"] / 2**20 for r in runs]  # type: ignore[operator]
-            ),
+            "warm_checkpoint": warm,
         }
+        for mode, rs in runs.items():
+            out[mode] = {
+                "sandbox_create_ms": summary([r["create_ms"] for r in rs]),  # type: ignore[misc]
+                "fresh_sandbox_to_first_result_ms": summary(
+                    [r["first_result_ms"] for r in rs]  # type: ignore[misc]
+                ),
+                "warm_run_code_1plus1_rtt_ms": summary(rs[0]["rtt_ms"]),  # type: ignore[arg-type]
+                "idle_sandbox_pss_mib": summary([r["pss_kib"] / 1024 for r in rs]),  # type: ignore[operator]
+                "idle_sandbox_processes": rs[0]["processes"],
+                "idle_sandbox_cgroup_memory_mib": summary(
+                    [r["cgroup_memory_bytes"] / 2**20 for r in rs]  # type: ignore[operator]
+                ),
+            }
+        return out
     finally:
         rt = Runtime(settings).open()
         for info in rt.list():
             rt.kill(info.id)
         cgroups.remove_parent(settings.cgroup_group)
         shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def du(path: Path) -> int:
+    """Bytes on disk under ``path`` (hard links once)."""
+    seen, total = set(), 0
+    for f in path.rglob("*"):
+        st = f.lstat()
+        if (st.st_dev, st.st_ino) not in seen:
+            seen.add((st.st_dev, st.st_ino))
+            total += st.st_blocks * 512
+    return total
 
 
 if __name__ == "__main__":

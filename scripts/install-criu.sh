@@ -21,7 +21,11 @@ RUNTIME_LIBS=(libprotobuf-c1 libnl-3-200 libnet1 libuuid1 libbsd0 libnftables1)
 # Our patches of its source (scripts/criu/*.patch, see each one's comment), applied in order; the
 # installed binary records which, so that a changed patch builds it again.
 PATCHES=(criu/*.patch)
-PATCHES_SHA=$(cat "${PATCHES[@]}" | sha256sum | cut -c1-16)
+# Where CRIU keeps its kernel-features cache (criu.kdat; without it every call probes the kernel
+# again, ~30 ms): a tmpfs the runtime makes (runtime/criu.py: KDAT_DIR), not /run itself, which
+# is not always a tmpfs (CRIU keeps the cache on a tmpfs only).
+CRIU_RUNDIR=/run/sandhold-criu
+PATCHES_SHA=$( (cat "${PATCHES[@]}"; echo "RUNDIR=$CRIU_RUNDIR") | sha256sum | cut -c1-16)
 
 die() { echo "install: CRIU: $*" >&2; exit 1; }
 check_output() { "$CRIU_BIN" check 2>&1 || true; }  # exits 0 even when it fails: read its words
@@ -123,7 +127,7 @@ for p in "${PATCHES[@]}"; do
 done
 # The caller's make (make test, make run) must not pass its flags or jobserver on.
 if ! env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make -C "$tmp/criu-$CRIU_VERSION" -j"$(nproc)" \
-     NO_GNUTLS=1 criu >"$tmp/build.log" 2>&1; then
+     NO_GNUTLS=1 RUNDIR="$CRIU_RUNDIR" criu >"$tmp/build.log" 2>&1; then
   tail -n 40 "$tmp/build.log" >&2
   die "make criu failed"
 fi

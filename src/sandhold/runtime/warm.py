@@ -9,8 +9,9 @@ The checkpoint (``data_dir/warm/<template>/<key>/``: ``disk.img``, ``checkpoint/
 ``warm.json``) is keyed by what it depends on: the template's record, the CRIU build and the
 agent's code; a new key replaces the old one. It is made by ``WarmStarts.build``: a sandbox of
 the template with the defaults (no network, no workspace), its ``ready_path`` services waited
-for, ``checkpoint_in_place``, then that sandbox is killed. Its memory pages are shared read-only
-(hard links) by every sandbox restored from it: they hold a fresh template's state, no one's data.
+for, ``checkpoint_in_place``, then that sandbox is killed. Its images (all but the user
+namespace's, which each sandbox remaps in its own copy) are shared read-only, hard-linked into
+every sandbox restored from it: they hold a fresh template's state, no one's data.
 
 A create is served warm only when nothing it asks differs from what the checkpoint holds beyond
 what the handoff sets: no egress, no workspace or mounts, the template's disk budget, enough
@@ -151,8 +152,9 @@ class WarmStarts:
             memory = self.rt._cg(info.id).usage()["memory_rss_bytes"]
             with self.rt._locked(info.id):
                 forking.checkpoint_in_place(self.rt, info, staged)
-            for pages in (staged / checkpoint.IMAGES).glob("pages-*.img"):
-                pages.chmod(0o444)  # shared by the sandboxes restored from it (hard links)
+            for image in (staged / checkpoint.IMAGES).iterdir():  # shared by the sandboxes
+                if not image.name.startswith("userns-"):  # restored from it (hard links); each
+                    image.chmod(0o444)  # remaps its own copy of the user namespace's
             meta = {"template": name, "key": target.name, "made_at": time.time(),
                     "disk_mb": info.spec.limits.disk_mb, "memory_bytes": memory}  # fmt: skip
             (staged / META).write_text(json.dumps(meta))

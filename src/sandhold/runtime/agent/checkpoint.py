@@ -30,7 +30,7 @@ log = logging.getLogger("sandhold.agent")
 
 QUIESCE_PATH = "/sandhold/quiesce"
 HANDOFF = "/run/sandbox-handoff/agent.sock"
-POLL_S = 0.02
+POLL_S = 0.002  # while it waits for the handoff: a restore waits on it too
 
 
 def _receive(path: str) -> tuple[socket.socket, int, int | None, socket.socket] | None:
