@@ -1,6 +1,7 @@
 """Suspend to disk through the official SDK: a paused sandbox is checkpointed (here at once,
-``suspend_after_s = 0``), survives a server restart with every process of it gone from the host,
-and resumes, explicitly or on traffic, with its processes' memory."""
+``suspend_after_s = 0``), survives a server restart and a host reboot (every process, mount and
+cgroup of it gone from the host), and resumes, explicitly or on traffic, with its processes'
+memory."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from e2b import Sandbox
 from sandhold.config import Settings
 from sandhold.runtime.criu import criu_status
 from tests.e2b.conftest import KEY_A, Server, new_server
+from tests.runtime.test_suspend import reboot
 
 COUNTER = (
     "python3 -c 'import secrets, time\nn, s = 0, secrets.token_hex(16)\nwhile True:\n"
@@ -44,7 +46,7 @@ def state(sbx: Sandbox) -> tuple[int, str]:
     raise AssertionError("the counter never wrote its state")
 
 
-def test_suspended_sandbox_survives_a_restart_and_resumes_with_its_memory(server):
+def test_suspended_sandbox_survives_a_reboot_and_resumes_with_its_memory(server):
     sbx = Sandbox.create(timeout=300, **sdk(server))
     try:
         sbx.commands.run(COUNTER, background=True)
@@ -54,6 +56,7 @@ def test_suspended_sandbox_survives_a_restart_and_resumes_with_its_memory(server
         info = rt.get(sbx.sandbox_id)
         assert info.suspended == "disk" and rt._cg(info.id).pids() == []
         server.stop()
+        reboot(rt, info)  # the host, rebooted meanwhile
         server.start()
         resumed = Sandbox.connect(sbx.sandbox_id, timeout=300, **sdk(server))
         time.sleep(0.1)

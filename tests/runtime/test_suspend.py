@@ -7,11 +7,12 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
 from sandhold.errors import CheckpointFailed, Conflict
-from sandhold.runtime import checkpoint
+from sandhold.runtime import checkpoint, mounts
 from sandhold.runtime.criu import criu_status
 from sandhold.runtime.runtime import Runtime
 from tests.runtime.helpers import sh
@@ -76,6 +77,41 @@ async def test_a_suspended_sandbox_survives_a_new_runtime(make_sandbox, runtime,
     time.sleep(0.1)
     n1, secret1 = await _state(restored)
     assert secret1 == secret and n1 > n0
+
+
+def reboot(runtime: Runtime, info) -> None:
+    """What a host reboot takes from a suspended sandbox: its mounts (the layer's loop device
+    detaches with its filesystem, the workspace's too) and its cgroups; its files stay."""
+    assert runtime._cg(info.id).pids() == []
+    for target in reversed(mounts.mounts_under(info.dir)):
+        mounts.umount(Path(target))
+    runtime._cg(info.id).remove()
+    assert not mounts.mounts_under(info.dir) and not runtime._cg(info.id).exists()
+
+
+@pytest.mark.parametrize("mode", ["disk", "filesystem"])
+async def test_a_paused_sandbox_survives_a_host_reboot(make_sandbox, runtime, settings, mode):
+    info = await make_sandbox(workspace_id=f"reboot-{mode}")
+    await sh(info, COUNTER + "; echo kept > /workspace/f; echo layer > /home/user/f")
+    for _ in range(100):
+        if (await sh(info, "cat /tmp/state 2>/dev/null || true")).text:
+            break
+        time.sleep(0.02)
+    n0, secret = await _state(info)
+    runtime.suspend(info.id) if mode == "disk" else runtime.pause_filesystem(info.id)
+    reboot(runtime, info)
+    other = Runtime(settings).open()  # the server, started again after the reboot
+    restored = other.resume(info.id)
+    r = await sh(restored, "cat /workspace/f /home/user/f; echo more >> /workspace/f")
+    assert r.text.split() == ["kept", "layer"], r.text
+    if mode == "disk":
+        time.sleep(0.1)
+        n1, secret1 = await _state(restored)
+        assert secret1 == secret and n1 > n0  # its processes carry on with their memory
+    else:
+        assert (await sh(restored, "cat /tmp/state 2>/dev/null || echo gone")).text == "gone\n"
+    other.kill(info.id)
+    assert not mounts.mounts_under(info.dir)
 
 
 async def test_a_dump_that_fails_leaves_the_sandbox_as_it_was(make_sandbox, runtime):

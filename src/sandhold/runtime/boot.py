@@ -14,14 +14,16 @@ from typing import TYPE_CHECKING
 from sandhold.egress.control import agent_config as egress_agent_config
 from sandhold.egress.control import sandbox_env as egress_sandbox_env
 from sandhold.envd import ENVD_VERSION
-from sandhold.runtime import checkpoint, mounts
+from sandhold.runtime import checkpoint, disk, images, mounts
 from sandhold.runtime.launcher import Launch, spawn
 from sandhold.runtime.reaping import wait_ready
 from sandhold.runtime.records import session_of
 from sandhold.runtime.spec import SandboxSpec
 from sandhold.runtime.templates import Template
+from sandhold.runtime.uids import VIEW_LIST
 
 if TYPE_CHECKING:
+    from sandhold.runtime.records import SandboxInfo
     from sandhold.runtime.runtime import Runtime
 
 
@@ -44,6 +46,63 @@ def agent_config(spec: SandboxSpec, template: Template, env: dict[str, str],
     }
 
 
+def prepare_binds(
+    rt: Runtime, d: Path, spec: SandboxSpec, host_uid: int
+) -> tuple[list[tuple[str, str, bool]], Path | None, SandboxSpec]:
+    """What the sandbox in ``d`` binds from the host, made ready in this order (a checkpoint
+    names the views by it): the workspace, writable mounts through idmapped views, egress.
+    Returns the binds, the workspace and the spec with the workspace's budget filled in."""
+    workspace = None
+    binds: list[tuple[str, str, bool]] = []
+    if spec.workspace_id or spec.workspace_dir:
+        workspace = rt._prepare_workspace(spec.workspace_id, spec.workspace_dir)
+        # With a budget: the workspace's image, mounted under d (its own filesystem).
+        files, ws_mb = rt.wsdisk.attach(d, workspace, spec.workspace_disk_mb)
+        spec = spec.model_copy(update={"workspace_disk_mb": ws_mb})
+        view = rt.uids.writable(d, files, host_uid, "/workspace")
+        binds.append((str(view), "/workspace", False))
+    for m in spec.mounts:
+        mounts.make_mount_point(d / "root", m.target, host_uid)
+        source = m.source
+        if not m.read_only:
+            source = rt.uids.writable(d, m.source, host_uid, m.target)
+        binds.append((str(source), m.target, m.read_only))
+    if spec.network.mode != "none":
+        binds += rt.egress.prepare(d, spec.network, spec.network.tenant,
+                                   session_of(spec.metadata))  # fmt: skip
+        rt.egress.sync()  # the sandbox's socket listens before the sandbox starts
+    return binds, workspace, spec
+
+
+def remount(rt: Runtime, d: Path, info: SandboxInfo, binds: bool) -> None:
+    """After a host reboot: mount again what a paused sandbox's directory had mounted (its
+    layer's image, its root's overlay, its handoff tmpfs and, with ``binds``, the views of what
+    it binds); what is still mounted is left as it is."""
+    assert info.host_uid is not None
+    if info.spec.limits.disk_mb is not None and not mounts.is_mountpoint(d / disk.MOUNT):
+        images.mount_image(d / disk.IMAGE, d / disk.MOUNT, b"ext4", images.MOUNT_FLAGS,
+                           disk.MOUNT_OPTS, d / disk.DEVICE)  # fmt: skip
+    if not mounts.is_mountpoint(d / "root"):
+        layer = d / disk.MOUNT if info.spec.limits.disk_mb is not None else d
+        template = rt.templates.get(info.template)
+        with rt.uids.lower(template.rootfs, info.host_uid) as lower:
+            mounts.mount_overlay(lower, layer / "upper", layer / "work", d / "root")
+    if not mounts.is_mountpoint(d / checkpoint.HANDOFF):
+        mounts.mount_tmpfs(d / checkpoint.HANDOFF, 64 << 10, 0o755)
+    views = [line.split("\t")[1] for line in _lines(d / VIEW_LIST)]
+    if binds and not all(mounts.is_mountpoint(Path(v)) for v in views):
+        rt.uids.give_back(d)
+        rt.wsdisk.release(d)
+        prepare_binds(rt, d, info.spec, info.host_uid)
+
+
+def _lines(path: Path) -> list[str]:
+    try:
+        return [line for line in path.read_text().splitlines() if line]
+    except FileNotFoundError:
+        return []
+
+
 def boot(
     rt: Runtime, d: Path, spec: SandboxSpec, template: Template, host_uid: int
 ) -> tuple[subprocess.Popen[bytes], int, Path | None, SandboxSpec]:
@@ -54,27 +113,10 @@ def boot(
     proc: subprocess.Popen[bytes] | None = None
     try:
         root, run_dir = d / "root", d / "run"
-        workspace = None
-        binds: list[tuple[str, str, bool]] = []
-        if spec.workspace_id or spec.workspace_dir:
-            workspace = rt._prepare_workspace(spec.workspace_id, spec.workspace_dir)
-            # With a budget: the workspace's image, mounted under d (its own filesystem).
-            files, ws_mb = rt.wsdisk.attach(d, workspace, spec.workspace_disk_mb)
-            spec = spec.model_copy(update={"workspace_disk_mb": ws_mb})
-            view = rt.uids.writable(d, files, host_uid, "/workspace")
-            binds.append((str(view), "/workspace", False))
-        for m in spec.mounts:
-            mounts.make_mount_point(root, m.target, host_uid)
-            source = m.source
-            if not m.read_only:
-                source = rt.uids.writable(d, m.source, host_uid, m.target)
-            binds.append((str(source), m.target, m.read_only))
+        binds, workspace, spec = prepare_binds(rt, d, spec, host_uid)
         egress_env: dict[str, str] = {}
         egress_agent: dict[str, object] | None = None
         if spec.network.mode != "none":
-            binds += rt.egress.prepare(d, spec.network, spec.network.tenant,
-                                       session_of(spec.metadata))  # fmt: skip
-            rt.egress.sync()  # the sandbox's socket listens before the sandbox starts
             egress_env, egress_agent = egress_sandbox_env(), egress_agent_config()
         env = {**template.env, **egress_env, **spec.env}
         agent_cfg = agent_config(spec, template, env, binds)

@@ -3,7 +3,9 @@ its memory freed, its files and memory image kept; resume restores them as they 
 
 A suspended sandbox is recorded ``paused`` with ``suspended = "disk"``; its cgroups stay (empty,
 the restore goes back into them), as do its mounts, its uid range and its image in
-``checkpoint/``. Nothing of it runs, so it survives a server restart as it is. A dump that
+``checkpoint/``. Nothing of it runs, so it survives a server restart as it is, and a host
+reboot: resume first mounts again what the reboot took (boot.remount: the layer's image, the
+root's overlay, the handoff tmpfs, the views of its binds) and makes its cgroups. A dump that
 fails leaves it paused in the freezer as before, with the error; a restore that fails kills
 whatever it had started and leaves it suspended, image and all, with the error.
 """
@@ -18,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from sandhold.errors import CheckpointFailed, Conflict, HostUnsupported
 from sandhold.runtime import checkpoint
-from sandhold.runtime.boot import boot
+from sandhold.runtime.boot import boot, remount
 from sandhold.runtime.criu import FIX, criu_status
 from sandhold.runtime.launcher import listen
 from sandhold.runtime.reaping import reap_init
@@ -113,6 +115,7 @@ def cold_boot(rt: Runtime, d: Path, info: SandboxInfo) -> None:
         cg.create(limits.memory_mb, limits.cpu, limits.pids)
     elif cg.freezer_state() != "THAWED":
         cg.thaw()
+    remount(rt, d, info, binds=False)  # (the boot binds them)
     proc, init_pid, _workspace, _spec = boot(rt, d, info.spec, rt.templates.get(info.template),
                                             info.host_uid)  # fmt: skip
     rt._children[info.id] = proc
@@ -128,6 +131,7 @@ def restore(rt: Runtime, d: Path, info: SandboxInfo) -> None:
         cg.create(limits.memory_mb, limits.cpu, limits.pids)
     if cg.freezer_state() != "THAWED":
         cg.thaw()  # whatever froze it: what joins a frozen group stops there
+    remount(rt, d, info, binds=True)
     procs = cg.procs_files()
     assert info.host_uid is not None
     try:
