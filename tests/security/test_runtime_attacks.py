@@ -161,12 +161,18 @@ async def test_hostname_and_namespaces_cannot_be_changed(victim):
 
 
 async def test_raw_and_netlink_sockets_are_refused(victim):
+    # Netlink route, xfrm, audit, uevents; packet; raw ICMP: refused. Only sock_diag opens
+    # (what `ss` needs), and it lists the sandbox's own sockets only.
     r = await py(victim, "import socket\n"
-                         "for fam, typ, proto in [(16, 3, 0), (17, 3, 0), (2, 3, 1)]:\n"
+                         "for fam, typ, proto in [(16, 3, 0), (16, 3, 6), (16, 3, 9), (16, 3, 15),"
+                         " (17, 3, 0), (2, 3, 1)]:\n"
                          "    try: socket.socket(fam, typ, proto); print('OPEN', fam)\n"
                          "    except OSError as e: print('refused', fam, e.errno)\n",
                  user="root")  # fmt: skip
-    assert "OPEN" not in r and r.count("refused") == 3
+    assert "OPEN" not in r and r.count("refused") == 6, r
+    listening = await sh(victim, "python3 -m http.server 8765 >/dev/null 2>&1 & sleep 0.5; "
+                         "ss -Htln; kill %1")  # fmt: skip
+    assert ":8765" in listening.text and ":49983" not in listening.text, listening.text
 
 
 async def test_terminal_injection_is_refused(victim):

@@ -2,7 +2,7 @@
 
 Deny-list on top of what namespaces and dropped capabilities already prevent: it closes the
 kernel surfaces that matter most for escapes (nested user namespaces, mounts, ptrace, keyrings,
-BPF, perf, module and kexec loading, io_uring) and netlink/packet sockets.
+BPF, perf, module and kexec loading, io_uring) and netlink (but sock_diag) and packet sockets.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ DENIED_SYSCALLS = (
 
 CLONE_NEWUSER = 0x10000000
 AF_NETLINK = 16
+NETLINK_SOCK_DIAG = 4
 AF_PACKET = 17
 TIOCSTI = 0x5412
 
@@ -47,7 +48,10 @@ def filter_bpf() -> bytes:
     f.add_rule(S.ERRNO(errno.EPERM), "clone", S.Arg(0, S.MASKED_EQ, CLONE_NEWUSER, CLONE_NEWUSER))
     # clone3 passes flags in memory seccomp cannot inspect: ENOSYS makes libc fall back to clone.
     f.add_rule(S.ERRNO(errno.ENOSYS), "clone3")
-    f.add_rule(S.ERRNO(errno.EAFNOSUPPORT), "socket", S.Arg(0, S.EQ, AF_NETLINK))
+    # Netlink but sock_diag, which lists the sandbox's own sockets (its network namespace's):
+    # `ss`, which E2B's ready commands (wait_for_port) run, needs it.
+    f.add_rule(S.ERRNO(errno.EAFNOSUPPORT), "socket", S.Arg(0, S.EQ, AF_NETLINK),
+               S.Arg(2, S.NE, NETLINK_SOCK_DIAG))  # fmt: skip
     f.add_rule(S.ERRNO(errno.EAFNOSUPPORT), "socket", S.Arg(0, S.EQ, AF_PACKET))
     # Setting the limits of pid 1, the agent (root inside has its uid): RLIMIT_CPU would have
     # the kernel SIGKILL it, which its being init does not stop; RLIMIT_NOFILE would starve it.
