@@ -85,6 +85,15 @@ class RuntimeSettings(CreateLimits, Layer):
         description="The CRIU binary (>= 4.1) for checkpoints; scripts/install.sh builds it "
         "there. Missing or failing `criu check`: checkpoints are unavailable, pause still works.",
     )
+    template_build_allow_out: list[str] | None = Field(
+        None,
+        description="Hosts a template build's steps may reach (egress allow-list entries); "
+        "unset: this machine's pip, npm and apt registries, its tools pointed at them; []: none.",
+    )
+    template_build_memory_mb: int = Field(2048, ge=64, description="Memory of a build step.")
+    template_build_disk_mb: int = Field(
+        10240, ge=64, description="Disk budget of a build step's writable layer."
+    )
     warm_templates: bool = Field(
         True,
         description="Start sandboxes of templates that start warm (code-interpreter-v1) from a "

@@ -34,6 +34,12 @@ class ServerSettings(Layer):
         ["code-interpreter-v1"],
         description="Templates `sandhold serve` builds in the background at start-up.",
     )
+    template_builds_at_once: int = Field(
+        2, ge=1, description="Template builds (E2B's Template.build) running at once."
+    )
+    template_upload_max_mb: int = Field(
+        1024, ge=1, description="Largest file archive a template build's COPY may upload."
+    )
     server_host: str = Field("127.0.0.1", description="Address `sandhold serve` listens on.")
     server_port: int = Field(49982, ge=1, le=65535, description="Port of both API planes.")
     api_keys: dict[str, str] = Field(

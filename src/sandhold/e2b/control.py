@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from sandhold.config import Settings
-from sandhold.e2b import forks, models, snapshots, wire
+from sandhold.e2b import forks, models, snapshots, templates, wire
 from sandhold.e2b.auth import Teams
 from sandhold.e2b.creates import DEFAULT_TIMEOUT_S, create_request
 from sandhold.e2b.errors import answer, error_response
@@ -165,7 +165,8 @@ class ControlPlane:
             Route("/sandboxes/{id}/fork", a(self.fork), methods=["POST"]),
             Route("/sandboxes/{id}/snapshots", a(self.create_snapshot), methods=["POST"]),
             Route("/snapshots", a(self.list_snapshots), methods=["GET"]),
-            Route("/templates/{id:path}", a(self.delete_snapshot), methods=["DELETE"]),
+            *templates.routes(self.service.builds, a, self.settings.template_upload_max_mb << 20),
+            Route("/templates/{id:path}", a(self.delete_template), methods=["DELETE"]),
             Route("/volumes", a(self.create_volume), methods=["POST"]),
             Route("/volumes", a(self.list_volumes), methods=["GET"]),
             Route("/volumes/{id}", a(self.get_volume), methods=["GET"]),
@@ -338,7 +339,10 @@ class ControlPlane:
     async def list_snapshots(self, request: Request, team: str) -> Response:
         return await snapshots.listed(self.service, team, dict(request.query_params))
 
-    async def delete_snapshot(self, request: Request, team: str) -> Response:
+    async def delete_template(self, request: Request, team: str) -> Response:
+        """A team's built template (all its builds), else a snapshot (E2B deletes both here)."""
+        if await self.service._run(self.service.builds.delete, team, request.path_params["id"]):
+            return Response(status_code=204)
         return await snapshots.delete(self.service, team, request.path_params["id"])
 
     async def set_timeout(self, request: Request, team: str) -> Response:

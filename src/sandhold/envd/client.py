@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,10 +94,12 @@ class EnvdClient:
         self, argv: list[str], *, user: str | None = None, cwd: str | None = None,
         env: dict[str, str] | None = None, timeout_s: float | None = None,
         background: bool = False, max_output: int | None = None,
+        on_output: Callable[[str, bytes], None] | None = None,
     ) -> CommandOutput:  # fmt: skip
         """Run a program; to completion, or in the background until it started (envd processes
         outlive the stream that started them). A timeout stops it: exit_code None, error set.
-        Output past ``max_output`` bytes is dropped (``truncated``)."""
+        Output past ``max_output`` bytes is dropped (``truncated``); ``on_output`` gets each
+        chunk as it comes ("stdout" or "stderr", bytes)."""
         process: dict[str, Any] = {"cmd": argv[0], "args": argv[1:], "envs": env or {}}
         if cwd:
             process["cwd"] = cwd
@@ -133,6 +136,8 @@ class EnvdClient:
                     for key, buf in (("stdout", out), ("stderr", err)):
                         if key in event["data"]:
                             chunk = base64.b64decode(event["data"][key])
+                            if on_output is not None:
+                                on_output(key, chunk)
                             room = limit - len(out) - len(err)
                             truncated |= len(chunk) > room
                             buf += chunk if room >= len(chunk) else chunk[: max(int(room), 0)]

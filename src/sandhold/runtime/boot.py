@@ -15,6 +15,7 @@ from sandhold.egress.control import agent_config as egress_agent_config
 from sandhold.egress.control import sandbox_env as egress_sandbox_env
 from sandhold.envd import ENVD_VERSION
 from sandhold.runtime import checkpoint, disk, images, mounts
+from sandhold.runtime.agent.libc import CAPS
 from sandhold.runtime.launcher import Launch, spawn
 from sandhold.runtime.reaping import wait_ready
 from sandhold.runtime.records import session_of
@@ -38,6 +39,7 @@ def agent_config(spec: SandboxSpec, template: Template, env: dict[str, str],
         "env": env,
         "envd_version": ENVD_VERSION,
         "services": template.services,
+        "root_caps": [CAPS[c] for c in template.root_caps],
         "file_view": {
             **spec.file_view.model_dump(),
             "read_only": [dst for _src, dst, ro in binds if ro]
@@ -85,7 +87,7 @@ def remount(rt: Runtime, d: Path, info: SandboxInfo, binds: bool) -> None:
     if not mounts.is_mountpoint(d / "root"):
         layer = d / disk.MOUNT if info.spec.limits.disk_mb is not None else d
         template = rt.templates.get(info.template)
-        with rt.uids.lower(template.rootfs, info.host_uid) as lower:
+        with rt.uids.lower(template.lowers(), info.host_uid) as lower:
             mounts.mount_overlay(lower, layer / "upper", layer / "work", d / "root")
     if not mounts.is_mountpoint(d / checkpoint.HANDOFF):
         mounts.mount_tmpfs(d / checkpoint.HANDOFF, 64 << 10, 0o755)
@@ -130,6 +132,7 @@ def boot(
             agent_lib=rt.agent_lib(),
             memory_mb=spec.limits.memory_mb,
             handoff=d / checkpoint.HANDOFF,
+            root_caps=template.root_caps,
             env={"PATH": env.get("PATH", "/usr/bin:/bin"), "HOME": "/root", "LANG": "C.UTF-8"},
         )
         proc, init_pid = spawn(launch, rt._cg(d.name), host_uid, ready_w, d / "sandbox.log")

@@ -56,6 +56,7 @@ class Launch:
     env: dict[str, str]
     memory_mb: int  # sizes /tmp (half) and /dev/shm (a quarter), both charged to its memory
     handoff: Path  # where the host hands the agent its socket after a checkpoint
+    root_caps: Sequence[str] = ()  # what its root keeps (a build sandbox's: templates.BUILD_CAPS)
 
 
 def bwrap_argv(
@@ -76,7 +77,7 @@ def bwrap_argv(
         "--userns-block-fd", str(block_fd), "--info-fd", str(info_fd),
         "--cap-drop", "ALL",
     ]  # fmt: skip
-    for cap in AGENT_CAPS:
+    for cap in (*AGENT_CAPS, *launch.root_caps):
         argv += ["--cap-add", cap]
     argv += [
         "--new-session", "--hostname", "sandbox",

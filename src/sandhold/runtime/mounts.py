@@ -24,24 +24,28 @@ def check(rc: int, what: str) -> None:
         raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
-def mount_overlay(lower: Path | int, upper: Path, work: Path, target: Path) -> None:
-    """Mount the copy-on-write root at ``target``. ``lower`` is the template's directory, or a
-    descriptor of an (idmapped) mount of it."""
+def mount_overlay(lowers: list[Path | int], upper: Path, work: Path, target: Path) -> None:
+    """Mount the copy-on-write root at ``target``. ``lowers`` are the template's directories,
+    the topmost first (its layers, then its root), or descriptors of (idmapped) mounts of them."""
     for d in (upper, work, target):
         d.mkdir(parents=True, exist_ok=True)
     # overlayfs shows its layers in mountinfo as the strings it was given, inside the sandbox
     # too: naming them by descriptor keeps the host's paths out of it.
     fds = [os.open(d, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) for d in (upper, work)]
-    if not isinstance(lower, int):
-        lower = os.open(lower, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-        fds.append(lower)
+    lower_fds = []
+    for lower in lowers:
+        if not isinstance(lower, int):
+            lower = os.open(lower, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            fds.append(lower)
+        lower_fds.append(lower)
     try:
         # The merged root takes its owner from the upper dir: make it the template root's owner
         # as the sandbox sees it (its root), so that bwrap, running as that user, can create
         # mount points in it.
-        st = os.fstat(lower)
+        st = os.fstat(lower_fds[-1])
         os.chown(upper, st.st_uid, st.st_gid)
-        lo, up, wo = (f"/proc/self/fd/{fd}" for fd in (lower, fds[0], fds[1]))
+        lo = ":".join(f"/proc/self/fd/{fd}" for fd in lower_fds)
+        up, wo = (f"/proc/self/fd/{fd}" for fd in (fds[0], fds[1]))
         opts = f"lowerdir={lo},upperdir={up},workdir={wo}".encode()
         rc = _libc.mount(b"overlay", str(target).encode(), b"overlay", 0, opts)
     finally:

@@ -36,6 +36,7 @@ from sandhold.runtime.agentlib import AgentLib
 from sandhold.runtime.boot import boot
 from sandhold.runtime.cgroups import CgroupSet
 from sandhold.runtime.disk import DiskBudget
+from sandhold.runtime.layers import LayerStore
 from sandhold.runtime.reaping import become_subreaper, reap_init
 from sandhold.runtime.records import (
     SandboxInfo,
@@ -49,7 +50,7 @@ from sandhold.runtime.records import (
 from sandhold.runtime.spec import NAME_RE, NetworkPolicy, SandboxSpec, validation_message
 from sandhold.runtime.templates import SANDBOX_USER_UID, Template, TemplateStore
 from sandhold.runtime.uids import UidPool
-from sandhold.runtime.warm import WarmStarts
+from sandhold.runtime.warm import WarmStarts, wait_ready
 from sandhold.runtime.wsdisk import WorkspaceDisk
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,7 @@ class Runtime:
         self.uids = UidPool(self.settings.uid_registry, root, self.settings.uid_base,
                             self.settings.uid_ranges, self.settings.uid_isolation)  # fmt: skip
         self.warm = WarmStarts(self)
+        self.layers = LayerStore(self.templates.root / ".layers", self.uids)
         self._opened = False
 
     def open(self) -> Runtime:
@@ -150,11 +152,12 @@ class Runtime:
     # -- lifecycle ------------------------------------------------------------------------------
     def create(
         self, spec: SandboxSpec | dict[str, object], extra: dict[str, object] | None = None,
-        layer_image: Path | None = None,
+        layer_image: Path | None = None, template: Template | None = None,
     ) -> SandboxInfo:  # fmt: skip
-        """Create and start a sandbox; returns once its agent answers. ``extra`` is stored with
-        the record for upper layers (e.g. the E2B server's timeout and tokens); ``layer_image``
-        is a writable layer to start from (a filesystem snapshot's)."""
+        """Create and start a sandbox; returns once its agent answers (and its template's
+        start command is ready). ``extra`` is stored with the record for upper layers (e.g.
+        the E2B server's timeout and tokens); ``layer_image`` is a writable layer to start from
+        (a filesystem snapshot's); ``template`` one not in the store (a build's, build.py)."""
         if not isinstance(spec, SandboxSpec):
             try:
                 spec = SandboxSpec.model_validate(spec)
@@ -162,7 +165,7 @@ class Runtime:
                 raise InvalidRequest(validation_message(e)) from None
         if shutil.which("bwrap") is None:
             raise HostUnsupported("bubblewrap is not installed (apt-get install bubblewrap)")
-        template = self.templates.get(spec.template)
+        template = template or self.templates.get(spec.template)
         spec = self.disk.resolve(spec, template)
         self.wsdisk.check(spec)
         for m in spec.mounts:
@@ -193,6 +196,8 @@ class Runtime:
             )
             self._save(info)
             self._children[sandbox_id] = proc
+            if any(svc.get("ready_cmd") for svc in template.services):
+                wait_ready(info, template)  # handed out with its start command serving
             return info
         except BaseException:
             self._destroy(sandbox_id, init_pid)
@@ -213,7 +218,7 @@ class Runtime:
         layer = self.disk.prepare(d, spec, layer_image)  # its own filesystem, of the budget
         if layer_image is not None:
             self.uids.shift_tree(layer.upper.parent, host_uid)  # another range wrote it
-        with self.uids.lower(template.rootfs, host_uid) as lower:
+        with self.uids.lower(template.lowers(), host_uid) as lower:
             mounts.mount_overlay(lower, layer.upper, layer.work, d / "root")
         run_dir = d / "run"
         run_dir.mkdir(mode=0o700)

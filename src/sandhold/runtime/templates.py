@@ -30,6 +30,10 @@ from sandhold.errors import HostUnsupported, InvalidRequest, TemplateNotFound
 from sandhold.runtime.spec import NAME_RE
 
 SANDBOX_USER_UID = 1000
+# What root may do in a build step (install packages, chown what it copies), as in a container
+# build, inside its user namespace only: agent/libc.py CAPS names them.
+BUILD_CAPS = ["CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL",
+              "CAP_SETGID", "CAP_SETUID", "CAP_SYS_CHROOT", "CAP_SETFCAP"]  # fmt: skip
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 # Host /etc entries that are safe and useful inside a sandbox built on the host's /usr.
@@ -65,6 +69,27 @@ class Template:
     disk_mb: int | None = None  # default disk budget of its sandboxes (settings' when unset)
     # Its sandboxes start from a checkpoint of one that has started its services (warm.py).
     warm: bool = False
+    # Built from steps (build.py): read-only layers over ``rootfs``, the topmost first
+    # (absolute paths of directories in the layer store, layers.py).
+    layers: list[str] = field(default_factory=list)
+    cpu: float | None = None  # default CPUs of its sandboxes (settings' when unset)
+    memory_mb: int | None = None  # default memory of its sandboxes (settings' when unset)
+    # E2B's view of a user-built template: whose it is (None: built in, everyone's), whether
+    # other teams may use it, its template id and name, this build's id and tags.
+    owner: str | None = None
+    public: bool = True
+    template_id: str | None = None
+    alias: str | None = None
+    build_id: str | None = None
+    tags: list[str] = field(default_factory=list)
+
+    # Capabilities its root processes keep in their user namespace (build sandboxes' only:
+    # BUILD_CAPS; a template in the store never has any).
+    root_caps: list[str] = field(default_factory=list)
+
+    def lowers(self) -> list[Path]:
+        """The overlay's lower directories, the topmost first."""
+        return [Path(p) for p in self.layers] + [self.rootfs]
 
     def to_json(self) -> dict[str, object]:
         d = asdict(self)
@@ -188,7 +213,9 @@ class TemplateStore:
             elif name in BUILTIN_TEMPLATES:
                 return self.build_builtin(name)
             else:
-                known = ", ".join(sorted({t.name for t in self.list()} | set(BUILTIN_TEMPLATES)))
+                # (a team's own builds are not named: they are no one else's business)
+                shared = {t.name for t in self.list() if t.owner is None}
+                known = ", ".join(sorted(shared | set(BUILTIN_TEMPLATES)))
                 raise TemplateNotFound(f"template {name!r} does not exist (known: {known})")
         return Template.from_json(json.loads(meta.read_text()))
 
@@ -220,6 +247,33 @@ class TemplateStore:
         else:
             staging.rename(final)
         return tpl
+
+    def add(self, tpl: Template) -> Template:
+        """Record a template whose root is another's (a built one: build.py), replacing one of
+        the same name."""
+        staging = self._staging(tpl.name)
+        try:
+            tpl.created_at = time.time()
+            (staging / "template.json").write_text(json.dumps(tpl.to_json(), indent=2))
+            final = self._dir(tpl.name)
+            if final.exists():
+                trash = Path(tempfile.mkdtemp(dir=self.root, prefix=".old-"))
+                final.rename(trash / "t")
+                staging.rename(final)
+                shutil.rmtree(trash, ignore_errors=True)
+            else:
+                staging.rename(final)
+            return tpl
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+
+    def update(self, tpl: Template) -> None:
+        """Rewrite a template's record in place (its tags: service/builds.py)."""
+        meta = self._dir(tpl.name) / "template.json"
+        part = meta.with_name(".template.json.new")
+        part.write_text(json.dumps(tpl.to_json(), indent=2))
+        part.rename(meta)
 
     def _staging(self, name: str) -> Path:
         if not NAME_RE.match(name):

@@ -133,17 +133,22 @@ class UidPool:
 
     # -- what a sandbox in range ``base`` sees of canonical trees --------------------------------
     @contextlib.contextmanager
-    def lower(self, rootfs: Path, base: int) -> Iterator[Path | int]:
-        """The template's root as the sandbox's overlay takes it: an idmapped mount's
-        descriptor (open while the context lasts; the overlay keeps its own reference)."""
+    def lower(self, dirs: list[Path], base: int) -> Iterator[list[Path | int]]:
+        """The template's directories (its layers, then its root) as the sandbox's overlay
+        takes them: idmapped mounts' descriptors (open while the context lasts; the overlay
+        keeps its own references)."""
         if base == self.canonical:
-            yield rootfs
+            yield list(dirs)
             return
-        fd = idmap.clone(rootfs, self.userns.get(self.canonical, base))
+        fds: list[Path | int] = []
         try:
-            yield fd
+            for d in dirs:
+                fds.append(idmap.clone(d, self.userns.get(self.canonical, base)))
+            yield fds
         finally:
-            os.close(fd)
+            for fd in fds:
+                assert isinstance(fd, int)
+                os.close(fd)
 
     def writable(self, d: Path, source: Path, base: int, mountpoint: str) -> Path:
         """What to bind for a writable canonical tree (a workspace, a volume): an idmapped view

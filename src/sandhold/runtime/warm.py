@@ -20,6 +20,7 @@ memory. Anything else boots cold, as does a failed warm start (logged; nothing o
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import hashlib
@@ -144,11 +145,7 @@ class WarmStarts:
         info = self.rt.create({"template": name})
         staged = Path(tempfile.mkdtemp(dir=target.parent, prefix=".new-"))
         try:
-            for svc in template.services:
-                if svc.get("ready_path") and svc.get("port"):
-                    port = svc["port"]
-                    assert isinstance(port, int)
-                    _wait_ready(info.agent_socket, port, str(svc["ready_path"]))
+            wait_ready(info, template)
             memory = self.rt._cg(info.id).usage()["memory_rss_bytes"]
             with self.rt._locked(info.id):
                 forking.checkpoint_in_place(self.rt, info, staged)
@@ -185,6 +182,39 @@ def _read(path: Path) -> str:
         return path.read_text()
     except FileNotFoundError:
         return ""
+
+
+def wait_ready(info: SandboxInfo, template: Template) -> None:
+    """Return once each of the template's services that says how is ready: its
+    ``ready_path`` answers 200 on its ``port``, its ``ready_cmd`` (a start command's) exits 0."""
+    for svc in template.services:
+        if svc.get("ready_path") and isinstance(port := svc.get("port"), int):
+            _wait_ready(info.agent_socket, port, str(svc["ready_path"]))
+        if svc.get("ready_cmd"):
+            _wait_ready_cmd(info, str(svc["ready_cmd"]), str(svc.get("user") or "root"),
+                            str(svc.get("cwd") or "/"))  # fmt: skip
+
+
+def _wait_ready_cmd(info: SandboxInfo, cmd: str, user: str, cwd: str) -> None:
+    from sandhold.runtime.build import run_sync  # (build.py builds on this module's users)
+    from sandhold.runtime.client import AgentClient
+
+    async def poll() -> str:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        last = ""
+        async with AgentClient(info.agent_socket, timeout=None) as agent:
+            while time.monotonic() < deadline:
+                r = await agent.run(["/bin/bash", "-l", "-c", cmd], user=user, cwd=cwd,
+                                    timeout_s=max(deadline - time.monotonic(), 1.0))  # fmt: skip
+                if r.exit_code == 0:
+                    return ""
+                last = (r.stdout + r.stderr).decode(errors="replace").strip()[-300:]
+                await asyncio.sleep(0.2)
+        return last or "no output"
+
+    if failure := run_sync(poll()):
+        raise SandboxStartFailed(f"the start command was not ready in {READY_TIMEOUT_S:g} s "
+                                 f"(ready command {cmd!r}: {failure})")  # fmt: skip
 
 
 def _wait_ready(agent_socket: Path, port: int, path: str) -> None:

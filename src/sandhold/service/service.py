@@ -32,6 +32,7 @@ from sandhold.runtime.records import SandboxInfo
 from sandhold.runtime.runtime import Runtime
 from sandhold.runtime.spec import NetworkPolicy, SandboxSpec, validation_message
 from sandhold.service import snapshots
+from sandhold.service.builds import Builds
 from sandhold.service.limits import check_create
 from sandhold.service.locks import KeyedLocks
 from sandhold.service.metrics import Failures, Sample, Samples
@@ -76,6 +77,7 @@ class SandboxService:
             Periodic(self.suspender.tick, min(5.0, max(settings.suspend_after_s, 0.5)),
                      "sandhold-suspend") if timers else None
         )  # fmt: skip
+        self.builds = Builds(self)
         self.warmer = Warmer(self)
         self._warming = (
             Periodic(self.warmer.tick, WARM_CHECK_S, "sandhold-warm", at_start=True)
@@ -123,6 +125,7 @@ class SandboxService:
         if self._warming is not None:
             await self._warming.stop()
         await self.warmer.close()
+        await self.builds.close()
         await asyncio.to_thread(self._executor.shutdown, True)
 
     def lock(self, sandbox_id: str) -> contextlib.AbstractAsyncContextManager[None]:
@@ -225,11 +228,13 @@ class SandboxService:
                 "autoResume cannot be combined with a filesystem-only pause (autoPauseMemory)"
             )
         s = self.settings
+        req.template, made = await self._run(self.builds.resolve, req.owner, req.template)
         try:
             spec = SandboxSpec.model_validate({
                 "template": req.template,
-                "limits": {"memory_mb": req.memory_mb or s.default_memory_mb,
-                           "cpu": req.cpu or s.default_cpu, "pids": req.pids or s.default_pids,
+                "limits": {"memory_mb": req.memory_mb or made.memory_mb or s.default_memory_mb,
+                           "cpu": req.cpu or made.cpu or s.default_cpu,
+                           "pids": req.pids or s.default_pids,
                            "disk_mb": req.disk_mb},
                 "env": req.env,
                 "metadata": req.metadata,

@@ -26,6 +26,9 @@ class AgentConfig:
     # Whether the agent bound ``socket`` itself (and removes it when it stops); in a sandbox the
     # host binds it and hands over the listening descriptor.
     socket_owned: bool = True
+    # Capabilities (numbers) its root processes keep, in its user namespace: a build sandbox's
+    # (runtime/build.py); every other sandbox's root has none.
+    root_caps: frozenset[int] = frozenset()
 
     @classmethod
     def load(cls, source: str | int) -> AgentConfig:
@@ -58,4 +61,5 @@ class AgentConfig:
             services=services,
             egress=raw.get("egress") if isinstance(raw.get("egress"), dict) else None,
             file_view=raw.get("file_view") if isinstance(raw.get("file_view"), dict) else None,
+            root_caps=frozenset(int(c) for c in raw.get("root_caps") or []),
         )

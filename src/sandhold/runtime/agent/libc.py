@@ -65,8 +65,14 @@ def current_fsgid() -> int:
     return int(_libc.setfsgid(0xFFFFFFFF))
 
 
-def drop_all_capabilities() -> None:
-    """In a child about to exec: nothing ambient, an empty bounding set, no capabilities.
+# Capabilities a build sandbox's root keeps (inside its user namespace): AgentConfig.root_caps.
+CAPS = {"CAP_CHOWN": 0, "CAP_DAC_OVERRIDE": 1, "CAP_FOWNER": 3, "CAP_FSETID": 4, "CAP_KILL": 5,
+        "CAP_SETGID": 6, "CAP_SETUID": 7, "CAP_SYS_CHROOT": 18, "CAP_SETFCAP": 31}  # fmt: skip
+
+
+def drop_all_capabilities(keep: frozenset[int] = frozenset()) -> None:
+    """In a child about to exec: nothing ambient, an empty bounding set (but ``keep``), no
+    capabilities.
 
     Runs before the uid switch: dropping the bounding set needs CAP_SETPCAP, which setuid to a
     non-root uid takes away. The final capset also empties the inheritable set, without which
@@ -74,13 +80,20 @@ def drop_all_capabilities() -> None:
     """
     _libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)  # EINVAL on old kernels
     for cap in range(64):
+        if cap in keep:
+            continue
         if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0 and ctypes.get_errno() == 22:
             break  # EINVAL: past the last capability this kernel knows
 
 
-def clear_capability_sets() -> None:
+def clear_capability_sets(keep: frozenset[int] = frozenset()) -> None:
+    """Permitted and effective = ``keep`` (root then execs with them: no_new_privs lets it
+    keep what it has), nothing inheritable."""
     header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
     data = (_CapData * 2)()
+    for cap in keep:
+        data[cap // 32].effective |= 1 << (cap % 32)
+        data[cap // 32].permitted |= 1 << (cap % 32)
     _check(_libc.capset(ctypes.byref(header), data))
 
 

@@ -76,6 +76,7 @@ def spawn_spec(msg: Message, user: User, agent_config: AgentConfig) -> tuple[Spa
         env.setdefault("TERM", "xterm-256color")
     stdin = get(msg, "stdin")
     spec = SpawnSpec([cmd, *args], env, cwd, user, pty_size, True if stdin is None else bool(stdin))
+    spec.root_caps = agent_config.root_caps
     config: Message = {"cmd": cmd, "args": args, "envs": envs}
     if cwd_req is not None:
         config["cwd"] = cwd_req

@@ -77,6 +77,7 @@ class SpawnSpec:
         self.groups = group_ids(user)  # read here: the child should only make syscalls
         self.pty_size = pty_size
         self.stdin = stdin
+        self.root_caps: frozenset[int] = frozenset()  # what a root process keeps (a build's)
 
 
 class Spawned:
@@ -208,7 +209,8 @@ def _run_in_child(spec: SpawnSpec, fds: dict[str, int], errpipe: int, max_fd: in
         if can_switch():
             from . import libc
 
-            libc.drop_all_capabilities()
+            keep = spec.root_caps if user.uid == 0 else frozenset()
+            libc.drop_all_capabilities(keep)
             if (os.getuid(), os.getgid()) != (user.uid, user.gid):
                 stage = "setgroups"
                 try:
@@ -220,7 +222,7 @@ def _run_in_child(spec: SpawnSpec, fds: dict[str, int], errpipe: int, max_fd: in
                 stage = "setuid"
                 os.setresuid(user.uid, user.uid, user.uid)
             try:
-                libc.clear_capability_sets()
+                libc.clear_capability_sets(keep)
             except OSError:
                 pass
         stage = "chdir"

@@ -1,0 +1,137 @@
+"""E2B's template-build endpoints over the service's builds (service/builds.py), in what the
+pinned SDK's ``Template.build`` sends and parses:
+
+- ``POST /v3/templates`` ``{name, tags?, cpuCount?, memoryMB?}`` → 202 ``{templateID, buildID,
+  public, names, tags, aliases}``
+- ``GET /templates/{id}/files/{hash}`` → 201 ``{present, url?}``: the url is this server's
+  ``PUT /templates/{id}/files/{hash}?build=&token=`` (the SDK uploads without its API key: the
+  token, one per build, authorizes it)
+- ``POST /v2/templates/{id}/builds/{buildID}`` ``{fromTemplate | fromImage, steps, startCmd?,
+  readyCmd?, force}`` → 202; ``GET /templates/{id}/builds/{buildID}/status?logsOffset=`` → 200
+- ``GET /templates/aliases/{name}`` → 200 ``{templateID, public}``, 403 (another team's), 404
+- ``POST /templates/tags`` ``{target, tags}`` → 201; ``DELETE /templates/tags`` ``{name, tags}``
+  → 204; ``GET /templates/{id}/tags`` → 200; ``DELETE /templates/{id}`` → 204 (or a snapshot's)
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+from urllib.parse import quote
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from sandhold.e2b import models
+from sandhold.errors import Forbidden, InvalidRequest
+from sandhold.service.builds import Builds
+
+Handler = Callable[[Request, str], Awaitable[Response]]
+
+
+class BuildRequestBody(models.Body):
+    name: str | None = None
+    alias: str | None = None
+    tags: list[str] | None = None
+    cpuCount: int | None = None
+    memoryMB: int | None = None
+    minFreeDiskMb: int | None = None
+    teamID: str | None = None
+
+
+class TagsBody(models.Body):
+    target: str | None = None
+    name: str | None = None
+    tags: list[str]
+
+
+def routes(builds: Builds, authed: Callable[[Handler], Any], max_upload: int) -> list[Route]:
+    async def request_build(request: Request, team: str) -> Response:
+        body = models.parse(BuildRequestBody, await request.body())
+        ref = body.name or body.alias
+        if not ref:
+            raise InvalidRequest("name is required")
+        job = builds.request(team, ref, body.tags or [], body.cpuCount, body.memoryMB)
+        return JSONResponse({"templateID": job.template_id, "buildID": job.build_id,
+                             "public": False, "names": [job.name], "tags": job.tags,
+                             "aliases": [job.name]}, status_code=202)  # fmt: skip
+
+    async def file_link(request: Request, team: str) -> Response:
+        tid, files_hash = request.path_params["id"], request.path_params["hash"]
+        jobs = [j for j in builds.jobs.values()
+                if j.team == team and j.template_id == tid and not j.started]  # fmt: skip
+        if not jobs:
+            raise InvalidRequest(f"template {tid} has no build waiting for its files")
+        job = jobs[-1]
+        if builds.upload_path(team, files_hash).exists():
+            return JSONResponse({"present": True}, status_code=201)
+        url = (f"{str(request.base_url).rstrip('/')}/templates/{quote(tid)}/files/{files_hash}"
+               f"?build={job.build_id}&token={job.upload_token}")  # fmt: skip
+        return JSONResponse({"present": False, "url": url}, status_code=201)
+
+    async def upload(request: Request) -> Response:
+        tid, files_hash = request.path_params["id"], request.path_params["hash"]
+        job = builds.jobs.get(request.query_params.get("build", ""))
+        token = request.query_params.get("token", "")
+        if (
+            job is None
+            or job.template_id != tid
+            or not hmac.compare_digest(job.upload_token.encode(), token.encode())
+        ):
+            raise Forbidden("invalid upload link")
+        await builds.save_upload(job, files_hash, request.stream(), max_upload)
+        return Response(status_code=200)
+
+    async def start_build(request: Request, team: str) -> Response:
+        job = builds.job(team, request.path_params["id"], request.path_params["build"])
+        try:
+            body = json.loads(await request.body() or b"{}")
+        except ValueError:
+            raise InvalidRequest("the body must be JSON") from None
+        if not isinstance(body, dict):
+            raise InvalidRequest("the body must be a JSON object")
+        builds.start(job, body)
+        return Response(status_code=202)
+
+    async def build_status(request: Request, team: str) -> Response:
+        job = builds.job(team, request.path_params["id"], request.path_params["build"])
+        try:
+            offset = int(request.query_params.get("logsOffset") or 0)
+        except ValueError:
+            raise InvalidRequest("logsOffset must be an integer") from None
+        return JSONResponse(builds.status(job, max(offset, 0)))
+
+    async def alias(request: Request, team: str) -> Response:
+        return JSONResponse(builds.alias(team, request.path_params["alias"]))
+
+    async def assign_tags(request: Request, team: str) -> Response:
+        body = models.parse(TagsBody, await request.body())
+        if not body.target:
+            raise InvalidRequest("target is required")
+        return JSONResponse(builds.assign(team, body.target, body.tags), status_code=201)
+
+    async def remove_tags(request: Request, team: str) -> Response:
+        body = models.parse(TagsBody, await request.body())
+        if not body.name:
+            raise InvalidRequest("name is required")
+        builds.remove_tags(team, body.name, body.tags)
+        return Response(status_code=204)
+
+    async def list_tags(request: Request, team: str) -> Response:
+        return JSONResponse(builds.tags(team, request.path_params["id"]))
+
+    a = authed
+    return [
+        Route("/v3/templates", a(request_build), methods=["POST"]),
+        Route("/templates/aliases/{alias}", a(alias), methods=["GET"]),
+        Route("/templates/tags", a(assign_tags), methods=["POST"]),
+        Route("/templates/tags", a(remove_tags), methods=["DELETE"]),
+        Route("/templates/{id}/files/{hash}", a(file_link), methods=["GET"]),
+        Route("/templates/{id}/files/{hash}", upload, methods=["PUT"]),
+        Route("/v2/templates/{id}/builds/{build}", a(start_build), methods=["POST"]),
+        Route("/templates/{id}/builds/{build}/status", a(build_status), methods=["GET"]),
+        Route("/templates/{id}/tags", a(list_tags), methods=["GET"]),
+    ]

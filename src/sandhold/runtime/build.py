@@ -1,0 +1,272 @@
+"""Building templates from steps: what E2B's ``Template`` builder sends (``RUN``, ``COPY``,
+``ENV``, ``WORKDIR``, ``USER``; its ``pip_install``, ``apt_install``, ``git_clone``, ``make_dir``
+... are ``RUN``s) and what a Dockerfile says.
+
+Each step that changes files runs in a **build sandbox**: an ordinary sandbox (the same
+boundary: its own uid range, no host root, cgroups, seccomp) of the layers built so far, with
+egress only to the operator's build allow-list (``template_build_allow_out``) and no secrets.
+Once the step is done its processes are dropped and its writable layer (overlayfs' upper
+directory, whiteouts and opaque directories included) becomes a **layer** of the layer store
+(layers.py), its owners moved back to the canonical range. A template is its base's root plus
+its layers, stacked as overlay lower directories.
+
+**The cache**: a layer's id hashes its parent's id, the step and its inputs (a ``COPY``'s files
+hash, the env, user and workdir it runs with); an existing layer is reused unless the step (or
+one before it) is forced. So an identical rebuild runs nothing, and changing step k rebuilds
+from k. A failing step reports its exit code and output; nothing of the build is kept but the
+layers of the steps that succeeded (cache for the next attempt).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import hashlib
+import json
+import logging
+import shlex
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from sandhold.errors import InvalidRequest, TemplateBuildFailed
+from sandhold.runtime import disk, registries
+from sandhold.runtime.client import AgentClient
+from sandhold.runtime.templates import BUILD_CAPS, Template
+
+if TYPE_CHECKING:
+    from sandhold.runtime.records import SandboxInfo
+    from sandhold.runtime.runtime import Runtime
+
+STEP_TYPES = ("RUN", "COPY", "ENV", "WORKDIR", "USER")
+COPY_TAR = "/tmp/.sandhold-copy.tar"  # inside the build sandbox, gone before its layer is kept
+STEP_TIMEOUT_S = 3600.0
+MAX_OUTPUT = 1 << 20  # of a failing step, kept for the error (its log has all of it)
+T = TypeVar("T")
+
+log = logging.getLogger(__name__)
+Log = Callable[[str, str], None]  # (level, message)
+
+
+@dataclass
+class Step:
+    type: str
+    args: list[str]
+    files_hash: str | None = None
+    force: bool = False
+
+    def check(self, index: int) -> None:
+        where = f"step {index + 1} ({self.type})"
+        if self.type not in STEP_TYPES:
+            raise InvalidRequest(f"step {index + 1}: unsupported instruction {self.type!r} "
+                                 f"(supported: {', '.join(STEP_TYPES)})")  # fmt: skip
+        n = len(self.args)
+        if self.type in ("RUN", "WORKDIR", "USER") and not (1 <= n <= 2 and self.args[0]):
+            raise InvalidRequest(f"{where}: needs its argument")
+        if self.type == "ENV" and (n == 0 or n % 2):
+            raise InvalidRequest(f"{where}: needs name, value pairs")
+        if self.type == "COPY" and (n < 2 or not self.files_hash):
+            raise InvalidRequest(f"{where}: needs a source, a destination and its files' hash")
+
+
+@dataclass
+class BuildRequest:
+    name: str  # the template's name in the store
+    base: str  # the template it starts from (in the store)
+    steps: list[Step]
+    start_cmd: str | None = None
+    ready_cmd: str | None = None
+    force: bool = False  # rebuild every layer
+    cpu: float | None = None
+    memory_mb: int | None = None
+    meta: dict[str, Any] = field(default_factory=dict)  # Template fields: owner, tags, ...
+
+
+@dataclass
+class _State:
+    env: dict[str, str]
+    user: str
+    workdir: str
+
+
+class Builder:
+    def __init__(self, rt: Runtime, upload: Callable[[str], Path]) -> None:
+        self.rt = rt
+        self.upload = upload  # a COPY's files hash -> its archive (tar, gzipped or not)
+        self.layers = rt.layers
+
+    def build(self, req: BuildRequest, emit: Log) -> Template:
+        for i, step in enumerate(req.steps):
+            step.check(i)
+        base = self.rt.templates.get(req.base)
+        state = _State(dict(base.env), base.user, base.workdir)
+        key = _hash(["base", base.name, base.created_at, base.layers])
+        built: list[str] = []  # the new layers, bottom first
+        forced = req.force
+        for i, step in enumerate(req.steps):
+            label = f"[{i + 1}/{len(req.steps)}] {step.type} {' '.join(step.args)}"[:300]
+            key = _hash([key, step.type, step.args, step.files_hash, state.user,
+                         state.workdir, sorted(state.env.items())])  # fmt: skip
+            forced = forced or step.force
+            if step.type == "ENV":
+                state.env.update(zip(step.args[::2], step.args[1::2], strict=True))
+                emit("info", label)
+                continue
+            if step.type == "USER":
+                state.user = step.args[0]
+                emit("info", label)
+                continue
+            if not forced and self.layers.exists(key):
+                emit("info", f"CACHED {label}")
+            else:
+                emit("info", label)
+                t0 = time.monotonic()
+                self._run(base, built, state, step, key, emit)
+                emit("info", f"done in {time.monotonic() - t0:.1f} s")
+            built.append(key)
+            if step.type == "WORKDIR":
+                state.workdir = _abs(step.args[0], state.workdir)
+        tpl = Template(
+            name=req.name, kind=base.kind, rootfs=base.rootfs, user=state.user,
+            workdir=state.workdir, env=state.env, ro_binds=list(base.ro_binds),
+            services=list(base.services), disk_mb=base.disk_mb,
+            layers=[self.layers.path(k) for k in reversed(built)] + list(base.layers),
+            cpu=req.cpu or base.cpu, memory_mb=req.memory_mb or base.memory_mb,
+        )  # fmt: skip
+        if req.start_cmd:
+            tpl.services.append({
+                "name": "start", "argv": ["/bin/bash", "-l", "-c", req.start_cmd],
+                "user": state.user, "cwd": state.workdir, "ready_cmd": req.ready_cmd or "true",
+            })  # fmt: skip
+            tpl.warm = True  # (E2B hands out its sandboxes with the start command serving)
+        for k, v in req.meta.items():
+            setattr(tpl, k, v)
+        return self.rt.templates.add(tpl)
+
+    # -- one step in a build sandbox --------------------------------------------------------
+    def _run(self, base: Template, built: list[str], state: _State, step: Step, key: str,
+             emit: Log) -> None:  # fmt: skip
+        layers = [self.layers.path(k) for k in reversed(built)] + list(base.layers)
+        stack = Template(**{**base.__dict__, "services": [], "warm": False, "layers": layers,
+                            "root_caps": list(BUILD_CAPS)})  # fmt: skip
+        info = self.rt.create(build_spec(self.rt, base), template=stack)
+        try:
+            if step.type == "RUN":
+                user = step.args[1] if len(step.args) > 1 and step.args[1] else state.user
+                self._exec(info, ["/bin/bash", "-c", step.args[0]], user, state, emit)
+            elif step.type == "WORKDIR":
+                path = _abs(step.args[0], state.workdir)
+                self._exec(info, ["mkdir", "-p", "--", path], "root", state, emit)
+            else:
+                self._copy(info, step, state, emit)
+            self.rt.pause_filesystem(info.id)  # its processes gone, its files kept
+            layer = info.dir / disk.MOUNT if info.spec.limits.disk_mb is not None else info.dir
+            self.layers.commit(key, layer / "upper")
+        finally:
+            self.rt.kill(info.id)
+
+    def _exec(self, info: SandboxInfo, argv: list[str], user: str, state: _State,
+              emit: Log) -> None:  # fmt: skip
+        def output(_stream: str, chunk: bytes) -> None:
+            for line in chunk.decode(errors="replace").splitlines():
+                emit("info", line)
+
+        async def go() -> Any:
+            async with AgentClient(info.agent_socket, timeout=None) as agent:
+                return await agent.run(argv, user=user, cwd=state.workdir, env=state.env,
+                                       timeout_s=STEP_TIMEOUT_S, max_output=MAX_OUTPUT,
+                                       on_output=output)  # fmt: skip
+
+        r = run_sync(go())
+        if r.exit_code != 0:
+            tail = (r.stdout + r.stderr).decode(errors="replace").strip()[-2000:]
+            code = "timed out" if r.exit_code is None else f"exit code {r.exit_code}"
+            raise TemplateBuildFailed(f"{shlex.join(argv)[:200]} failed ({code}): {tail}")
+
+    def _copy(self, info: SandboxInfo, step: Step, state: _State, emit: Log) -> None:
+        assert step.files_hash is not None
+        archive = self.upload(step.files_hash)
+        data = archive.read_bytes()
+
+        async def put() -> None:
+            async with AgentClient(info.agent_socket, timeout=None) as agent:
+                await agent.write_file(COPY_TAR, data, user="root")
+
+        run_sync(put())
+        src, dest = step.args[0], _abs(step.args[1], state.workdir, keep_slash=True)
+        env = {
+            **state.env,
+            "SRC": src,
+            "DEST": dest,
+            "OWNER": step.args[2] if len(step.args) > 2 else "",
+            "MODE": step.args[3] if len(step.args) > 3 else "",
+            "TAR": COPY_TAR,
+        }
+        self._exec(info, ["/bin/bash", "-c", COPY_SCRIPT], "root",
+                   _State(env, "root", state.workdir), emit)  # fmt: skip
+
+
+# Docker's COPY semantics over the uploaded archive (entries relative to the build context): a
+# single file to a path not ending in "/" (and not a directory) is that file; otherwise every
+# match goes into DEST, a directory's contents rather than the directory.
+COPY_SCRIPT = r"""
+set -euo pipefail
+shopt -s nullglob dotglob
+t=$(mktemp -d /tmp/.sandhold-copy.XXXXXX)
+tar -xf "$TAR" -C "$t" --no-same-owner
+rm -f "$TAR"
+cd "$t"
+matches=( $SRC )
+[ ${#matches[@]} -gt 0 ] || { echo "COPY: nothing matches $SRC" >&2; exit 1; }
+done_=()
+one=${matches[0]}
+if [ ${#matches[@]} -eq 1 ] && [ ! -d "$one" ] && [[ "$DEST" != */ ]] && [ ! -d "$DEST" ]; then
+  mkdir -p "$(dirname "$DEST")"; cp -a -- "$one" "$DEST"; done_=("$DEST")
+else
+  mkdir -p "$DEST"
+  for m in "${matches[@]}"; do
+    if [ -d "$m" ]; then
+      for e in "$m"/*; do cp -a -- "$e" "$DEST/"; done_+=("$DEST/$(basename "$e")"); done
+    else
+      cp -a -- "$m" "$DEST/"; done_+=("$DEST/$(basename "$m")")
+    fi
+  done
+fi
+if [ -n "$OWNER" ]; then chown -R -- "$OWNER:" "${done_[@]}"; fi
+if [ -n "$MODE" ]; then find "${done_[@]}" -type f -exec chmod "$MODE" {} +; fi
+cd /; rm -rf "$t"
+"""
+
+
+def build_spec(rt: Runtime, base: Template) -> dict[str, Any]:
+    """A build sandbox's spec: egress only to the build allow-list (none without one), the
+    build's memory and disk, no workspace, no secrets (no tenant: nothing is injected)."""
+    s = rt.settings
+    env: dict[str, str] = {}
+    if s.template_build_allow_out is None:
+        machine = registries.machine()
+        allow, env = machine.hosts(), machine.env()
+    else:
+        allow = list(s.template_build_allow_out)
+    network: dict[str, Any] = {"mode": "allowlist", "allow": allow} if allow else {"mode": "none"}
+    limits: dict[str, Any] = {"memory_mb": s.template_build_memory_mb}
+    if rt.disk.enforced:
+        limits["disk_mb"] = max(s.template_build_disk_mb, base.disk_mb or 0)
+    return {"template": base.name, "network": network, "limits": limits, "env": env}
+
+
+def run_sync(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` to its end from sync code, whether or not this thread runs an event loop."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+def _abs(path: str, workdir: str, keep_slash: bool = False) -> str:
+    out = path if path.startswith("/") else f"{workdir.rstrip('/')}/{path}"
+    return out if keep_slash or out == "/" else out.rstrip("/")
+
+
+def _hash(parts: list[Any]) -> str:
+    return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:32]

@@ -1,0 +1,317 @@
+"""Template builds for a team (what E2B's ``Template.build`` drives): a build is requested for a
+name (``name`` or ``name:tag``), its files are uploaded by hash, it is started with its steps and
+runs in the background (runtime/build.py) while its status and log are polled.
+
+Naming: a template (team, name) has a stable id; each build is a template of the store named
+``<template id>.<build id>``, recorded with its owner, name and tags (``Template.owner`` ...).
+A team sees and uses its own templates and public ones (the built-ins); another team's are
+"not found", as E2B answers for what one does not own. Uploads are kept per team
+(``data_dir/template-uploads/<team>/<hash>``): one team cannot plant the files of another's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import re
+import secrets
+import shutil
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sandhold.errors import (
+    Conflict,
+    Forbidden,
+    InvalidRequest,
+    NotFound,
+    SandholdError,
+    TemplateNotFound,
+)
+from sandhold.runtime.build import Builder, BuildRequest, Step
+from sandhold.runtime.spec import NAME_RE
+from sandhold.runtime.templates import Template
+
+if TYPE_CHECKING:
+    from sandhold.service.service import SandboxService
+
+log = logging.getLogger(__name__)
+
+NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,61}[a-z0-9]$|^[a-z0-9]$")
+TAG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+DEFAULT_TAG = "default"
+BASE_IMAGE = "e2bdev/base"  # what the SDK's from_base_image() names: our `base`
+MAX_LOG_PAGE = 100  # entries per status answer, as E2B's
+
+
+def split_name(ref: str) -> tuple[str, str | None]:
+    """``name`` or ``name:tag`` → (name, tag or None); 400 naming what does not parse."""
+    name, sep, tag = ref.partition(":")
+    if not NAME.match(name):
+        raise InvalidRequest(f"invalid template name {name!r}: lowercase letters, digits, '.', "
+                             "'_' and '-', at most 63")  # fmt: skip
+    if sep and not TAG.match(tag):
+        raise InvalidRequest(f"invalid tag {tag!r} in {ref!r}")
+    return name, (tag if sep else None)
+
+
+def template_id(team: str, name: str) -> str:
+    return "t" + hashlib.sha256(f"{team}\0{name}".encode()).hexdigest()[:19]
+
+
+@dataclass(frozen=True)
+class Defaults:
+    cpu: float | None = None
+    memory_mb: int | None = None
+
+
+@dataclass
+class Job:
+    team: str
+    name: str
+    template_id: str
+    build_id: str
+    tags: list[str]
+    cpu: float | None
+    memory_mb: int | None
+    status: str = "waiting"  # building, ready, error
+    logs: list[dict[str, Any]] = field(default_factory=list)
+    reason: dict[str, Any] | None = None
+    upload_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+    started: bool = False
+
+    def emit(self, level: str, message: str, step: str | None = None) -> None:
+        entry = {"timestamp": datetime.now(UTC).isoformat(), "level": level, "message": message}
+        if step is not None:
+            entry["step"] = step
+        self.logs.append(entry)
+
+
+class Builds:
+    def __init__(self, service: SandboxService) -> None:
+        self.service = service
+        self.rt = service.runtime
+        self.uploads = service.settings.data_dir / "template-uploads"
+        self.jobs: dict[str, Job] = {}
+        self._running = asyncio.Semaphore(service.settings.template_builds_at_once)
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # -- what the team may see --------------------------------------------------------------
+    def find(self, team: str, ref: str) -> Template | None:
+        """The build ``ref`` names for ``team`` (a name, ``name:tag``, a template id with or
+        without a tag, a store name); None for anything else (a built-in, a snapshot, unknown).
+        Another team's build is not found, whatever names it."""
+        name, _, tag = ref.partition(":")
+        tag = tag or DEFAULT_TAG
+        for t in self.rt.templates.list():
+            if t.owner is None:
+                continue
+            if t.name == ref and t.owner != team and not t.public:
+                raise TemplateNotFound(f"template {ref!r} not found")
+            if t.owner == team and (t.name == ref or (name in (t.alias, t.template_id)
+                                                      and tag in t.tags)):  # fmt: skip
+                return t
+        return None
+
+    def resolve(self, team: str, ref: str) -> tuple[str, Defaults]:
+        """What a create names: the store name of a team's (or public) build, else ``ref``;
+        with the defaults (cpu, memory) of the template it names."""
+        found = self.find(team, ref)
+        if found is not None:
+            return found.name, Defaults(found.cpu, found.memory_mb)
+        if NAME_RE.match(ref) and self.rt.templates.exists(ref):
+            t = self.rt.templates.get(ref)
+            return ref, Defaults(t.cpu, t.memory_mb)
+        if ":" in ref:  # name:tag of no build of the team's
+            raise TemplateNotFound(f"template {ref!r} not found")
+        return ref, Defaults()
+
+    def alias(self, team: str, name: str) -> dict[str, Any]:
+        if self.rt.templates.exists(name) and (t := self.rt.templates.get(name)).owner is None:
+            return {"templateID": t.name, "public": True}
+        tid = template_id(team, name)
+        if any(t.template_id == tid for t in self.rt.templates.list()):
+            return {"templateID": tid, "public": False}
+        if any(t.alias == name and t.owner != team for t in self.rt.templates.list()):
+            raise Forbidden(f"template {name!r} belongs to another team")
+        raise NotFound(f"template {name!r} not found")
+
+    # -- a build ----------------------------------------------------------------------------
+    def request(self, team: str, ref: str, tags: list[str], cpu: float | None,
+                memory_mb: int | None) -> Job:  # fmt: skip
+        name, tag = split_name(ref)
+        for t in tags:
+            if not TAG.match(t):
+                raise InvalidRequest(f"invalid tag {t!r}")
+        if self.rt.templates.exists(name) and self.rt.templates.get(name).owner is None:
+            raise Conflict(f"template {name!r} is built in; choose another name")
+        all_tags = sorted({tag or DEFAULT_TAG, *tags})
+        job = Job(team, name, template_id(team, name), str(uuid.uuid4()), all_tags, cpu, memory_mb)
+        self.jobs[job.build_id] = job
+        return job
+
+    def job(self, team: str, tid: str, build_id: str) -> Job:
+        job = self.jobs.get(build_id)
+        if job is None or job.team != team or job.template_id != tid:
+            raise NotFound(f"build {build_id} of template {tid} not found")
+        return job
+
+    def upload_path(self, team: str, files_hash: str) -> Path:
+        if not re.fullmatch(r"[0-9a-f]{16,128}", files_hash):
+            raise InvalidRequest(f"invalid files hash {files_hash!r}")
+        return self.uploads / hashlib.sha256(team.encode()).hexdigest()[:16] / files_hash
+
+    async def save_upload(self, job: Job, files_hash: str, chunks: Any, limit: int) -> None:
+        path = self.upload_path(job.team, files_hash)
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        part = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
+        size = 0
+        try:
+            with part.open("wb") as f:
+                async for chunk in chunks:
+                    size += len(chunk)
+                    if size > limit:
+                        raise InvalidRequest(f"upload larger than {limit >> 20} MiB "
+                                             "(template_upload_max_mb)")  # fmt: skip
+                    f.write(chunk)
+            part.rename(path)
+        finally:
+            part.unlink(missing_ok=True)
+
+    def start(self, job: Job, body: dict[str, Any]) -> None:
+        if job.started:
+            raise Conflict(f"build {job.build_id} was started already")
+        raw = body.get("steps") or []
+        if not isinstance(raw, list) or not all(isinstance(s, dict) for s in raw):
+            raise InvalidRequest("steps must be a list of objects")
+        steps = [Step(str(s.get("type")), [str(a) for a in s.get("args") or []],
+                      s.get("filesHash"), bool(s.get("force"))) for s in raw]  # fmt: skip
+        for i, step in enumerate(steps):
+            step.check(i)
+            hashed = step.files_hash
+            if step.type == "COPY" and hashed and not self.upload_path(job.team, hashed).exists():
+                raise InvalidRequest(f"step {i + 1} (COPY {step.args[0]}): its files "
+                                     f"({hashed}) were not uploaded")  # fmt: skip
+        base = self._base(job.team, body)
+        req = BuildRequest(
+            name=f"{job.template_id}.{job.build_id[:8]}", base=base, steps=steps,
+            start_cmd=body.get("startCmd") or None, ready_cmd=body.get("readyCmd") or None,
+            force=bool(body.get("force")), cpu=job.cpu, memory_mb=job.memory_mb,
+            meta={"owner": job.team, "public": False, "template_id": job.template_id,
+                  "alias": job.name, "build_id": job.build_id, "tags": []},
+        )  # fmt: skip
+        job.started = True
+        task = asyncio.get_running_loop().create_task(self._run(job, req))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _base(self, team: str, body: dict[str, Any]) -> str:
+        if body.get("fromImageRegistry"):
+            raise InvalidRequest("fromImageRegistry (registry credentials) is not supported yet")
+        if tpl := body.get("fromTemplate"):
+            found = self.find(team, str(tpl))
+            if found is not None:
+                return found.name
+            if self.rt.templates.exists(str(tpl)):
+                return str(tpl)
+            raise InvalidRequest(f"unknown base template {tpl!r}")
+        image = body.get("fromImage")
+        if image in (None, "", BASE_IMAGE) or str(image).startswith(BASE_IMAGE + ":"):
+            return "base"
+        raise InvalidRequest(f"base image {image!r}: pulling images is not supported yet; "
+                             "build from_template('base') or from_base_image()")  # fmt: skip
+
+    async def _run(self, job: Job, req: BuildRequest) -> None:
+        async with self._running:
+            job.status = "building"
+            builder = Builder(self.rt, lambda h: self.upload_path(job.team, h))
+            t0 = time.monotonic()
+            try:
+                await self.service._run(builder.build, req, job.emit)
+            except SandholdError as e:
+                job.emit("error", str(e))
+                job.reason = {"message": str(e), "logEntries": job.logs[-20:]}
+                job.status = "error"
+                return
+            except Exception as e:  # a bug: said, never a build left "building"
+                log.exception("template build %s failed", job.build_id)
+                job.reason = {"message": f"internal error: {e}"}
+                job.status = "error"
+                return
+            self._tag(job.team, job.template_id, req.name, job.tags)
+            job.emit("info", f"Build finished in {time.monotonic() - t0:.1f} s")
+            job.status = "ready"
+
+    def status(self, job: Job, offset: int) -> dict[str, Any]:
+        entries = job.logs[offset : offset + MAX_LOG_PAGE]
+        out: dict[str, Any] = {
+            "templateID": job.template_id, "buildID": job.build_id, "status": job.status,
+            "logs": [e["message"] for e in entries], "logEntries": entries,
+        }  # fmt: skip
+        if job.reason is not None:
+            out["reason"] = job.reason
+        return out
+
+    # -- tags and deletion ------------------------------------------------------------------
+    def _builds(self, team: str, tid: str) -> list[Template]:
+        return [t for t in self.rt.templates.list() if t.template_id == tid and t.owner == team]
+
+    def _tag(self, team: str, tid: str, store_name: str, tags: list[str]) -> None:
+        """Point ``tags`` of template ``tid`` at build ``store_name`` (taken off others)."""
+        for t in self._builds(team, tid):
+            mine = set(tags) if t.name == store_name else set()
+            want = sorted((set(t.tags) - set(tags)) | mine)
+            if want != t.tags:
+                t.tags = want
+                self.rt.templates.update(t)
+
+    def assign(self, team: str, target: str, tags: list[str]) -> dict[str, Any]:
+        found = self.find(team, target)
+        if found is None or found.owner != team:
+            raise NotFound(f"template {target!r} not found")
+        for t in tags:
+            if not TAG.match(t):
+                raise InvalidRequest(f"invalid tag {t!r}")
+        assert found.template_id is not None
+        self._tag(team, found.template_id, found.name, tags)
+        return {"tags": tags, "buildID": found.build_id}
+
+    def remove_tags(self, team: str, name: str, tags: list[str]) -> None:
+        builds = self._builds(team, template_id(team, name))
+        if not builds:
+            raise NotFound(f"template {name!r} not found")
+        for t in builds:
+            if set(t.tags) & set(tags):
+                t.tags = sorted(set(t.tags) - set(tags))
+                self.rt.templates.update(t)
+
+    def tags(self, team: str, ref: str) -> list[dict[str, Any]]:
+        tid = ref if ref.startswith("t") and not NAME.match(ref) else template_id(team, ref)
+        builds = self._builds(team, tid) or self._builds(team, ref)
+        if not builds:
+            raise NotFound(f"template {ref!r} not found")
+        return [{"tag": tag, "buildID": t.build_id,
+                 "createdAt": datetime.fromtimestamp(t.created_at, UTC).isoformat()}
+                for t in builds for tag in t.tags]  # fmt: skip
+
+    def delete(self, team: str, ref: str) -> bool:
+        """Remove every build of a team's template (by id or name); False if it has none."""
+        builds = self._builds(team, ref) or self._builds(team, template_id(team, ref))
+        for t in builds:
+            self.rt.warm.remove(t.name)
+            self.rt.templates.remove(t.name)
+        if builds:
+            self.rt.layers.collect(self.rt.templates)
+        return bool(builds)
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        with contextlib.suppress(OSError):
+            shutil.rmtree(self.uploads / ".tmp")

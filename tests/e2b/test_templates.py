@@ -1,0 +1,112 @@
+"""The official SDK's ``Template`` builder against ``sandhold serve``: a template built from
+steps (files uploaded by hash, commands, env, workdir, a start command with its ready command),
+its build log streamed, sandboxes made of it with the start command serving, a cached rebuild,
+a failing step, tags, another team kept out, deletion."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from e2b import Sandbox, Template, wait_for_port
+from e2b.exceptions import BuildException, SandboxException
+
+from tests.e2b.conftest import KEY_A, KEY_B, Server, new_server
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    # Builds without egress here: no step of these reaches a registry (the tests send nothing
+    # off this machine).
+    srv = new_server(tmp_path_factory.mktemp("templates"), template_build_allow_out="[]")
+    srv.start()
+    yield srv
+    srv.destroy()
+
+
+def kw(server: Server, key: str = KEY_A) -> dict[str, str]:
+    return {"api_url": server.url, "sandbox_url": server.url, "api_key": key}
+
+
+def app_template(context: Path, marker: str = "built") -> Template:
+    (context / "app.txt").write_text("from the context\n")
+    return (
+        Template(file_context_path=str(context))
+        .from_base_image()
+        .set_envs({"GREETING": "hello"})
+        .copy("app.txt", "/home/user/app.txt")
+        .run_cmd(f"echo {marker} > /home/user/built.txt")
+        .make_dir("/home/user/data")
+        .set_workdir("/home/user")
+        .set_start_cmd("python3 -m http.server 8000", wait_for_port(8000))
+    )
+
+
+def test_build_run_rebuild_tag_and_delete(server: Server, tmp_path: Path) -> None:
+    assert Template.exists("base", **kw(server))
+    assert not Template.exists("my-app", **kw(server))
+    logs: list[str] = []
+    info = Template.build(app_template(tmp_path), "my-app:v1", on_build_logs=lambda e:
+                          logs.append(e.message), **kw(server))  # fmt: skip
+    assert info.tags == ["v1"] and any("COPY app.txt" in line for line in logs), logs
+    sbx = Sandbox.create("my-app:v1", **kw(server))
+    try:
+        # Handed out with its start command serving: no wait.
+        r = sbx.commands.run("pwd; echo $GREETING; cat app.txt built.txt; test -d data && "
+                             "echo dir; curl -sf localhost:8000/app.txt")  # fmt: skip
+        assert r.stdout.split("\n")[:6] == ["/home/user", "hello", "from the context", "built",
+                                            "dir", "from the context"], r.stdout  # fmt: skip
+    finally:
+        sbx.kill()
+    with pytest.raises(SandboxException, match=r"does not exist|not found"):
+        Sandbox.create("my-app", **kw(server))  # its default tag was never built
+    # An identical rebuild comes from the cache.
+    again: list[str] = []
+    t0 = time.monotonic()
+    Template.build(app_template(tmp_path), "my-app:v1", on_build_logs=lambda e:
+                   again.append(e.message), **kw(server))  # fmt: skip
+    assert sum(line.startswith("CACHED") for line in again) >= 3, again
+    assert any("Skipping upload of 'app.txt', already cached" in line for line in again)
+    assert time.monotonic() - t0 < 60
+    # Tags.
+    Template.assign_tags("my-app:v1", ["prod"], **kw(server))
+    assert {t.tag for t in Template.get_tags("my-app", **kw(server))} == {"v1", "prod"}
+    Sandbox.create("my-app:prod", **kw(server)).kill()
+    Template.remove_tags("my-app", ["prod"], **kw(server))
+    with pytest.raises(SandboxException, match=r"does not exist|not found"):
+        Sandbox.create("my-app:prod", **kw(server))
+    # Another team: it exists (E2B's 403), but it is not theirs to use.
+    assert Template.exists("my-app", **kw(server, KEY_B))
+    with pytest.raises(SandboxException, match=r"does not exist|not found"):
+        Sandbox.create("my-app:v1", **kw(server, KEY_B))
+    # Deletion: every build of it, and its layers no other template uses.
+    layers = server.data_dir / "templates" / ".layers"
+    assert any(layers.iterdir())
+    with httpx.Client(base_url=server.url, headers={"X-API-KEY": KEY_A}) as api:
+        assert api.delete(f"/templates/{info.template_id}").status_code == 204
+    assert not Template.exists("my-app", **kw(server))
+    assert not any(layers.iterdir())
+    with pytest.raises(SandboxException, match=r"does not exist|not found"):
+        Sandbox.create("my-app:v1", **kw(server))
+
+
+def test_a_failing_step_fails_the_build_and_leaves_no_template(server: Server) -> None:
+    tpl = Template().from_base_image().run_cmd("echo about to fail; exit 7")
+    logs: list[str] = []
+    with pytest.raises(BuildException, match="exit code 7"):
+        Template.build(tpl, "broken", on_build_logs=lambda e: logs.append(e.message),
+                       **kw(server))  # fmt: skip
+    assert "about to fail" in logs
+    assert not Template.exists("broken", **kw(server))
+
+
+def test_bad_input_is_refused_by_name(server: Server) -> None:
+    with pytest.raises(BuildException, match="invalid template name"):
+        Template.build(Template().from_base_image(), "Bad Name!", **kw(server))
+    with pytest.raises(BuildException, match="base image 'python:3'"):
+        Template.build(Template().from_python_image("3"), "from-python", **kw(server))
+    with pytest.raises(BuildException, match="unknown base template 'nope'"):
+        Template.build(Template().from_template("nope"), "from-nope", **kw(server))

@@ -1,0 +1,98 @@
+"""Templates built from steps (runtime/build.py): each step in a build sandbox, its files kept
+as a layer (removals too), the layers stacked under the template's sandboxes, an identical
+rebuild served from the cache, a changed step rebuilt from there on, a failing step reported
+with its exit code and output and no template left."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from sandhold.errors import InvalidRequest, TemplateBuildFailed
+from sandhold.runtime.build import Builder, BuildRequest, Step
+from sandhold.runtime.runtime import Runtime
+from tests.runtime.helpers import sh
+
+
+@pytest.fixture
+def uploads(tmp_path: Path) -> dict[str, Path]:
+    """Archives by files hash, as the E2B surface keeps what the SDK uploads."""
+    return {}
+
+
+def archive(uploads: dict[str, Path], tmp: Path, files: dict[str, bytes]) -> str:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o644
+            tar.addfile(info, io.BytesIO(data))
+    key = f"h{len(uploads)}"
+    (tmp / key).write_bytes(buf.getvalue())
+    uploads[key] = tmp / key
+    return key
+
+
+def build(runtime: Runtime, uploads: dict[str, Path], name: str, steps: list[Step],
+          **kw: object) -> tuple[object, list[str]]:  # fmt: skip
+    lines: list[str] = []
+    tpl = Builder(runtime, uploads.__getitem__).build(
+        BuildRequest(name=name, base="base", steps=steps, **kw),  # type: ignore[arg-type]
+        lambda level, msg: lines.append(msg),
+    )
+    return tpl, lines
+
+
+STEPS = [
+    Step("ENV", ["GREETING", "hello"]),
+    Step("WORKDIR", ["/opt/app"]),
+    Step("RUN", ["echo $GREETING > made.txt; rm /etc/issue; mkdir -p gone; touch gone/x", "root"]),
+    Step("RUN", ["rm -r /opt/app/gone", "root"]),
+    Step("USER", ["user"]),
+]
+
+
+async def test_a_built_template_runs_its_layers(runtime, make_sandbox, uploads, tmp_path):
+    h = archive(uploads, tmp_path, {"conf/app.ini": b"[app]\n", "conf/extra.txt": b"x"})
+    steps = [*STEPS, Step("COPY", ["conf", "etc/", "user", "0600"], files_hash=h)]
+    tpl, lines = build(runtime, uploads, "built-a", steps,
+                       start_cmd="cd /opt/app && python3 -m http.server 8123",
+                       ready_cmd="curl -sf localhost:8123 >/dev/null")  # fmt: skip
+    try:
+        assert not any(line.startswith("CACHED") for line in lines)
+        info = await make_sandbox(template="built-a")
+        r = await sh(info, "pwd; id -un; echo $GREETING; cat made.txt; ls /etc/issue gone 2>&1 "
+                     "| wc -l; stat -c '%U %a' etc/app.ini; curl -sf localhost:8123/made.txt")
+        out = r.text.split("\n")
+        assert out[:4] == ["/opt/app", "user", "hello", "hello"], r.text
+        assert out[4] == "2"  # both removed (whiteouts in a lower layer), both errors listed
+        assert out[5] == "user 600" and out[6] == "hello"  # COPY's owner, mode; start serving
+        # An identical rebuild: every step from the cache, nothing run.
+        _, again = build(runtime, uploads, "built-a", steps,
+                         start_cmd="cd /opt/app && python3 -m http.server 8123",
+                         ready_cmd="curl -sf localhost:8123 >/dev/null")  # fmt: skip
+        assert sum(line.startswith("CACHED") for line in again) == 4, again
+        # Another template differing in its last step shares every layer below it.
+        last = Step("RUN", ["touch /home/user/b"])
+        other, olines = build(runtime, uploads, "built-b", [*STEPS, last])
+        assert sum(line.startswith("CACHED") for line in olines) == 3
+        assert other.layers[1:] == tpl.layers[1:] and other.layers[0] != tpl.layers[0]
+    finally:
+        for name in ("built-a", "built-b"):
+            if runtime.templates.exists(name):
+                runtime.templates.remove(name)
+        runtime.layers.collect(runtime.templates)
+
+
+async def test_a_failing_step_reports_and_leaves_no_template(runtime, uploads):
+    before = set(runtime.sandboxes_dir.iterdir())
+    steps = [Step("RUN", ["echo partial; echo oops >&2; exit 3"])]
+    with pytest.raises(TemplateBuildFailed, match=r"exit code 3\): partial\noops"):
+        build(runtime, uploads, "built-fail", steps)
+    assert not runtime.templates.exists("built-fail")
+    assert set(runtime.sandboxes_dir.iterdir()) == before  # its build sandbox is gone
+    with pytest.raises(InvalidRequest, match="unsupported instruction 'ADD'"):
+        build(runtime, uploads, "built-bad", [Step("ADD", ["x", "y"])])
