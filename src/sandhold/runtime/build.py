@@ -28,6 +28,7 @@ import shlex
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -238,6 +239,32 @@ if [ -n "$OWNER" ]; then chown -R -- "$OWNER:" "${done_[@]}"; fi
 if [ -n "$MODE" ]; then find "${done_[@]}" -type f -exec chmod "$MODE" {} +; fi
 cd /; rm -rf "$t"
 """
+
+
+class BuildLog:
+    """A build's log: JSON lines ``{timestamp, level, message}`` in
+    ``data_dir/template-builds/<name>.log`` (the last build of each template: what
+    ``sandhold template logs`` reads), each entry also passed to ``then``."""
+
+    def __init__(self, rt: Runtime, name: str, then: Log | None = None) -> None:
+        self.path = log_path(rt, name)
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._f = self.path.open("w", encoding="utf-8")
+        self.then = then
+
+    def __call__(self, level: str, message: str) -> None:
+        entry = {"timestamp": datetime.now(UTC).isoformat(), "level": level, "message": message}
+        self._f.write(json.dumps(entry) + "\n")
+        self._f.flush()
+        if self.then is not None:
+            self.then(level, message)
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def log_path(rt: Runtime, name: str) -> Path:
+    return rt.settings.data_dir / "template-builds" / f"{name}.log"
 
 
 def build_spec(rt: Runtime, base: Template) -> dict[str, Any]:

@@ -33,7 +33,7 @@ from sandhold.errors import (
     SandholdError,
     TemplateNotFound,
 )
-from sandhold.runtime.build import Builder, BuildRequest, Step
+from sandhold.runtime.build import Builder, BuildLog, BuildRequest, Step
 from sandhold.runtime.spec import NAME_RE
 from sandhold.runtime.templates import Template
 
@@ -231,10 +231,11 @@ class Builds:
             job.status = "building"
             builder = Builder(self.rt, lambda h: self.upload_path(job.team, h))
             t0 = time.monotonic()
+            emit = BuildLog(self.rt, req.name, job.emit)
             try:
-                await self.service._run(builder.build, req, job.emit)
+                await self.service._run(builder.build, req, emit)
             except SandholdError as e:
-                job.emit("error", str(e))
+                emit("error", str(e))
                 job.reason = {"message": str(e), "logEntries": job.logs[-20:]}
                 job.status = "error"
                 return
@@ -243,6 +244,8 @@ class Builds:
                 job.reason = {"message": f"internal error: {e}"}
                 job.status = "error"
                 return
+            finally:
+                emit.close()
             self._tag(job.team, job.template_id, req.name, job.tags)
             job.emit("info", f"Build finished in {time.monotonic() - t0:.1f} s")
             job.status = "ready"
