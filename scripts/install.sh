@@ -5,8 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # e2fsprogs: mkfs.ext4 formats the sandboxes' disk images (docs/runtime.md, "Disk budget")
+# skopeo, umoci: OCI image pulls (runtime/oci.py); docker-registry: a registry for its tests only
 APT_PACKAGES=(bubblewrap util-linux e2fsprogs libseccomp2 python3 python3-pip python3-venv socat nftables debootstrap postgresql
-              ca-certificates curl procps iproute2)
+              ca-certificates curl procps iproute2 skopeo umoci docker-registry)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -16,7 +17,20 @@ if ((${#missing[@]})); then
   echo "install: apt packages: ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
+  # The tests start docker-registry themselves, on loopback: its system service (":5000", every
+  # address) must never serve, not even between the install and the disable.
+  new_registry=; [[ " ${missing[*]} " == *" docker-registry "* ]] && new_registry=1
+  [[ -n $new_registry && -d /run/systemd/system ]] && systemctl mask -q docker-registry.service
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  if [[ -n $new_registry ]]; then
+    if [[ -d /run/systemd/system ]]; then
+      systemctl unmask -q docker-registry.service
+      systemctl disable --now -q docker-registry.service
+    else  # no systemd running: update-rc.d disables the init script and the unit (offline)
+      /etc/init.d/docker-registry stop >/dev/null 2>&1 || true
+      update-rc.d docker-registry disable >/dev/null 2>&1
+    fi
+  fi
 fi
 
 # CRIU 4.1.1 (checkpoint/restore), built from Debian's source pool at /opt/sandhold/criu/4.1.1
