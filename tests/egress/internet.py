@@ -115,6 +115,8 @@ class Internet:
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = self.dir / "requests.jsonl"
         self.log.touch()
+        self.files = self.dir / "files"  # served at /files/ (a directory: its index.html)
+        self.files.mkdir(exist_ok=True)
         self.ca, self.cert, self.key = make_ca(self.dir)
         free = [n for n in range(16, 250) if n not in _used_subnets()]
         self.net = secrets.choice(free)
@@ -182,6 +184,7 @@ class Internet:
             "key": str(self.key),
             "log": str(self.log),
             "names": self.names,
+            "files": str(self.files),
         }
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         self.proc = subprocess.Popen(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import socket
 import ssl
 import struct
@@ -72,6 +73,18 @@ class Handler(BaseHTTPRequestHandler):
             status, headers["Location"] = 302, q.get("to", ["/"])[0]
         elif url.path == "/bytes":
             out = b"x" * int(q.get("n", ["1024"])[0])
+        elif url.path.startswith("/files/"):  # e.g. a package index a test wrote
+            root = os.path.realpath(str(self.cfg["files"]))
+            path = os.path.realpath(os.path.join(root, url.path.removeprefix("/files/")))
+            if os.path.isdir(path):
+                path = os.path.join(path, "index.html")
+            if path.startswith(root + os.sep) and os.path.isfile(path):
+                with open(path, "rb") as f:
+                    out = f.read()
+                headers["Content-Type"] = "text/html" if path.endswith(".html") else (
+                    "application/octet-stream")  # fmt: skip
+            else:
+                status, out = 404, b"not found\n"
         else:
             out = f"hello from {self.server.server_address[0]} via {self.scheme}\n".encode()
         self.send_response(status)

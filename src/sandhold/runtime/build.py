@@ -271,10 +271,12 @@ def build_spec(rt: Runtime, base: Template) -> dict[str, Any]:
     """A build sandbox's spec: egress only to the build allow-list (none without one), the
     build's memory and disk, no workspace, no secrets (no tenant: nothing is injected)."""
     s = rt.settings
-    env: dict[str, str] = {}
+    # `pip install --user` (the SDK's pip_install) on a Debian Python: PEP 668 would refuse it.
+    env: dict[str, str] = {"PIP_BREAK_SYSTEM_PACKAGES": "1"}
     if s.template_build_allow_out is None:
         machine = registries.machine()
-        allow, env = machine.hosts(), machine.env()
+        allow = machine.hosts()
+        env.update(machine.env())
     else:
         allow = list(s.template_build_allow_out)
     network: dict[str, Any] = {"mode": "allowlist", "allow": allow} if allow else {"mode": "none"}
