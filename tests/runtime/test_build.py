@@ -64,8 +64,11 @@ async def test_a_built_template_runs_its_layers(runtime, make_sandbox, uploads, 
     try:
         assert not any(line.startswith("CACHED") for line in lines)
         info = await make_sandbox(template="built-a")
-        r = await sh(info, "pwd; id -un; echo $GREETING; cat made.txt; ls /etc/issue gone 2>&1 "
-                     "| wc -l; stat -c '%U %a' etc/app.ini; curl -sf localhost:8123/made.txt")
+        r = await sh(
+            info,
+            "pwd; id -un; echo $GREETING; cat made.txt; ls /etc/issue gone 2>&1 "
+            "| wc -l; stat -c '%U %a' etc/app.ini; curl -sf localhost:8123/made.txt",
+        )
         out = r.text.split("\n")
         assert out[:4] == ["/opt/app", "user", "hello", "hello"], r.text
         assert out[4] == "2"  # both removed (whiteouts in a lower layer), both errors listed
@@ -96,3 +99,14 @@ async def test_a_failing_step_reports_and_leaves_no_template(runtime, uploads):
     assert set(runtime.sandboxes_dir.iterdir()) == before  # its build sandbox is gone
     with pytest.raises(InvalidRequest, match="unsupported instruction 'ADD'"):
         build(runtime, uploads, "built-bad", [Step("ADD", ["x", "y"])])
+
+
+async def test_build_sandboxes_of_a_build_cut_short_are_killed(runtime, make_sandbox):
+    from sandhold.runtime.build import BUILD_KEY, kill_leftovers
+
+    plain = await make_sandbox()
+    orphan = runtime.create({"template": "base"}, {BUILD_KEY: "a-layer"})  # its build died
+    assert kill_leftovers(runtime) == 1
+    assert {i.id for i in runtime.list()} >= {plain.id} and orphan.id not in {
+        i.id for i in runtime.list()
+    }

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from sandhold.runtime.runtime import Runtime
 
 STEP_TYPES = ("RUN", "COPY", "ENV", "WORKDIR", "USER")
+BUILD_KEY = "template_build"  # in a build sandbox's record: what leftovers() finds
 COPY_TAR = "/tmp/.sandhold-copy.tar"  # inside the build sandbox, gone before its layer is kept
 STEP_TIMEOUT_S = 3600.0
 MAX_OUTPUT = 1 << 20  # of a failing step, kept for the error (its log has all of it)
@@ -152,7 +153,7 @@ class Builder:
         layers = [self.layers.path(k) for k in reversed(built)] + list(base.layers)
         stack = Template(**{**base.__dict__, "services": [], "warm": False, "layers": layers,
                             "root_caps": list(BUILD_CAPS)})  # fmt: skip
-        info = self.rt.create(build_spec(self.rt, base), template=stack)
+        info = self.rt.create(build_spec(self.rt, base), {BUILD_KEY: key}, template=stack)
         try:
             if step.type == "RUN":
                 user = step.args[1] if len(step.args) > 1 and step.args[1] else state.user
@@ -265,6 +266,19 @@ class BuildLog:
 
 def log_path(rt: Runtime, name: str) -> Path:
     return rt.settings.data_dir / "template-builds" / f"{name}.log"
+
+
+def kill_leftovers(rt: Runtime) -> int:
+    """Kill the build sandboxes a build cut short left (its process died: a server restart);
+    returns how many. Their layers were never kept."""
+    killed = 0
+    for info in rt.list():
+        if BUILD_KEY in info.extra:
+            rt.kill(info.id)
+            killed += 1
+    if killed:
+        log.warning("killed %d build sandboxes of builds cut short", killed)
+    return killed
 
 
 def build_spec(rt: Runtime, base: Template) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from sandhold.errors import (
     PreconditionFailed,
     SandboxNotFound,
 )
+from sandhold.runtime.build import kill_leftovers
 from sandhold.runtime.records import SandboxInfo
 from sandhold.runtime.runtime import Runtime
 from sandhold.runtime.spec import NetworkPolicy, SandboxSpec, validation_message
@@ -100,6 +101,7 @@ class SandboxService:
         await self._run(self.runtime.open)
         await self._run(self.runtime.templates.get, "base")
         await self._run(self.runtime.agent_lib)
+        await self._run(kill_leftovers, self.runtime)  # (builds never outlive their server)
         st = os.statvfs(self.settings.data_dir)
         self.disk_total = st.f_blocks * st.f_frsize
         self.samples.disk_total = self.disk_total
