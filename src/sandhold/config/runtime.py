@@ -91,6 +91,18 @@ class RuntimeSettings(CreateLimits, Layer):
         "unset: this machine's pip, npm and apt registries, its tools pointed at them; []: none.",
     )
     template_build_memory_mb: int = Field(2048, ge=64, description="Memory of a build step.")
+    template_image_registry: str | None = Field(
+        None,
+        description="Registry (host[:port][/prefix]) that image references naming none are "
+        "pulled from (a mirror); unset: skopeo's default.",
+    )
+    template_image_insecure: list[str] = Field(
+        default_factory=list,
+        description="Registries (host[:port]) reached without TLS verification, or over HTTP.",
+    )
+    template_image_ca_file: Path | None = Field(
+        None, description="A PEM CA trusted for image registries (beside the system's)."
+    )
     template_build_disk_mb: int = Field(
         10240, ge=64, description="Disk budget of a build step's writable layer."
     )

@@ -133,6 +133,7 @@ def boot(
             memory_mb=spec.limits.memory_mb,
             handoff=d / checkpoint.HANDOFF,
             root_caps=template.root_caps,
+            agent_kit=template.agent_kit,
             env={"PATH": env.get("PATH", "/usr/bin:/bin"), "HOME": "/root", "LANG": "C.UTF-8"},
         )
         proc, init_pid = spawn(launch, rt._cg(d.name), host_uid, ready_w, d / "sandbox.log")

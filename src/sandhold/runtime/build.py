@@ -136,6 +136,7 @@ class Builder:
             services=list(base.services), disk_mb=base.disk_mb,
             layers=[self.layers.path(k) for k in reversed(built)] + list(base.layers),
             cpu=req.cpu or base.cpu, memory_mb=req.memory_mb or base.memory_mb,
+            agent_kit=base.agent_kit,
         )  # fmt: skip
         if req.start_cmd:
             tpl.services.append({

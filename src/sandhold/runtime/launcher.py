@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandhold.errors import SandboxStartFailed
+from sandhold.errors import HostUnsupported, SandboxStartFailed
 from sandhold.runtime.cgroups import CgroupSet
 from sandhold.runtime.idmap import ID_RANGE
 from sandhold.runtime.seccomp import filter_fd
@@ -33,6 +33,7 @@ from sandhold.runtime.seccomp import filter_fd
 log = logging.getLogger(__name__)
 
 AGENT_LIB = "/opt/sandhold/lib"
+KIT_USR = "/.sandhold/usr"  # the host's /usr, for the agent of a root without our Python
 HANDOFF_AT = "/run/sandbox-handoff"  # where the host hands the agent its socket (checkpoint.py)
 AGENT_MAIN = f"{AGENT_LIB}/sandhold/runtime/agent/__main__.py"
 # The agent's /proc files that its owner (the sandbox's root has the same uid) could write to
@@ -57,6 +58,7 @@ class Launch:
     memory_mb: int  # sizes /tmp (half) and /dev/shm (a quarter), both charged to its memory
     handoff: Path  # where the host hands the agent its socket after a checkpoint
     root_caps: Sequence[str] = ()  # what its root keeps (a build sandbox's: templates.BUILD_CAPS)
+    agent_kit: bool = False  # run the agent on the host's Python (an image's root: oci.py)
 
 
 def bwrap_argv(
@@ -96,15 +98,33 @@ def bwrap_argv(
         "--ro-bind", str(launch.agent_lib), AGENT_LIB,
         "--ro-bind", str(launch.handoff), HANDOFF_AT,
     ]  # fmt: skip
+    python = ["/usr/bin/python3"]
+    if launch.agent_kit:  # a root without (our) Python: the agent runs on the host's, bound in
+        argv += ["--ro-bind", "/usr", KIT_USR]
+        python = agent_kit_argv()
     for src, dst, ro in launch.binds:
         argv += ["--ro-bind" if ro else "--bind", src, dst]
     argv += ["--seccomp", str(seccomp_fd), "--clearenv"]
     for k, v in launch.env.items():
         argv += ["--setenv", k, v]
-    argv += ["--chdir", "/", "/usr/bin/python3", "-I", "-S", AGENT_MAIN,
+    argv += ["--chdir", "/", *python, "-I", "-S", AGENT_MAIN,
              "--config-fd", str(config_fd), "--socket-fd", str(socket_fd),
              "--ready-fd", str(ready_fd)]  # fmt: skip
     return argv
+
+
+def agent_kit_argv() -> list[str]:
+    """The host's Python under KIT_USR, run by the host's dynamic loader with the host's
+    libraries: it needs nothing of the sandbox's root (an image's may be another libc's)."""
+    python = Path(os.path.realpath("/usr/bin/python3"))
+    loader = next(Path("/usr/lib").glob("*-linux-gnu/ld-linux*.so.*"), None)
+    if loader is None:
+        raise HostUnsupported("no dynamic loader found under /usr/lib/*-linux-gnu")
+
+    def inside(path: Path) -> str:
+        return KIT_USR + str(path).removeprefix("/usr")
+
+    return [inside(loader), "--library-path", inside(loader.parent), inside(python)]
 
 
 SETPRIV = "/usr/bin/setpriv"  # util-linux

@@ -86,6 +86,9 @@ class Template:
     # Capabilities its root processes keep in their user namespace (build sandboxes' only:
     # BUILD_CAPS; a template in the store never has any).
     root_caps: list[str] = field(default_factory=list)
+    # Its root has no Python of ours (an image's, oci.py): the agent runs on the host's, bound
+    # read-only at launcher.KIT_USR.
+    agent_kit: bool = False
 
     def lowers(self) -> list[Path]:
         """The overlay's lower directories, the topmost first."""
@@ -335,13 +338,15 @@ class TemplateStore:
             else:
                 shutil.copy2(src, target)
 
-    def build_from_rootfs(self, name: str, source: Path, *, copy: bool = True) -> Template:
-        """Import a complete root filesystem directory (copied; the source is left untouched)."""
+    def build_from_rootfs(self, name: str, source: Path, *, copy: bool = True,
+                          **fields: object) -> Template:  # fmt: skip
+        """Import a complete root filesystem directory (copied; the source is left untouched);
+        ``fields`` set the Template's (an image's env, workdir, user, ``agent_kit``)."""
         if not NAME_RE.match(name):
             raise InvalidRequest(f"template name {name!r} is not valid")
-        if not (source / "usr/bin").is_dir():
+        if not (source / "usr/bin").is_dir() and not fields.get("agent_kit"):
             raise InvalidRequest(f"{source} does not look like a root filesystem (no usr/bin)")
-        if not (source / "usr/bin/python3").exists():
+        if not (source / "usr/bin/python3").exists() and not fields.get("agent_kit"):
             raise InvalidRequest(
                 f"{source} has no /usr/bin/python3, which the in-sandbox agent needs"
             )
@@ -356,6 +361,8 @@ class TemplateStore:
             _shift_ownership(rootfs, self.uid_base)
             tpl = Template(name=name, kind="rootfs", rootfs=rootfs,
                            env={"PATH": DEFAULT_PATH, "LANG": "C.UTF-8"})  # fmt: skip
+            for k, v in fields.items():
+                setattr(tpl, k, v)
             return self._commit(tpl, staging)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)

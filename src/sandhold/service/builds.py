@@ -33,7 +33,9 @@ from sandhold.errors import (
     SandholdError,
     TemplateNotFound,
 )
+from sandhold.runtime import oci
 from sandhold.runtime.build import Builder, BuildLog, BuildRequest, Step
+from sandhold.runtime.image_templates import from_image, qualified
 from sandhold.runtime.spec import NAME_RE
 from sandhold.runtime.templates import Template
 
@@ -62,6 +64,15 @@ def split_name(ref: str) -> tuple[str, str | None]:
 
 def template_id(team: str, name: str) -> str:
     return "t" + hashlib.sha256(f"{team}\0{name}".encode()).hexdigest()[:19]
+
+
+@dataclass(frozen=True)
+class ImageBase:
+    """A build's base that is an image: pulled (with these credentials) when the build runs."""
+
+    ref: str
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -198,21 +209,21 @@ class Builds:
                 raise InvalidRequest(f"step {i + 1} (COPY {step.args[0]}): its files "
                                      f"({hashed}) were not uploaded")  # fmt: skip
         base = self._base(job.team, body)
+        image = base if isinstance(base, ImageBase) else None
         req = BuildRequest(
-            name=f"{job.template_id}.{job.build_id[:8]}", base=base, steps=steps,
+            name=f"{job.template_id}.{job.build_id[:8]}",
+            base="base" if image is not None else str(base), steps=steps,
             start_cmd=body.get("startCmd") or None, ready_cmd=body.get("readyCmd") or None,
             force=bool(body.get("force")), cpu=job.cpu, memory_mb=job.memory_mb,
             meta={"owner": job.team, "public": False, "template_id": job.template_id,
                   "alias": job.name, "build_id": job.build_id, "tags": []},
         )  # fmt: skip
         job.started = True
-        task = asyncio.get_running_loop().create_task(self._run(job, req))
+        task = asyncio.get_running_loop().create_task(self._run(job, req, image))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _base(self, team: str, body: dict[str, Any]) -> str:
-        if body.get("fromImageRegistry"):
-            raise InvalidRequest("fromImageRegistry (registry credentials) is not supported yet")
+    def _base(self, team: str, body: dict[str, Any]) -> str | ImageBase:
         if tpl := body.get("fromTemplate"):
             found = self.find(team, str(tpl))
             if found is not None:
@@ -223,16 +234,28 @@ class Builds:
         image = body.get("fromImage")
         if image in (None, "", BASE_IMAGE) or str(image).startswith(BASE_IMAGE + ":"):
             return "base"
-        raise InvalidRequest(f"base image {image!r}: pulling images is not supported yet; "
-                             "build from_template('base') or from_base_image()")  # fmt: skip
+        if not isinstance(image, str):
+            raise InvalidRequest("fromImage must be an image reference")
+        oci.parse_reference(qualified(self.rt, image))  # (400 for one that does not parse)
+        registry = body.get("fromImageRegistry") or {}
+        if not isinstance(registry, dict) or registry.get("type", "registry") != "registry":
+            kind = registry.get("type") if isinstance(registry, dict) else registry
+            raise InvalidRequest(f"fromImageRegistry {kind!r} is not supported: only a "
+                                 "registry with a username and password")  # fmt: skip
+        return ImageBase(image, registry.get("username"), registry.get("password"))
 
-    async def _run(self, job: Job, req: BuildRequest) -> None:
+    async def _run(self, job: Job, req: BuildRequest, image: ImageBase | None) -> None:
         async with self._running:
             job.status = "building"
             builder = Builder(self.rt, lambda h: self.upload_path(job.team, h))
             t0 = time.monotonic()
             emit = BuildLog(self.rt, req.name, job.emit)
             try:
+                if image is not None:
+                    emit("info", f"FROM {image.ref}: pulling")
+                    base = await self.service._run(self._pull, image, req.force)
+                    req.base = base.name
+                    emit("info", f"FROM {image.ref}: template {base.name}")
                 await self.service._run(builder.build, req, emit)
             except SandholdError as e:
                 emit("error", str(e))
@@ -249,6 +272,10 @@ class Builds:
             self._tag(job.team, job.template_id, req.name, job.tags)
             job.emit("info", f"Build finished in {time.monotonic() - t0:.1f} s")
             job.status = "ready"
+
+    def _pull(self, image: ImageBase, force: bool) -> Template:
+        return from_image(self.rt, image.ref, username=image.username,
+                          password=image.password, force=force)  # fmt: skip
 
     def status(self, job: Job, offset: int) -> dict[str, Any]:
         entries = job.logs[offset : offset + MAX_LOG_PAGE]
