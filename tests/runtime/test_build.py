@@ -110,3 +110,24 @@ async def test_build_sandboxes_of_a_build_cut_short_are_killed(runtime, make_san
     assert {i.id for i in runtime.list()} >= {plain.id} and orphan.id not in {
         i.id for i in runtime.list()
     }
+
+
+async def test_global_installs_on_base_land_in_the_templates_own_usr_local(
+    runtime, make_sandbox, uploads
+):
+    """The host's /usr is read-only in `base`: a template built on it gets its own /usr/local,
+    where root's global installs go (pip without --user, the SDK's default) and every user's
+    Python finds them."""
+    site = "/usr/local/lib/python3.11/dist-packages"
+    step = Step("RUN", [f"mkdir -p {site} && echo 'VALUE = 7' > {site}/globalmod.py", "root"])
+    build(runtime, uploads, "built-global", [step])
+    try:
+        info = await make_sandbox(template="built-global")
+        r = await sh(info, "python3 -c 'import globalmod; print(globalmod.VALUE)'; "
+                     "ls /usr/local/bin/docker 2>&1 | grep -c 'No such'")  # fmt: skip
+        assert r.text.split() == ["7", "1"], r.text  # and none of the host's /usr/local
+        plain = await make_sandbox()
+        assert "No module" in (await sh(plain, "python3 -c 'import globalmod' 2>&1")).text
+    finally:
+        runtime.templates.remove("built-global")
+        runtime.layers.collect(runtime.templates)

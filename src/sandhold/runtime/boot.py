@@ -16,7 +16,7 @@ from sandhold.egress.control import sandbox_env as egress_sandbox_env
 from sandhold.envd import ENVD_VERSION
 from sandhold.runtime import checkpoint, disk, images, mounts
 from sandhold.runtime.agent.libc import CAPS
-from sandhold.runtime.launcher import Launch, spawn
+from sandhold.runtime.launcher import RW_DIRS, Launch, spawn
 from sandhold.runtime.reaping import wait_ready
 from sandhold.runtime.records import session_of
 from sandhold.runtime.spec import SandboxSpec
@@ -115,6 +115,8 @@ def boot(
     proc: subprocess.Popen[bytes] | None = None
     try:
         root, run_dir = d / "root", d / "run"
+        for rw in template.rw_dirs:  # (in the root's layer: made as its root's)
+            mounts.make_mount_point(root, f"/{RW_DIRS}/{rw.lstrip('/')}", host_uid)
         binds, workspace, spec = prepare_binds(rt, d, spec, host_uid)
         egress_env: dict[str, str] = {}
         egress_agent: dict[str, object] | None = None
@@ -134,6 +136,7 @@ def boot(
             handoff=d / checkpoint.HANDOFF,
             root_caps=template.root_caps,
             agent_kit=template.agent_kit,
+            rw_dirs=template.rw_dirs,
             env={"PATH": env.get("PATH", "/usr/bin:/bin"), "HOME": "/root", "LANG": "C.UTF-8"},
         )
         proc, init_pid = spawn(launch, rt._cg(d.name), host_uid, ready_w, d / "sandbox.log")

@@ -103,6 +103,8 @@ class Builder:
         for i, step in enumerate(req.steps):
             step.check(i)
         base = self.rt.templates.get(req.base)
+        if ("/usr", "/usr") in base.ro_binds and not base.rw_dirs:  # built on `base`: its own
+            base = Template(**{**base.__dict__, "rw_dirs": ["/usr/local"]})  # /usr/local
         state = _State(dict(base.env), base.user, base.workdir)
         key = _hash(["base", base.name, base.created_at, base.layers])
         built: list[str] = []  # the new layers, bottom first
@@ -136,7 +138,7 @@ class Builder:
             services=list(base.services), disk_mb=base.disk_mb,
             layers=[self.layers.path(k) for k in reversed(built)] + list(base.layers),
             cpu=req.cpu or base.cpu, memory_mb=req.memory_mb or base.memory_mb,
-            agent_kit=base.agent_kit,
+            agent_kit=base.agent_kit, rw_dirs=list(base.rw_dirs),
         )  # fmt: skip
         if req.start_cmd:
             tpl.services.append({

@@ -171,6 +171,12 @@ def restore(criu: Criu, d: Path, cgroup_procs: list[str], host_uid: int,
     for f in images.iterdir():
         if f.stat().st_nlink == 1:
             os.chown(f, host_uid, host_uid)
+    # Except the time namespace's: CRIU's root task reads it in its new user namespace before
+    # CRIU has written that namespace's uid map, when its ids are no one's there (it failed
+    # with "Unable to open timens-0.img: Permission denied" whenever the task ran first, on a
+    # loaded host). It holds clock offsets, nothing of the sandbox's.
+    for f in images.glob("timens-*.img"):
+        f.chmod(0o644)
     images.chmod(0o711)
     covers = d / "covers"
     covers.mkdir(exist_ok=True)

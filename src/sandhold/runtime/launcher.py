@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 
 AGENT_LIB = "/opt/sandhold/lib"
 KIT_USR = "/.sandhold/usr"  # the host's /usr, for the agent of a root without our Python
+RW_DIRS = ".sandhold-rw"  # in the sandbox's root: what Launch.rw_dirs binds
 HANDOFF_AT = "/run/sandbox-handoff"  # where the host hands the agent its socket (checkpoint.py)
 AGENT_MAIN = f"{AGENT_LIB}/sandhold/runtime/agent/__main__.py"
 # The agent's /proc files that its owner (the sandbox's root has the same uid) could write to
@@ -59,6 +60,7 @@ class Launch:
     handoff: Path  # where the host hands the agent its socket after a checkpoint
     root_caps: Sequence[str] = ()  # what its root keeps (a build sandbox's: templates.BUILD_CAPS)
     agent_kit: bool = False  # run the agent on the host's Python (an image's root: oci.py)
+    rw_dirs: Sequence[str] = ()  # writable, from the root's RW_DIRS, over a read-only bind
 
 
 def bwrap_argv(
@@ -87,6 +89,8 @@ def bwrap_argv(
     ]  # fmt: skip
     for src, dst in launch.ro_binds:
         argv += ["--ro-bind", src, dst]
+    for d in launch.rw_dirs:
+        argv += ["--bind", str(launch.root / RW_DIRS / d.lstrip("/")), d]
     argv += ["--proc", "/proc"]
     for name in OOM_FILES:
         argv += ["--ro-bind", f"/proc/self/{name}", f"/proc/1/{name}",

@@ -89,6 +89,9 @@ class Template:
     # Its root has no Python of ours (an image's, oci.py): the agent runs on the host's, bound
     # read-only at launcher.KIT_USR.
     agent_kit: bool = False
+    # Directories under a read-only bind of the host's (``/usr/local`` of a template built on
+    # `base`) that its sandboxes write, kept in their root (``.sandhold-rw/<dir>``) like any file.
+    rw_dirs: list[str] = field(default_factory=list)
 
     def lowers(self) -> list[Path]:
         """The overlay's lower directories, the topmost first."""
