@@ -82,15 +82,21 @@ def test_build_run_rebuild_tag_and_delete(server: Server, tmp_path: Path) -> Non
     assert Template.exists("my-app", **kw(server, KEY_B))
     with pytest.raises(SandboxException, match=r"does not exist|not found"):
         Sandbox.create("my-app:v1", **kw(server, KEY_B))
-    # Deletion: every build of it, and its layers no other template uses.
+    # Deletion: its names at once; its builds and the layers only they use once no sandbox
+    # runs on them (a running one keeps its files meanwhile).
     layers = server.data_dir / "templates" / ".layers"
     assert any(layers.iterdir())
+    running = Sandbox.create("my-app:v1", **kw(server))
     with httpx.Client(base_url=server.url, headers={"X-API-KEY": KEY_A}) as api:
         assert api.delete(f"/templates/{info.template_id}").status_code == 204
     assert not Template.exists("my-app", **kw(server))
-    assert not any(layers.iterdir())
     with pytest.raises(SandboxException, match=r"does not exist|not found"):
         Sandbox.create("my-app:v1", **kw(server))
+    assert running.commands.run("cat /home/user/app.txt").stdout == "from the context\n"
+    assert any(layers.iterdir())
+    running.kill()
+    Template.build(Template().from_base_image().run_cmd("true"), "other", **kw(server))
+    assert len(list(layers.iterdir())) == 1  # only the new template's
 
 
 def test_a_failing_step_fails_the_build_and_leaves_no_template(server: Server) -> None:

@@ -146,9 +146,9 @@ class Builds:
         if self.rt.templates.exists(name) and (t := self.rt.templates.get(name)).owner is None:
             return {"templateID": t.name, "public": True}
         tid = template_id(team, name)
-        if any(t.template_id == tid for t in self.rt.templates.list()):
+        if any(t.template_id == tid and t.tags for t in self.rt.templates.list()):
             return {"templateID": tid, "public": False}
-        if any(t.alias == name and t.owner != team for t in self.rt.templates.list()):
+        if any(t.alias == name and t.owner != team and t.tags for t in self.rt.templates.list()):
             raise Forbidden(f"template {name!r} belongs to another team")
         raise NotFound(f"template {name!r} not found")
 
@@ -216,7 +216,7 @@ class Builds:
             start_cmd=body.get("startCmd") or None, ready_cmd=body.get("readyCmd") or None,
             force=bool(body.get("force")), cpu=job.cpu, memory_mb=job.memory_mb,
             meta={"owner": job.team, "public": False, "template_id": job.template_id,
-                  "alias": job.name, "build_id": job.build_id, "tags": []},
+                  "alias": job.name, "build_id": job.build_id, "tags": list(job.tags)},
         )  # fmt: skip
         job.started = True
         task = asyncio.get_running_loop().create_task(self._run(job, req, image))
@@ -270,6 +270,7 @@ class Builds:
             finally:
                 emit.close()
             self._tag(job.team, job.template_id, req.name, job.tags)
+            await self.service._run(self.prune)  # (the build its tags moved off, if unused)
             job.emit("info", f"Build finished in {time.monotonic() - t0:.1f} s")
             job.status = "ready"
 
@@ -330,14 +331,29 @@ class Builds:
                 for t in builds for tag in t.tags]  # fmt: skip
 
     def delete(self, team: str, ref: str) -> bool:
-        """Remove every build of a team's template (by id or name); False if it has none."""
-        builds = self._builds(team, ref) or self._builds(team, template_id(team, ref))
+        """Delete a team's template (by id or name): its names go at once, its builds as soon
+        as no sandbox runs on them (``prune``); False if it has none."""
+        builds = [t for t in self._builds(team, ref) or self._builds(team, template_id(team, ref))
+                  if t.tags]  # fmt: skip
         for t in builds:
-            self.rt.warm.remove(t.name)
-            self.rt.templates.remove(t.name)
-        if builds:
-            self.rt.layers.collect(self.rt.templates)
+            t.tags = []
+            self.rt.templates.update(t)
+        self.prune()
         return bool(builds)
+
+    def prune(self) -> int:
+        """Remove the builds no tag names (replaced or deleted) that no sandbox runs on, and
+        the layers only they used; returns how many."""
+        in_use = {info.template for info in self.rt.list()}
+        removed = 0
+        for t in self.rt.templates.list():
+            if t.owner is not None and not t.tags and t.name not in in_use:
+                self.rt.warm.remove(t.name)
+                self.rt.templates.remove(t.name)
+                removed += 1
+        if removed:
+            self.rt.layers.collect(self.rt.templates)
+        return removed
 
     async def close(self) -> None:
         for task in list(self._tasks):

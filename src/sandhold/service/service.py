@@ -102,6 +102,7 @@ class SandboxService:
         await self._run(self.runtime.templates.get, "base")
         await self._run(self.runtime.agent_lib)
         await self._run(kill_leftovers, self.runtime)  # (builds never outlive their server)
+        await self._run(self.builds.prune)
         st = os.statvfs(self.settings.data_dir)
         self.disk_total = st.f_blocks * st.f_frsize
         self.samples.disk_total = self.disk_total
