@@ -99,6 +99,16 @@ async def test_a_failing_step_reports_and_leaves_no_template(runtime, uploads):
     assert set(runtime.sandboxes_dir.iterdir()) == before  # its build sandbox is gone
     with pytest.raises(InvalidRequest, match="unsupported instruction 'ADD'"):
         build(runtime, uploads, "built-bad", [Step("ADD", ["x", "y"])])
+    with pytest.raises(InvalidRequest, match="WORKDIR /tmp/w: it is under a file system"):
+        build(runtime, uploads, "built-bad", [Step("WORKDIR", ["/tmp/w"])])
+
+
+def test_no_layer_is_collected_while_a_build_runs(runtime):
+    orphan = runtime.layers.root / ("0" * 32)
+    orphan.mkdir(parents=True)
+    with runtime.layers.building():  # (another build, in this process or any other)
+        assert runtime.layers.collect(runtime.templates) == 0 and orphan.exists()
+    assert runtime.layers.collect(runtime.templates) == 1 and not orphan.exists()
 
 
 async def test_build_sandboxes_of_a_build_cut_short_are_killed(runtime, make_sandbox):

@@ -9,7 +9,7 @@ import re
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.markup import escape
@@ -177,8 +177,7 @@ def build_dockerfile(rt: Runtime, name: str, file: Path, context: Path | None,
 
 
 def _image_base(rt: Runtime, ref: str) -> str:
-    """The template of image ``ref``, made by the image import when this tree has one."""
-    from sandhold.runtime import images
+    """The template of image ``ref``: pulled once per digest (runtime/image_templates.py)."""
+    from sandhold.runtime.image_templates import from_image
 
-    made: Any = images.template_from_image(rt, ref)  # type: ignore[attr-defined]
-    return str(getattr(made, "name", made))
+    return from_image(rt, ref).name

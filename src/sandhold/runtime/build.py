@@ -102,6 +102,12 @@ class Builder:
     def build(self, req: BuildRequest, emit: Log) -> Template:
         for i, step in enumerate(req.steps):
             step.check(i)
+        with self.layers.building():
+            tpl = self._build(req, emit)
+        self.layers.collect(self.rt.templates)  # (what a replaced template used alone)
+        return tpl
+
+    def _build(self, req: BuildRequest, emit: Log) -> Template:
         base = self.rt.templates.get(req.base)
         if ("/usr", "/usr") in base.ro_binds and not base.rw_dirs:  # built on `base`: its own
             base = Template(**{**base.__dict__, "rw_dirs": ["/usr/local"]})  # /usr/local
@@ -122,6 +128,10 @@ class Builder:
                 state.user = step.args[0]
                 emit("info", label)
                 continue
+            if step.type == "WORKDIR" and _volatile(_abs(step.args[0], state.workdir)):
+                raise InvalidRequest(f"step {i + 1}: WORKDIR {step.args[0]}: it is under a "
+                                     "file system every sandbox gets afresh (/tmp, /dev, /proc, "
+                                     "/run): nothing there is kept")  # fmt: skip
             if not forced and self.layers.exists(key):
                 emit("info", f"CACHED {label}")
             else:
@@ -239,7 +249,8 @@ else
     fi
   done
 fi
-if [ -n "$OWNER" ]; then chown -R -- "$OWNER:" "${done_[@]}"; fi
+case "$OWNER" in ''|*:*) ;; *) OWNER="$OWNER:" ;; esac  # user: its own group
+if [ -n "$OWNER" ]; then chown -R -- "$OWNER" "${done_[@]}"; fi
 if [ -n "$MODE" ]; then find "${done_[@]}" -type f -exec chmod "$MODE" {} +; fi
 cd /; rm -rf "$t"
 """
@@ -307,6 +318,10 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
     """Run ``coro`` to its end from sync code, whether or not this thread runs an event loop."""
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         return pool.submit(asyncio.run, coro).result()
+
+
+def _volatile(path: str) -> bool:
+    return any(path == d or path.startswith(d + "/") for d in ("/tmp", "/dev", "/proc", "/run"))
 
 
 def _abs(path: str, workdir: str, keep_slash: bool = False) -> str:

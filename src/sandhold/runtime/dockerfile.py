@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sandhold.errors import InvalidRequest
+from sandhold.runtime import oci
 from sandhold.runtime.build import Step
 from sandhold.runtime.spec import ENV_KEY_RE
 
@@ -38,7 +39,6 @@ if TYPE_CHECKING:
 SUPPORTED = ("FROM", "RUN", "COPY", "ADD", "ENV", "ARG", "WORKDIR", "USER", "CMD", "ENTRYPOINT")
 IGNORED = {"LABEL": "templates have no labels",
            "EXPOSE": "every port a sandbox listens on is reachable"}  # fmt: skip
-IMAGE_NOTE = "images are pulled by the server's image import (not built yet in the CLI)"
 _VAR = re.compile(r"\$(?:\{(?P<b>[A-Za-z_]\w*)(?::(?P<op>[-+])(?P<w>[^}]*))?\}"
                   r"|(?P<n>[A-Za-z_]\w*))")  # fmt: skip
 _FLAG = re.compile(r"--([A-Za-z-]+)(?:=(\S*))?\s*")
@@ -210,11 +210,11 @@ class _Parser:
             self.out = Dockerfile(ref, [])
             self.env = dict(self.store.get(ref).env)
             return
-        from sandhold.runtime import images
-
-        if not hasattr(images, "template_from_image"):
-            hint = "not a template of this host" if re.fullmatch(r"[\w.-]+", ref) else "an image"
-            raise InvalidRequest(f"FROM {ref}: {hint}; {IMAGE_NOTE}")
+        try:
+            oci.parse_reference(ref)  # an image, pulled by the build (image_templates.py)
+        except InvalidRequest:
+            raise InvalidRequest(f"FROM {ref}: neither a template of this host nor an image "
+                                 "reference") from None  # fmt: skip
         self.out = Dockerfile("", [], meta={"image": ref})
 
     def i_run(self, rest: str, flags: dict[str, str]) -> None:

@@ -12,11 +12,13 @@ canonical range's (uids.py), like a template's root. Layers no template names ar
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -60,14 +62,40 @@ class LayerStore:
             shutil.rmtree(staged, ignore_errors=True)
             raise
 
+    @contextlib.contextmanager
+    def building(self) -> Iterator[None]:
+        """Held (shared, across processes) by a build from its first cache lookup until its
+        template is recorded: no collection meanwhile removes a layer it counts on."""
+        with self._lock(fcntl.LOCK_SH):
+            yield
+
+    @contextlib.contextmanager
+    def _lock(self, how: int) -> Iterator[bool]:
+        self.root.mkdir(mode=0o755, parents=True, exist_ok=True)
+        fd = os.open(self.root / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            try:
+                fcntl.flock(fd, how)
+            except BlockingIOError:
+                yield False
+                return
+            yield True
+        finally:
+            os.close(fd)
+
     def collect(self, templates: TemplateStore) -> int:
-        """Remove the layers that no template of ``templates`` names; returns how many."""
+        """Remove the layers that no template of ``templates`` names; returns how many. Not
+        while a build runs (the next collection does it)."""
         if not self.root.is_dir():
             return 0
+        with self._lock(fcntl.LOCK_EX | fcntl.LOCK_NB) as free:
+            return self._collect(templates) if free else 0
+
+    def _collect(self, templates: TemplateStore) -> int:
         used = {Path(p).name for t in templates.list() for p in t.layers}
         removed = 0
         for d in self.root.iterdir():
-            if d.name.startswith(".new-") or d.name in used:
+            if d.name.startswith(".") or d.name in used:
                 continue
             shutil.rmtree(d, ignore_errors=True)
             removed += 1
