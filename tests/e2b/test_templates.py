@@ -81,6 +81,13 @@ def test_build_run_rebuild_tag_and_delete(server: Server, tmp_path: Path) -> Non
     Template.remove_tags("my-app", ["prod"], **kw(server))
     with pytest.raises(SandboxException, match=r"does not exist|not found"):
         Sandbox.create("my-app:prod", **kw(server))
+    # Listed for its team only (the built-ins for every team).
+    for key, want in ((KEY_A, {"base", "my-app"}), (KEY_B, {"base"})):
+        with httpx.Client(base_url=server.url, headers={"X-API-KEY": key}) as api:
+            listed = api.get("/templates").json()
+        assert want <= {t["names"][0] for t in listed} and (
+            key == KEY_A or "my-app" not in {t["names"][0] for t in listed}
+        )
     # Another team: it exists (E2B's 403), but it is not theirs to use.
     assert Template.exists("my-app", **kw(server, KEY_B))
     with pytest.raises(SandboxException, match=r"does not exist|not found"):
@@ -117,7 +124,24 @@ def test_a_failing_step_fails_the_build_and_leaves_no_template(server: Server) -
     assert not Template.exists("broken", **kw(server))
 
 
+async def test_the_async_builder(server: Server, tmp_path: Path) -> None:
+    from e2b import AsyncSandbox, AsyncTemplate
+
+    (tmp_path / "data.txt").write_text("async\n")
+    tpl = (AsyncTemplate(file_context_path=str(tmp_path)).from_template("base")
+           .copy("data.txt", "/home/user/data.txt", mode=0o600))  # fmt: skip
+    await AsyncTemplate.build(tpl, "async-app", **kw(server))
+    sbx = await AsyncSandbox.create("async-app", **kw(server))
+    try:
+        r = await sbx.commands.run("cat data.txt; stat -c %a data.txt; stat -c %U data.txt")
+        assert r.stdout.split() == ["async", "600", "user"], r.stderr  # the current user's
+    finally:
+        await sbx.kill()
+
+
 def test_bad_input_is_refused_by_name(server: Server) -> None:
+    with pytest.raises(BuildException, match="invalid tag 'bad tag'"):
+        Template.build(Template().from_base_image(), "app:bad tag", **kw(server))
     with pytest.raises(BuildException, match="invalid template name"):
         Template.build(Template().from_base_image(), "Bad Name!", **kw(server))
     with pytest.raises(BuildException, match="image reference 'Bad Ref!' does not parse"):

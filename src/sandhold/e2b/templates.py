@@ -11,6 +11,7 @@ pinned SDK's ``Template.build`` sends and parses:
 - ``GET /templates/aliases/{name}`` → 200 ``{templateID, public}``, 403 (another team's), 404
 - ``POST /templates/tags`` ``{target, tags}`` → 201; ``DELETE /templates/tags`` ``{name, tags}``
   → 204; ``GET /templates/{id}/tags`` → 200; ``DELETE /templates/{id}`` → 204 (or a snapshot's)
+- ``GET /templates`` → 200: the built-in and operator templates and the team's own
 """
 
 from __future__ import annotations
@@ -123,8 +124,12 @@ def routes(builds: Builds, authed: Callable[[Handler], Any], max_upload: int) ->
     async def list_tags(request: Request, team: str) -> Response:
         return JSONResponse(builds.tags(team, request.path_params["id"]))
 
+    async def listed(request: Request, team: str) -> Response:
+        return JSONResponse(builds.listed(team))
+
     a = authed
     return [
+        Route("/templates", a(listed), methods=["GET"]),
         Route("/v3/templates", a(request_build), methods=["POST"]),
         Route("/templates/aliases/{alias}", a(alias), methods=["GET"]),
         Route("/templates/tags", a(assign_tags), methods=["POST"]),

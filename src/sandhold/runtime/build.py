@@ -215,7 +215,8 @@ class Builder:
             **state.env,
             "SRC": src,
             "DEST": dest,
-            "OWNER": step.args[2] if len(step.args) > 2 else "",
+            # the user given, else the current one (E2B's copy() without a user)
+            "OWNER": (step.args[2] if len(step.args) > 2 else "") or state.user,
             "MODE": step.args[3] if len(step.args) > 3 else "",
             "TAR": COPY_TAR,
         }

@@ -303,7 +303,8 @@ class _Parser:
                     tar.add(real, arcname=rel, recursive=False, filter=_anonymous)
         assert self.out is not None
         self.out.archives[files_hash] = archive
-        self.step("COPY", [" ".join(patterns), dest, owner, mode], files_hash)
+        # (no --chown: root's, as in Docker; an E2B COPY without a user is the current user's)
+        self.step("COPY", [" ".join(patterns), dest, owner or "root", mode], files_hash)
         if group and group != owner:  # (the COPY step gives the user's own group)
             self.step("RUN", [_chgrp(group, dest, matched, entries), "root"])
 

@@ -25,6 +25,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sandhold.envd import ENVD_VERSION
 from sandhold.errors import (
     Conflict,
     Forbidden,
@@ -151,6 +152,35 @@ class Builds:
         if any(t.alias == name and t.owner != team and t.tags for t in self.rt.templates.list()):
             raise Forbidden(f"template {name!r} belongs to another team")
         raise NotFound(f"template {name!r} not found")
+
+    def listed(self, team: str) -> list[dict[str, Any]]:
+        """E2B's ``GET /templates``: the built-in and operator templates, and the team's own
+        (one entry per template: its build with the default tag, else its newest)."""
+        out: dict[str, dict[str, Any]] = {}
+        builds: dict[str, int] = {}
+        for t in sorted(self.rt.templates.list(), key=lambda t: t.created_at):
+            if t.owner not in (None, team) or (t.owner is not None and not t.tags):
+                continue
+            key = t.template_id or t.name
+            builds[key] = builds.get(key, 0) + 1
+            if key in out and DEFAULT_TAG not in t.tags and DEFAULT_TAG in out[key]["_tags"]:
+                continue
+            made = datetime.fromtimestamp(t.created_at, UTC).isoformat()
+            name = t.alias or t.name
+            out[key] = {
+                "templateID": key, "buildID": t.build_id or str(uuid.UUID(int=0)),
+                "cpuCount": int(t.cpu or self.service.settings.default_cpu),
+                "memoryMB": t.memory_mb or self.service.settings.default_memory_mb,
+                "diskSizeMB": t.disk_mb or self.service.settings.default_disk_mb,
+                "public": t.owner is None, "aliases": [name], "names": [name],
+                "createdAt": made, "updatedAt": made, "createdBy": None,
+                "lastSpawnedAt": None, "spawnCount": 0, "buildCount": 0,
+                "envdVersion": ENVD_VERSION, "buildStatus": "ready", "_tags": t.tags,
+            }  # fmt: skip
+        for key, entry in out.items():
+            entry["buildCount"] = builds[key]
+            entry.pop("_tags")
+        return list(out.values())
 
     # -- a build ----------------------------------------------------------------------------
     def request(self, team: str, ref: str, tags: list[str], cpu: float | None,
