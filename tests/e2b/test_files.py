@@ -118,10 +118,18 @@ def test_signed_urls_with_plain_httpx(sbx: Sandbox, server: Server) -> None:
     down = sbx.download_url("/tmp/via-url.txt", use_signature_expiration=60)
     assert httpx.get(down).content == b"uploaded by url"
     # The signature covers path, operation and expiry: changing any of them is refused.
-    assert httpx.get(down.replace("via-url", "other")).status_code == 401
-    assert httpx.post(down, files={"file": ("x", b"x")}).status_code == 401
+    # envd's answers, word for word: the signature is judged before its expiry.
+    invalid = {"code": 401, "message": "invalid signature"}
+    assert httpx.get(down.replace("via-url", "other")).json() == invalid
+    assert httpx.post(down, files={"file": ("x", b"x")}).json() == invalid
     expired = sbx.download_url("/tmp/via-url.txt", use_signature_expiration=-10)
-    assert httpx.get(expired).status_code == 401
+    r = httpx.get(expired)
+    assert (r.status_code, r.json()) == (
+        401,
+        {"code": 401, "message": "signature is already expired"},
+    )
+    forged = expired.replace("signature=v1_", "signature=v1_x")
+    assert httpx.get(forged).json() == invalid  # a forger never learns the expiry was the problem
 
 
 def test_access_token_is_enforced(sbx: Sandbox, server: Server) -> None:

@@ -42,23 +42,31 @@ def file_signature(path: str, operation: str, user: str, token: str, expiration:
     return "v1_" + base64.b64encode(digest).rstrip(b"=").decode()
 
 
-def signature_valid(token: str, method: str, query: Mapping[str, str]) -> bool:
+def signature_error(token: str, method: str, query: Mapping[str, str]) -> str | None:
+    """Why a ``/files`` signature does not authorize this request (None: it does), in envd's
+    words and order: the signature first, then its expiration (a forger never learns whether
+    the expiry was the problem)."""
     signature = query.get("signature")
     if not signature:
-        return False
+        return "missing signature query parameter"
     expiration: int | None = None
     if query.get("signature_expiration"):
         try:
             expiration = int(query["signature_expiration"])
         except ValueError:
-            return False
-        if expiration < time.time():
-            return False
+            return "invalid signature"
     operation = "write" if method == "POST" else "read"
     expected = file_signature(
         query.get("path", ""), operation, query.get("username", ""), token, expiration
     )
-    return hmac.compare_digest(expected.encode(), signature.encode())
+    if not hmac.compare_digest(expected.encode(), signature.encode()):
+        return "invalid signature"
+    if expiration is not None and expiration < time.time():
+        return EXPIRED
+    return None
+
+
+EXPIRED = "signature is already expired"
 
 
 def check_envd_access(
@@ -74,9 +82,9 @@ def check_envd_access(
             return
         raise Unauthenticated("invalid access token")
     if path == "/files" and "signature" in query:
-        if signature_valid(token, method, query):
+        if (why := signature_error(token, method, query)) is None:
             return
-        raise Unauthenticated("invalid or expired signature")
+        raise Unauthenticated(why)
     raise Unauthenticated("missing access token (X-Access-Token header)")
 
 

@@ -29,7 +29,7 @@ from urllib.parse import parse_qsl
 import h11
 
 from sandhold.config import Settings
-from sandhold.e2b.auth import check_envd_access, check_traffic_access, signature_valid
+from sandhold.e2b.auth import EXPIRED, check_envd_access, check_traffic_access, signature_error
 from sandhold.e2b.errors import e2b_status
 from sandhold.e2b.file_audit import FileAudit, FileOpRecord, file_op
 from sandhold.envd import ENVD_PORT
@@ -265,9 +265,12 @@ class DataPlane:
 
     async def _by_signature(self, method: str, query: dict[str, str]) -> Sandbox:
         for sbx in await self.service.query():
-            if signature_valid(sbx.life.access_token, method, query):
+            why = signature_error(sbx.life.access_token, method, query)
+            if why is None:
                 return sbx
-        raise Unauthenticated("invalid or expired signature")
+            if why == EXPIRED:  # (its signature, then: only the time is wrong)
+                raise Unauthenticated(why)
+        raise Unauthenticated("invalid signature")
 
     async def _forward(
         self, scope: Scope, receive: Receive, send: Send, sbx: Sandbox, port: int
