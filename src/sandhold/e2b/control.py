@@ -11,7 +11,7 @@ import base64
 import binascii
 import contextlib
 from collections.abc import Awaitable, Callable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import unquote
 
@@ -223,16 +223,21 @@ class ControlPlane:
     async def _filtered(self, request: Request, team: str, states: set[str]) -> list[Sandbox]:
         q = request.query_params
         metadata = parse_metadata_filter(q["metadata"]) if q.get("metadata") else {}
-        started_after: float | None = None
+        started_after: datetime | None = None
         if q.get("startedAfter"):
             try:
-                started_after = datetime.fromisoformat(q["startedAfter"]).timestamp()
+                started_after = datetime.fromisoformat(q["startedAfter"])
             except ValueError:
                 raise InvalidRequest(f"invalid startedAfter {q['startedAfter']!r}") from None
+            if started_after.tzinfo is None:
+                started_after = started_after.replace(tzinfo=UTC)
         template = q.get("template")
         out = []
         for sbx in await self.service.query(team, states=states, metadata=metadata):
-            if started_after is not None and sbx.info.created_at < started_after:
+            # At the precision the wire carries (startedAt is rendered to the microsecond,
+            # rounded): a sandbox's own startedAt given back finds it.
+            started = datetime.fromtimestamp(sbx.info.created_at, UTC)
+            if started_after is not None and started < started_after:
                 continue
             if template and sbx.info.template != template:
                 continue
