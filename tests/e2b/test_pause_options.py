@@ -37,6 +37,8 @@ def test_a_filesystem_pause_drops_processes_and_keeps_files(server: Server) -> N
         sbx.files.write("/home/user/kept.txt", "on disk")
         sbx.files.write("/tmp/gone", "in memory")  # /tmp is memory (a tmpfs)
         sbx.commands.run("sleep 600", background=True)
+        boot_id = "cat /proc/sys/kernel/random/boot_id"
+        before = sbx.commands.run(boot_id).stdout
         assert sbx.pause(mode="filesystem") is True  # {"memory": false}
         info = sbx.get_info()
         assert info.state == SandboxState.PAUSED
@@ -48,6 +50,7 @@ def test_a_filesystem_pause_drops_processes_and_keeps_files(server: Server) -> N
         assert back.files.read("/home/user/kept.txt") == "on disk"
         assert back.commands.run("pgrep -c -x sleep || true").stdout.strip() == "0"
         assert back.commands.run("cat /tmp/gone 2>/dev/null || echo none").stdout == "none\n"
+        assert back.commands.run(boot_id).stdout not in ("", before)  # a boot of its own
         assert sbx.pause(keep_memory=False) is True  # the deprecated spelling of the same
     finally:
         sbx.kill()

@@ -284,3 +284,15 @@ async def test_a_dump_past_its_timeout_is_killed_and_loses_nothing(make_sandbox,
     time.sleep(0.1)
     n1, secret1 = await _state(info)
     assert secret1 == secret and n1 > n0  # handed its socket back; its processes ran on
+
+
+async def test_a_boot_id_of_its_own_new_at_each_boot_kept_by_a_suspend(make_sandbox, runtime):
+    boot_id = "cat /proc/sys/kernel/random/boot_id"
+    host = Path("/proc/sys/kernel/random/boot_id").read_text()
+    a, b = await make_sandbox(), await make_sandbox()
+    first = (await sh(a, boot_id)).text
+    assert first not in (host, (await sh(b, boot_id)).text)  # not the host's, not a neighbour's
+    runtime.suspend(a.id)
+    assert (await sh(runtime.resume(a.id), boot_id)).text == first  # the same boot, carried on
+    runtime.pause_filesystem(a.id)
+    assert (await sh(runtime.resume(a.id), boot_id)).text != first  # a cold boot: a new one

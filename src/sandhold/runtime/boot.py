@@ -16,7 +16,7 @@ from sandhold.egress.control import sandbox_env as egress_sandbox_env
 from sandhold.envd import ENVD_VERSION
 from sandhold.runtime import checkpoint, disk, images, mounts
 from sandhold.runtime.agent.libc import CAPS
-from sandhold.runtime.launcher import RW_DIRS, Launch, spawn
+from sandhold.runtime.launcher import RW_DIRS, Launch, new_boot_id, spawn
 from sandhold.runtime.reaping import wait_ready
 from sandhold.runtime.records import session_of
 from sandhold.runtime.spec import SandboxSpec
@@ -126,6 +126,7 @@ def boot(
         agent_cfg = agent_config(spec, template, env, binds)
         agent_cfg.update(ready_fd=ready_w, egress=egress_agent)
         (run_dir / "agent.json").write_text(json.dumps(agent_cfg))
+        new_boot_id(run_dir)
         launch = Launch(
             root=root,
             ro_binds=template.ro_binds,

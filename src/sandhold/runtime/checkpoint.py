@@ -24,7 +24,7 @@ from pathlib import Path
 
 from sandhold.errors import CheckpointFailed
 from sandhold.runtime.criuimg import remap_userns
-from sandhold.runtime.launcher import HANDOFF_AT, JOIN_AND_EXEC
+from sandhold.runtime.launcher import BOOT_ID, BOOT_ID_FILE, HANDOFF_AT, JOIN_AND_EXEC
 from sandhold.runtime.uids import VIEW_LIST
 
 IMAGES = "checkpoint"  # in the sandbox's directory
@@ -41,6 +41,7 @@ IRMAP = ["--force-irmap", "--irmap-scan-path", "/home", "--irmap-scan-path", "/w
 # /proc files, gone with it: the dump names them, the restore covers them with host files.
 COVERS = {f"/proc/1/{sub}{name}": f"{sub.replace('/', '-')}{name}"
           for sub in ("", "task/1/") for name in ("oom_score_adj", "oom_adj")}  # fmt: skip
+BOOT_ID_KEY = "boot_id"  # the sandbox's own boot id file (launcher.BOOT_ID), found again by key
 
 
 @dataclass(frozen=True)
@@ -145,7 +146,8 @@ def dump(criu: Criu, d: Path, init_pid: int, images: Path | None = None, *,
     images = images or d / IMAGES
     images.mkdir(mode=0o700, exist_ok=True)
     _set_pings(init_pid)
-    named = {**COVERS, HANDOFF_AT: HANDOFF, **{m: k for m, (k, _v) in _views(d).items()}}
+    named = {**COVERS, HANDOFF_AT: HANDOFF, BOOT_ID: BOOT_ID_KEY,
+             **{m: k for m, (k, _v) in _views(d).items()}}  # fmt: skip
     keep = ["--freeze-cgroup", str(freezer), "--leave-running"] if freezer else []
     criu.run(
         [str(criu.path), "dump", "-t", str(init_pid), "-D", str(images), "-o", "dump.log",
@@ -180,7 +182,12 @@ def restore(criu: Criu, d: Path, cgroup_procs: list[str], host_uid: int,
     images.chmod(0o711)
     covers = d / "covers"
     covers.mkdir(exist_ok=True)
-    maps = ["--ext-mount-map", f"{HANDOFF}:{d / HANDOFF}"]
+    maps = [
+        "--ext-mount-map",
+        f"{HANDOFF}:{d / HANDOFF}",
+        "--ext-mount-map",
+        f"{BOOT_ID_KEY}:{d / 'run' / BOOT_ID_FILE}",
+    ]
     for key in COVERS.values():
         (covers / key).write_text("0\n")
         maps += ["--ext-mount-map", f"{key}:{covers / key}"]

@@ -21,6 +21,7 @@ import select
 import socket
 import subprocess
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +43,15 @@ AGENT_MAIN = f"{AGENT_LIB}/sandhold/runtime/agent/__main__.py"
 # from the host's procfs (so its mount names the agent's host pid, nothing else). The agent has
 # one thread: /proc/1/task/1 is the only other way to them.
 OOM_FILES = ("oom_score_adj", "oom_adj")
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+BOOT_ID_FILE = "boot_id"  # in the sandbox's run dir: what is bound at BOOT_ID
+
+
+def new_boot_id(run_dir: Path) -> None:
+    (run_dir / BOOT_ID_FILE).write_text(f"{uuid.uuid4()}\n")
+    (run_dir / BOOT_ID_FILE).chmod(0o444)
+
+
 # Capabilities the agent keeps (inside the user namespace only) to start processes as `user` and
 # to drop everything, bounding set included, in those processes; and to bind the DNS stub of a
 # sandbox with egress to 127.0.0.1:53 (its processes drop that one too).
@@ -95,6 +105,9 @@ def bwrap_argv(
     for name in OOM_FILES:
         argv += ["--ro-bind", f"/proc/self/{name}", f"/proc/1/{name}",
                  "--ro-bind", f"/proc/thread-self/{name}", f"/proc/1/task/1/{name}"]  # fmt: skip
+    # Its own boot id (the host's is every sandbox's), new at each boot: what tells software
+    # inside that the machine rebooted (a filesystem-only pause's resume does).
+    argv += ["--ro-bind", str(launch.run_dir / BOOT_ID_FILE), BOOT_ID]
     argv += [
         "--dev", "/dev",
         "--perms", "1777", "--size", str(launch.memory_mb << 19), "--tmpfs", "/tmp",
