@@ -84,3 +84,11 @@ def test_the_debian_archive_comes_from_the_machines_apt_sources(tmp_path):
         "# a comment\ndeb [arch=amd64] http://archive.example/d x main\n"
     )
     assert debian_archive(tmp_path) == "http://archive.example/d"
+
+
+async def test_base_has_a_python_command(make_sandbox):
+    """As E2B's base: `python` is the sandbox's Python 3, for root and user alike."""
+    info = await make_sandbox()
+    for user in ("user", "root"):
+        r = await sh(info, "python -c 'import sys; print(sys.version_info[0])'", user=user)
+        assert r.text.strip() == "3", r.text

@@ -37,6 +37,7 @@ from sandhold.errors import HostUnsupported, TemplateBuildFailed
 from sandhold.interpreter.contexts import ENV_PATH, READY_PATH
 from sandhold.interpreter.packages import PACKAGES
 from sandhold.runtime.templates import (
+    BASE_BIN,
     DEFAULT_PATH,
     SANDBOX_USER_UID,
     Template,
@@ -73,7 +74,7 @@ CODE_SUFFIXES = (".py", ".js")
 
 def template_env() -> dict[str, str]:
     return {
-        "PATH": f"{DEFAULT_PATH}:{SANDBOX_SITE}/bin",
+        "PATH": f"{DEFAULT_PATH}:{SANDBOX_SITE}/bin:{BASE_BIN}",
         "LANG": "C.UTF-8",
         "PYTHONPATH": SANDBOX_SITE,
         # Scripts run with `python3 x.py` must not try to open a window; Jupyter kernels get

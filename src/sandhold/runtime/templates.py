@@ -35,6 +35,7 @@ SANDBOX_USER_UID = 1000
 BUILD_CAPS = ["CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL",
               "CAP_SETGID", "CAP_SETUID", "CAP_SYS_CHROOT", "CAP_SETFCAP"]  # fmt: skip
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+BASE_BIN = "/opt/sandhold/bin"  # commands of `base`'s own (after the host's, on its PATH)
 
 # Host /etc entries that are safe and useful inside a sandbox built on the host's /usr.
 HOST_ETC_ENTRIES = (
@@ -307,13 +308,21 @@ class TemplateStore:
             (rootfs / "etc/hostname").write_text("sandbox\n")
             (rootfs / "etc/hosts").write_text("127.0.0.1\tlocalhost sandbox\n::1\tlocalhost\n")
             (rootfs / "etc/resolv.conf").write_text("# no network by default\n")
+            # E2B's base has a `python` command; the host's /usr may not (python-is-python3).
+            (rootfs / BASE_BIN.lstrip("/")).mkdir(parents=True)
+            (rootfs / BASE_BIN.lstrip("/") / "python").symlink_to("/usr/bin/python3")
+            # (login shells, the SDK's `commands.run`, take PATH from /etc/profile)
+            (rootfs / "etc/profile.d").mkdir(exist_ok=True)
+            (rootfs / "etc/profile.d/sandhold.sh").write_text(
+                f'case ":$PATH:" in *:{BASE_BIN}:*) ;; *) PATH="$PATH:{BASE_BIN}" ;; esac\n'
+            )
             _add_users(rootfs)
             _shift_ownership(rootfs, self.uid_base)
             tpl = Template(
                 name=name,
                 kind="host",
                 rootfs=rootfs,
-                env={"PATH": DEFAULT_PATH, "LANG": "C.UTF-8"},
+                env={"PATH": f"{DEFAULT_PATH}:{BASE_BIN}", "LANG": "C.UTF-8"},
                 ro_binds=[("/usr", "/usr")],
             )
             return self._commit(tpl, staging)
