@@ -91,6 +91,7 @@ def remount(rt: Runtime, d: Path, info: SandboxInfo, binds: bool) -> None:
             mounts.mount_overlay(lower, layer / "upper", layer / "work", d / "root")
     if not mounts.is_mountpoint(d / checkpoint.HANDOFF):
         mounts.mount_tmpfs(d / checkpoint.HANDOFF, 64 << 10, 0o755)
+        new_boot_id(d / checkpoint.HANDOFF)  # (the host rebooted: so did the sandbox)
     views = [line.split("\t")[1] for line in _lines(d / VIEW_LIST)]
     if binds and not all(mounts.is_mountpoint(Path(v)) for v in views):
         rt.uids.give_back(d)
@@ -126,7 +127,7 @@ def boot(
         agent_cfg = agent_config(spec, template, env, binds)
         agent_cfg.update(ready_fd=ready_w, egress=egress_agent)
         (run_dir / "agent.json").write_text(json.dumps(agent_cfg))
-        new_boot_id(run_dir)
+        new_boot_id(d / checkpoint.HANDOFF)
         launch = Launch(
             root=root,
             ro_binds=template.ro_binds,

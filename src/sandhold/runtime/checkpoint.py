@@ -186,7 +186,7 @@ def restore(criu: Criu, d: Path, cgroup_procs: list[str], host_uid: int,
         "--ext-mount-map",
         f"{HANDOFF}:{d / HANDOFF}",
         "--ext-mount-map",
-        f"{BOOT_ID_KEY}:{d / 'run' / BOOT_ID_FILE}",
+        f"{BOOT_ID_KEY}:{d / HANDOFF / BOOT_ID_FILE}",
     ]
     for key in COVERS.values():
         (covers / key).write_text("0\n")

@@ -96,7 +96,7 @@ def start(
     try:
         host_uid = rt._prepare_root(d, spec, template, layer_image=taken / disk.IMAGE)
         checkpoint.copy_images(taken / checkpoint.IMAGES, d / checkpoint.IMAGES)
-        new_boot_id(d / "run")  # (a new sandbox: its own boot)
+        new_boot_id(d / checkpoint.HANDOFF)  # (a new sandbox: its own boot)
         if config is not None:
             (d / "run" / "agent.json").write_text(json.dumps(config))
         procs = rt._cg(sandbox_id).procs_files()

@@ -44,12 +44,12 @@ AGENT_MAIN = f"{AGENT_LIB}/sandhold/runtime/agent/__main__.py"
 # one thread: /proc/1/task/1 is the only other way to them.
 OOM_FILES = ("oom_score_adj", "oom_adj")
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
-BOOT_ID_FILE = "boot_id"  # in the sandbox's run dir: what is bound at BOOT_ID
+BOOT_ID_FILE = "boot_id"  # in the sandbox's handoff tmpfs: what is bound at BOOT_ID
 
 
-def new_boot_id(run_dir: Path) -> None:
-    (run_dir / BOOT_ID_FILE).write_text(f"{uuid.uuid4()}\n")
-    (run_dir / BOOT_ID_FILE).chmod(0o444)
+def new_boot_id(handoff: Path) -> None:
+    (handoff / BOOT_ID_FILE).write_text(f"{uuid.uuid4()}\n")
+    (handoff / BOOT_ID_FILE).chmod(0o444)
 
 
 # Capabilities the agent keeps (inside the user namespace only) to start processes as `user` and
@@ -106,8 +106,9 @@ def bwrap_argv(
         argv += ["--ro-bind", f"/proc/self/{name}", f"/proc/1/{name}",
                  "--ro-bind", f"/proc/thread-self/{name}", f"/proc/1/task/1/{name}"]  # fmt: skip
     # Its own boot id (the host's is every sandbox's), new at each boot: what tells software
-    # inside that the machine rebooted (a filesystem-only pause's resume does).
-    argv += ["--ro-bind", str(launch.run_dir / BOOT_ID_FILE), BOOT_ID]
+    # inside that the machine rebooted (a filesystem-only pause's resume does). Kept in the
+    # handoff tmpfs: mountinfo names no host path for it.
+    argv += ["--ro-bind", str(launch.handoff / BOOT_ID_FILE), BOOT_ID]
     argv += [
         "--dev", "/dev",
         "--perms", "1777", "--size", str(launch.memory_mb << 19), "--tmpfs", "/tmp",

@@ -54,6 +54,8 @@ class Warmer:
             name = template.name
             if not template.warm or time.time() - self._failed_at.get(name, 0) < RETRY_S:
                 continue
+            if template.owner is not None and not template.tags:
+                continue  # a team's build no name points at (replaced or deleted): going
             if await self.service._run(rt.warm.available, template) is not None:
                 continue
             try:
