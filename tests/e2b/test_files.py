@@ -163,3 +163,18 @@ def test_paths_stay_inside_the_sandbox(sbx: Sandbox, server: Server) -> None:
     r = httpx.get(f"{server.url}/files?path=/root/secret", headers=headers)
     assert 400 <= r.status_code < 500 and b"s3cret" not in r.content  # file permissions hold
     assert len(sbx.files.list("/tmp")) == before
+
+
+def test_file_metadata_is_envds(sbx: Sandbox) -> None:
+    """Stored as envd's user.e2b.* xattrs: set inside the E2B way it shows; an overwrite without
+    metadata drops the old set."""
+    info = sbx.files.write("/home/user/meta.txt", "m", metadata={"Kind": "note"})
+    assert info.metadata == {"kind": "note"}  # (header names: lowercased, as envd's)
+    sbx.commands.run("python3 -c \"import os; os.setxattr('/home/user/meta.txt', "
+                     "'user.e2b.origin', b'inside')\"")  # fmt: skip
+    assert sbx.files.get_info("/home/user/meta.txt").metadata == {
+        "kind": "note",
+        "origin": "inside",
+    }
+    sbx.files.write("/home/user/meta.txt", "n")
+    assert not sbx.files.get_info("/home/user/meta.txt").metadata

@@ -121,7 +121,16 @@ async def test_metadata(agent):
     assert info["metadata"] == {"owner": "alice", "purpose": "test run"}
     entry = (await ok(agent.client, "filesystem.Filesystem/Stat", {"path": str(target)}))["entry"]
     assert entry["metadata"] == {"owner": "alice", "purpose": "test run"}
-    assert os.getxattr(target, "user.sandhold.owner") == b"alice"
+    assert os.getxattr(target, "user.e2b.owner") == b"alice"  # envd's names
+    os.setxattr(target, "user.e2b.set-inside", b"the e2b way")  # by a process in the sandbox
+    entry = (await ok(agent.client, "filesystem.Filesystem/Stat", {"path": str(target)}))["entry"]
+    assert entry["metadata"]["set-inside"] == "the e2b way"
+    # An overwrite without metadata drops the old set, as envd's does.
+    r = await agent.client.post("/files", params={"path": str(target)}, content=b"n",
+                                headers={"Content-Type": "application/octet-stream"})  # fmt: skip
+    assert r.status_code == 200 and "metadata" not in r.json()[0], r.text
+    entry = (await ok(agent.client, "filesystem.Filesystem/Stat", {"path": str(target)}))["entry"]
+    assert not entry.get("metadata"), entry
 
     r = await agent.client.post(
         "/files",

@@ -2,7 +2,8 @@
 
 Uploads stream to disk as they arrive (multipart parts or a raw octet-stream body, optionally
 gzip-encoded), files and missing parent directories are created with the user's filesystem
-identity, and ``X-Metadata-<key>`` headers are stored as ``user.sandhold.<key>`` xattrs.
+identity, and ``X-Metadata-<key>`` headers are stored as envd's ``user.e2b.<key>`` xattrs (keys
+lowercased; an upload replaces the file's whole set).
 Errors are JSON ``{"code": <status>, "message": ...}``.
 """
 

@@ -98,8 +98,8 @@ class FileWriter:
                     os.close(fd)
                     raise HttpError(403, denial)
                 os.ftruncate(fd, 0)
-                if metadata:
-                    write_metadata(fd, metadata)  # best effort: also returned in the response
+                if metadata or not created:  # (best effort: also returned in the response)
+                    write_metadata(fd, metadata)
         except UserError as e:
             raise HttpError(403, str(e)) from None
         except OSError as e:

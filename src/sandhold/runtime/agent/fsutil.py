@@ -20,7 +20,7 @@ FILE_TYPE_FILE = "FILE_TYPE_FILE"
 FILE_TYPE_DIRECTORY = "FILE_TYPE_DIRECTORY"
 FILE_TYPE_SYMLINK = "FILE_TYPE_SYMLINK"
 
-METADATA_PREFIX = "user.sandhold."
+METADATA_PREFIX = "user.e2b."  # envd's: set in the sandbox the E2B way, it shows too
 
 _RWX = "rwxrwxrwx"
 
@@ -91,8 +91,12 @@ def read_metadata(path: str, follow: bool = True) -> dict[str, str]:
 
 
 def write_metadata(target: str | int, metadata: dict[str, str]) -> bool:
-    """Store metadata as user xattrs; False when the filesystem or file refuses them."""
+    """Make ``metadata`` the file's whole set (an overwrite without any drops the old one), as
+    envd does; False when the filesystem or file refuses xattrs."""
     try:
+        for name in os.listxattr(target):
+            if name.startswith(METADATA_PREFIX) and name[len(METADATA_PREFIX) :] not in metadata:
+                os.removexattr(target, name)
         for key, value in metadata.items():
             os.setxattr(target, METADATA_PREFIX + key, value.encode())
     except OSError:
