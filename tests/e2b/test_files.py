@@ -178,3 +178,23 @@ def test_file_metadata_is_envds(sbx: Sandbox) -> None:
     }
     sbx.files.write("/home/user/meta.txt", "n")
     assert not sbx.files.get_info("/home/user/meta.txt").metadata
+
+
+def test_writing_a_new_file_is_seen_as_envd_reports_it(sbx: Sandbox) -> None:
+    """envd's sequence for files.write of a new file (its SDK's own test): CREATE, CHMOD, WRITE."""
+    sbx.files.make_dir("/home/user/seq")
+    handle = sbx.files.watch_dir("/home/user/seq")
+    try:
+        sbx.files.write("/home/user/seq/f.txt", "content")
+        events: list = []
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and len(events) < 3:
+            events += handle.get_new_events()
+            time.sleep(0.05)
+        time.sleep(0.2)
+        events += handle.get_new_events()
+        assert [(e.name, e.type) for e in events] == [
+            ("f.txt", FilesystemEventType.CREATE), ("f.txt", FilesystemEventType.CHMOD),
+            ("f.txt", FilesystemEventType.WRITE)]  # fmt: skip
+    finally:
+        handle.stop()

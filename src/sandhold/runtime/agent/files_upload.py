@@ -97,7 +97,11 @@ class FileWriter:
                             os.unlink(os.readlink(f"/proc/self/fd/{fd}"))
                     os.close(fd)
                     raise HttpError(403, denial)
-                os.ftruncate(fd, 0)
+                if created:  # as envd, which gives a new file to its user: watchers see
+                    st = os.fstat(fd)  # CREATE, CHMOD, WRITE
+                    os.fchown(fd, st.st_uid, st.st_gid)
+                else:
+                    os.ftruncate(fd, 0)
                 if metadata or not created:  # (best effort: also returned in the response)
                     write_metadata(fd, metadata)
         except UserError as e:
