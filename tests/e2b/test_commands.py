@@ -126,3 +126,8 @@ async def test_a_killed_sandbox_breaks_its_streams(server: Server) -> None:
         await asyncio.wait_for(waiter, 30)
     assert "TimeoutError" not in type(exc.value).__name__
     assert await s.is_running() is False
+
+
+def test_sudo_and_python_as_in_e2bs_base(sbx: Sandbox) -> None:
+    r = sbx.commands.run("sudo whoami; python -c 'print(6 * 7)'")
+    assert r.stdout.split() == ["root", "42"], r

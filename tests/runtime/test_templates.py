@@ -92,3 +92,22 @@ async def test_base_has_a_python_command(make_sandbox):
     for user in ("user", "root"):
         r = await sh(info, "python -c 'import sys; print(sys.version_info[0])'", user=user)
         assert r.text.strip() == "3", r.text
+
+
+async def test_base_has_passwordless_sudo_confined_like_root(make_sandbox, runtime):
+    """As E2B's base: `sudo` for user, without a password; root it gives is the sandbox's root,
+    no one outside (no capabilities: the host's files stay out of reach)."""
+    info = await make_sandbox()
+    r = await sh(info, "sudo id -un; sudo -u user id -un; echo in | sudo cat; "
+                 "sudo sh -c 'exit 7'; echo $?", user="user")  # fmt: skip
+    assert r.text.split() == ["root", "user", "in", "7"], r.text
+    r = await sh(info, "sudo touch /etc/made-by-sudo && ls -l /etc/made-by-sudo | cut -d' ' -f3; "
+                 "sudo mount -t tmpfs x /mnt 2>&1; sudo grep Cap[EP] /proc/self/status",
+                 user="user")  # fmt: skip
+    out = r.text
+    assert out.startswith("root\n") and "mount: /mnt: permission denied" in out, out
+    assert "CapPrm:\t0000000000000000" in out and "CapEff:\t0000000000000000" in out, out
+    # A caller gone takes its command with it.
+    await sh(info, "timeout -s KILL 1 sudo sleep 300; true", user="user")
+    r = await sh(info, "sleep 0.5; pgrep -x sleep || echo none")
+    assert r.text.strip() == "none", r.text

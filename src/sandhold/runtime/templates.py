@@ -36,6 +36,7 @@ BUILD_CAPS = ["CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_
               "CAP_SETGID", "CAP_SETUID", "CAP_SYS_CHROOT", "CAP_SETFCAP"]  # fmt: skip
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 BASE_BIN = "/opt/sandhold/bin"  # commands of `base`'s own (after the host's, on its PATH)
+SUDO_CLIENT = Path(__file__).with_name("sudo_client.py")
 
 # Host /etc entries that are safe and useful inside a sandbox built on the host's /usr.
 HOST_ETC_ENTRIES = (
@@ -311,6 +312,10 @@ class TemplateStore:
             # E2B's base has a `python` command; the host's /usr may not (python-is-python3).
             (rootfs / BASE_BIN.lstrip("/")).mkdir(parents=True)
             (rootfs / BASE_BIN.lstrip("/") / "python").symlink_to("/usr/bin/python3")
+            # and passwordless sudo (setuid is void here: the agent runs it, sudo_client.py)
+            sudo = rootfs / BASE_BIN.lstrip("/") / "sudo"
+            sudo.write_text("#!/usr/bin/python3 -I\n" + SUDO_CLIENT.read_text())
+            sudo.chmod(0o755)
             # (login shells, the SDK's `commands.run`, take PATH from /etc/profile)
             (rootfs / "etc/profile.d").mkdir(exist_ok=True)
             (rootfs / "etc/profile.d/sandhold.sh").write_text(

@@ -316,6 +316,21 @@ class ProcessManager:
             raise RpcError("not_found", f"process with tag {tag} not found")
         raise RpcError("unimplemented", "invalid input type <nil>")
 
+    async def start_unlisted(self, spec: SpawnSpec) -> tuple[int, asyncio.Future[int]]:
+        """Start ``spec`` outside the process table (not a command of envd's: sudo.py); its pid
+        and its wait status, when it ends."""
+        ended: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+        def exited(status: int) -> None:
+            if not ended.done():
+                ended.set_result(status)
+
+        def forked(pid: int) -> None:
+            self._exit_callbacks[pid] = exited
+
+        child = await start_child(spec, self._max_fd, forked)
+        return child.pid, ended
+
     async def spawn(
         self,
         spec: SpawnSpec,

@@ -24,6 +24,7 @@ from .filesystem import FilesystemService
 from .http import HttpServer, Request, Response, Router
 from .process import ProcessService
 from .process_table import ProcessManager
+from .sudo import SudoServer
 from .supervisor import ServiceSupervisor
 from .system import SystemHandler
 from .view import ViewGuard
@@ -41,6 +42,7 @@ class Agent:
         self.filesystem = FilesystemService(config)
         self.files = FilesHandler(config)
         self.system = SystemHandler(config)
+        self.sudo = SudoServer(config, self.manager)
         self.router = self._routes()
         tunnel.SERVICE_PORTS.update(int(svc["port"]) for svc in config.services if "port" in svc)
         self.http = HttpServer(self.router)
@@ -114,6 +116,7 @@ class Agent:
                 loop.add_signal_handler(sig, self._stop.set)
         await self.http.listen_unix(self.sock)
         relays = await egress.start(self.config.egress)
+        await self.sudo.start()
         await self.services.start(self.config.services)
         log.info("listening on %s", self.config.socket)
         _trim_heap()

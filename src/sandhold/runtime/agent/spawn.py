@@ -78,6 +78,7 @@ class SpawnSpec:
         self.pty_size = pty_size
         self.stdin = stdin
         self.root_caps: frozenset[int] = frozenset()  # what a root process keeps (a build's)
+        self.stdio: tuple[int, int, int] | None = None  # given descriptors instead of pipes
 
 
 class Spawned:
@@ -109,7 +110,9 @@ async def start_child(spec: SpawnSpec, max_fd: int, on_fork: Callable[[int], Non
     stdin_fd: int | None = None
     pty_fd: int | None = None
     try:
-        if spec.pty_size is not None:
+        if spec.stdio is not None:  # (sudo.py: the caller's own stdin, stdout and stderr)
+            fds["stdin"], fds["stdout"], fds["stderr"] = spec.stdio
+        elif spec.pty_size is not None:
             master, slave = os.openpty()
             cols, rows = spec.pty_size
             set_winsize(master, cols, rows)
