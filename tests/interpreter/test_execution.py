@@ -111,6 +111,20 @@ def test_javascript_keeps_state_and_returns_last_value(sbx: Sandbox) -> None:
     assert sbx.run_code("v * 2", language="javascript").text == "86"
 
 
+def test_javascript_es_module_imports(sbx: Sandbox) -> None:
+    """`import` statements work in a cell (a script for node) and bind for later cells."""
+    r = sbx.run_code("import fs from 'fs'\nimport { join as j } from 'node:path'\n"
+                     "import * as os from 'os'\nfs.existsSync(j('/', 'tmp'))",
+                     language="javascript")  # fmt: skip
+    assert r.error is None and r.text == "true", r
+    assert sbx.run_code("typeof os.cpus + ' ' + j('a', 'b')", language="js").text == "function a/b"
+    sbx.files.write("/home/user/mod.mjs", "export const answer = 42; export default 'dflt';")
+    r = sbx.run_code("import d, { answer } from './mod.mjs'\n`${d} ${answer}`", language="js")
+    assert r.error is None and r.text == "dflt 42", r
+    missing = sbx.run_code("import nope from 'no-such-module'", language="js")
+    assert missing.error is not None and "no-such-module" in missing.error.value
+
+
 def test_javascript_errors_and_env(sbx: Sandbox) -> None:
     execution = sbx.run_code("null.prop", language="javascript")
     assert execution.error is not None

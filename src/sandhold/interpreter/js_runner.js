@@ -53,6 +53,38 @@ capture(process.stderr, 'stderr');
 // Cells resolve require() from their working directory, like a script saved there.
 globalThis.require = Module.createRequire(path.join(process.cwd(), '[cell].js'));
 
+// ES module imports in a cell: a cell is a script, where `import ... from` is a syntax error,
+// so each static import becomes a dynamic one of the same module (resolved from the working
+// directory, as require), bound to globals so that later cells see it too.
+globalThis.__sandholdImport = async (spec) => {
+  if (Module.isBuiltin(spec) || /^(node|data|file):/.test(spec)) return import(spec);
+  let resolved;
+  try {
+    resolved = globalThis.require.resolve(spec);
+  } catch (err) {
+    return import(spec); // (an ESM-only package without a require condition, say)
+  }
+  return import(require('url').pathToFileURL(resolved).href);
+};
+const IMPORT = /^[ \t]*import\s+(?:([\w$]+)\s*,?\s*)?(?:\*\s*as\s+([\w$]+)|\{([^}]*)\})?\s*(?:from\s*)?(['"])([^'"]+)\4[ \t]*;?/gm;
+
+function rewriteImports(code) {
+  return code.replace(IMPORT, (all, def, star, named, _q, spec) => {
+    const mod = `(await __sandholdImport(${JSON.stringify(spec)}))`;
+    if (!def && !star && named === undefined) return `${mod};`;
+    const parts = [];
+    if (def || named !== undefined) parts.push(`const __m = ${mod};`);
+    else parts.push(`globalThis.${star} = ${mod};`);
+    if (def) parts.push(`globalThis.${def} = __m.default !== undefined ? __m.default : __m;`);
+    if (star && (def || named !== undefined)) parts.push(`globalThis.${star} = __m;`);
+    for (const item of (named || '').split(',').map((x) => x.trim()).filter(Boolean)) {
+      const [name, alias] = item.split(/\s+as\s+/).map((x) => x.trim());
+      parts.push(`globalThis.${alias || name} = __m[${JSON.stringify(name)}];`);
+    }
+    return `{ ${parts.join(' ')} }`;
+  });
+}
+
 class InterruptedError extends Error {
   constructor() {
     super('Execution interrupted');
@@ -120,11 +152,15 @@ function asyncCandidates(code) {
 
 function compile(code) {
   const filename = `<cell ${++cellNumber}>`;
-  try {
-    return new vm.Script(code, { filename });
-  } catch (err) {
-    if (!(err instanceof SyntaxError) || !/await/.test(err.message)) throw err;
+  const rewritten = rewriteImports(code);
+  if (rewritten === code) {
+    try {
+      return new vm.Script(code, { filename });
+    } catch (err) {
+      if (!(err instanceof SyntaxError) || !/await/.test(err.message)) throw err;
+    }
   }
+  code = rewritten; // (its imports await: it runs as an async function)
   const candidates = asyncCandidates(code);
   for (let i = 0; i < candidates.length; i += 1) {
     try {
