@@ -15,9 +15,9 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import os
 import re
 import secrets
-import shutil
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -50,6 +50,7 @@ TAG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 DEFAULT_TAG = "default"
 BASE_IMAGE = "e2bdev/base"  # what the SDK's from_base_image() names: our `base`
 MAX_LOG_PAGE = 100  # entries per status answer, as E2B's
+UPLOAD_KEEP_S = 7 * 86400
 
 
 def split_name(ref: str) -> tuple[str, str | None]:
@@ -96,6 +97,7 @@ class Job:
     reason: dict[str, Any] | None = None
     upload_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
     started: bool = False
+    finished: float | None = None  # when it ended, ready or not
 
     def emit(self, level: str, message: str, step: str | None = None) -> None:
         entry = {"timestamp": datetime.now(UTC).isoformat(), "level": level, "message": message}
@@ -193,6 +195,9 @@ class Builds:
             raise Conflict(f"template {name!r} is built in; choose another name")
         all_tags = sorted({tag or DEFAULT_TAG, *tags})
         job = Job(team, name, template_id(team, name), str(uuid.uuid4()), all_tags, cpu, memory_mb)
+        now = time.time()  # (a finished build's status is kept an hour: the SDK polls it)
+        for done in [j for j in self.jobs.values() if j.finished and now - j.finished > 3600]:
+            del self.jobs[done.build_id]
         self.jobs[job.build_id] = job
         return job
 
@@ -235,7 +240,9 @@ class Builds:
         for i, step in enumerate(steps):
             step.check(i)
             hashed = step.files_hash
-            if step.type == "COPY" and hashed and not self.upload_path(job.team, hashed).exists():
+            if step.type == "COPY" and hashed and self.upload_path(job.team, hashed).exists():
+                os.utime(self.upload_path(job.team, hashed))  # (used: kept another week)
+            elif step.type == "COPY" and hashed:
                 raise InvalidRequest(f"step {i + 1} (COPY {step.args[0]}): its files "
                                      f"({hashed}) were not uploaded")  # fmt: skip
         base = self._base(job.team, body)
@@ -290,19 +297,19 @@ class Builds:
             except SandholdError as e:
                 emit("error", str(e))
                 job.reason = {"message": str(e), "logEntries": job.logs[-20:]}
-                job.status = "error"
+                job.status, job.finished = "error", time.time()
                 return
             except Exception as e:  # a bug: said, never a build left "building"
                 log.exception("template build %s failed", job.build_id)
                 job.reason = {"message": f"internal error: {e}"}
-                job.status = "error"
+                job.status, job.finished = "error", time.time()
                 return
             finally:
                 emit.close()
             self._tag(job.team, job.template_id, req.name, job.tags)
             await self.service._run(self.prune)  # (the build its tags moved off, if unused)
             job.emit("info", f"Build finished in {time.monotonic() - t0:.1f} s")
-            job.status = "ready"
+            job.status, job.finished = "ready", time.time()
 
     def _pull(self, image: ImageBase, force: bool) -> Template:
         return from_image(self.rt, image.ref, username=image.username,
@@ -374,6 +381,11 @@ class Builds:
     def prune(self) -> int:
         """Remove the builds no tag names (replaced or deleted) that no sandbox runs on, and
         the layers only they used; returns how many."""
+        week = time.time() - UPLOAD_KEEP_S  # uploads no build has used for a week go too
+        for upload in self.uploads.glob("*/*"):
+            with contextlib.suppress(OSError):
+                if upload.stat().st_mtime < week:
+                    upload.unlink()
         in_use = {info.template for info in self.rt.list()}
         removed = 0
         for t in self.rt.templates.list():
@@ -389,5 +401,3 @@ class Builds:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        with contextlib.suppress(OSError):
-            shutil.rmtree(self.uploads / ".tmp")
