@@ -7,7 +7,8 @@ cd "$(dirname "$0")/.."
 # e2fsprogs: mkfs.ext4 formats the sandboxes' disk images (docs/runtime.md, "Disk budget")
 # skopeo, umoci: OCI image pulls (runtime/oci.py); docker-registry: a registry for its tests only
 APT_PACKAGES=(bubblewrap util-linux e2fsprogs libseccomp2 python3 python3-pip python3-venv socat nftables debootstrap postgresql
-              ca-certificates curl procps iproute2 skopeo umoci docker-registry)
+              ca-certificates curl procps iproute2 skopeo umoci docker-registry
+              r-base-core r-cran-irkernel)  # (the interpreter's R contexts: IRkernel)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -53,7 +53,7 @@ def test_contexts_per_language(sbx: Sandbox) -> None:
 
 def test_bad_context_requests_are_refused(sbx: Sandbox) -> None:
     with pytest.raises(SandboxException, match="400"):
-        sbx.create_code_context(language="r")
+        sbx.create_code_context(language="cobol")
     with pytest.raises(SandboxException, match="not an existing directory"):
         sbx.create_code_context(cwd="/no/such/dir")
 

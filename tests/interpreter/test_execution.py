@@ -151,3 +151,19 @@ def test_bash_is_a_persistent_shell(sbx: Sandbox) -> None:
 def test_python_runs_as_user_in_home(sbx: Sandbox) -> None:
     execution = sbx.run_code("import os, getpass; (getpass.getuser(), os.getcwd())")
     assert execution.text == "('user', '/home/user')"
+
+
+def test_r_contexts_keep_state_and_take_env(sbx: Sandbox) -> None:
+    """R, through IRkernel (Debian's): state across cells, results, errors, per-call env."""
+    first = sbx.run_code("x <- 40 + 2\nx", language="r")
+    assert first.error is None and first.text == "[1] 42", first
+    assert sbx.run_code("x * 2", language="r").text == "[1] 84"
+    out = sbx.run_code('cat("hello\\n")', language="r")
+    assert out.logs.stdout == ["hello\n"], out
+    err = sbx.run_code('stop("boom")', language="r")
+    assert err.error is not None and "boom" in err.error.value, err
+    env = sbx.run_code('Sys.getenv("R_VAR")', language="r", envs={"R_VAR": "on"})
+    assert env.text == '[1] "on"', env
+    assert sbx.run_code('Sys.getenv("R_VAR")', language="r").text == '[1] ""'
+    ctx = sbx.create_code_context(language="r", cwd="/tmp")
+    assert sbx.run_code("getwd()", context=ctx).text == '[1] "/tmp"'

@@ -41,16 +41,14 @@ def kernel_argv() -> list[str]:
 
 
 class _SpecManager(KernelSpecManager):
-    """Our one kernel, described in code: no kernel.json to install or to find."""
+    """A context's kernel, described in code: no kernel.json to install or to find."""
+
+    def __init__(self, spec: KernelSpec) -> None:
+        super().__init__()
+        self.spec = spec
 
     def get_kernel_spec(self, kernel_name: str) -> KernelSpec:
-        return KernelSpec(
-            name=KERNEL_NAME,
-            argv=kernel_argv(),
-            display_name="Python 3 (sandhold)",
-            language="python",
-            interrupt_mode="signal",
-        )
+        return self.spec
 
 
 def _timestamp(msg: dict[str, Any]) -> str:
@@ -63,8 +61,9 @@ def _timestamp(msg: dict[str, Any]) -> str:
 class _Pending:
     """Collects the IOPub messages of one execute request until the kernel is idle again."""
 
-    def __init__(self, job: Job | None) -> None:
+    def __init__(self, job: Job | None, displays_are_main: bool = False) -> None:
         self.job = job
+        self.displays_are_main = displays_are_main  # (IRkernel shows a cell's value so)
         self.done = asyncio.Event()
         self.error: tuple[str, str] | None = None
 
@@ -82,7 +81,8 @@ class _Pending:
             self.emit(outputs.stream(name, content.get("text", ""), _timestamp(msg)))
         elif kind in ("execute_result", "display_data"):
             bundle = dict(content.get("data", {}))
-            self.emit(outputs.result(bundle, is_main=kind == "execute_result"))
+            main = kind == "execute_result" or self.displays_are_main
+            self.emit(outputs.result(bundle, is_main=main))
         elif kind == "error":
             self.error = (content.get("ename", "Error"), content.get("evalue", ""))
             self.emit(
@@ -97,7 +97,29 @@ class _Pending:
 
 
 class PythonContext(Context):
+    """A Jupyter kernel per context; the Python one here, other languages' kernels override
+    ``kernel_spec``, ``kernel_env`` and the env snippets (r_kernel.py)."""
+
     language = "python"
+    displays_are_main = False
+
+    def kernel_spec(self) -> KernelSpec:
+        return KernelSpec(name=KERNEL_NAME, argv=kernel_argv(), display_name="Python 3 (sandhold)",
+                          language="python", interrupt_mode="signal")  # fmt: skip
+
+    def kernel_env(self) -> dict[str, str]:
+        # The inline backend turns figures into display_data (PNG + our e2b/chart) at the end
+        # of each cell; scripts in the sandbox keep the template's Agg.
+        return {**self.env, "MPLBACKEND": "module://matplotlib_inline.backend_inline"}
+
+    def set_env_code(self, env: dict[str, str]) -> str:
+        return f"__import__('os').environ.update({env!r})"
+
+    def push_env_code(self, env: dict[str, str]) -> str:
+        return f"__import__('_sandhold').push_env({env!r})"
+
+    def pop_env_code(self) -> str:
+        return "__import__('_sandhold').pop_env()"
 
     def __init__(self, context_id: str, cwd: str, env: dict[str, str]) -> None:
         super().__init__(context_id, cwd, env)
@@ -111,20 +133,17 @@ class PythonContext(Context):
         self._runtime_dir = tempfile.TemporaryDirectory(prefix="sandhold-kernel-")
         # IPC (unix sockets in a private directory) rather than TCP: no port races between
         # kernels, and nothing else in the sandbox can reach the kernel's channels.
+        spec = self.kernel_spec()
         km = AsyncKernelManager(
-            kernel_name=KERNEL_NAME,
-            kernel_spec_manager=_SpecManager(),
+            kernel_name=spec.name,
+            kernel_spec_manager=_SpecManager(spec),
             transport="ipc",
             ip=os.path.join(self._runtime_dir.name, "kernel"),
         )
         km.connection_file = os.path.join(self._runtime_dir.name, "kernel.json")
         self.pending_env = {}  # (a new kernel starts with self.env)
-        env = dict(self.env)
-        # The inline backend turns figures into display_data (PNG + our e2b/chart) at the end
-        # of each cell; scripts in the sandbox keep the template's Agg.
-        env["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
         self.km = km
-        await km.start_kernel(cwd=self.cwd, env=env)
+        await km.start_kernel(cwd=self.cwd, env=self.kernel_env())
         kc = km.client()
         kc.start_channels()
         try:
@@ -186,7 +205,7 @@ class PythonContext(Context):
         msg_id = self.kc.execute(
             code, silent=silent, store_history=not silent, allow_stdin=False, stop_on_error=False
         )
-        pending = _Pending(job)
+        pending = _Pending(job, self.displays_are_main)
         self._pending[msg_id] = pending
         return pending
 
@@ -203,13 +222,13 @@ class PythonContext(Context):
     async def _run(self, job: Job) -> None:
         if self.kc is None:  # restarted between our start check and now
             await self.ensure_started()
-        if self.pending_env:  # (the kernel's own MPLBACKEND stays: see _start)
+        if self.pending_env:  # (the kernel's own MPLBACKEND stays: see kernel_env)
             changed = {k: v for k, v in self.pending_env.items() if k != "MPLBACKEND"}
             self.pending_env = {}
             if changed:
-                await self._silent(f"__import__('os').environ.update({changed!r})")
+                await self._silent(self.set_env_code(changed))
         if job.env_vars:
-            await self._silent(f"__import__('_sandhold').push_env({job.env_vars!r})")
+            await self._silent(self.push_env_code(job.env_vars))
         generation = self.generation
         pending = self._send(job.code, job, silent=False)
         try:
@@ -217,4 +236,4 @@ class PythonContext(Context):
         finally:
             self._pending = {k: v for k, v in self._pending.items() if v is not pending}
         if job.env_vars and self.generation == generation and self.kc is not None:
-            await self._silent("__import__('_sandhold').pop_env()")
+            await self._silent(self.pop_env_code())

@@ -40,12 +40,13 @@ from sandhold.interpreter.contexts import (
 )
 from sandhold.interpreter.node_context import NodeContext
 from sandhold.interpreter.python_kernel import PythonContext
+from sandhold.interpreter.r_kernel import RContext
 
 log = logging.getLogger("sandhold.interpreter")
 
 KEEPALIVE_S = 5.0
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-FACTORIES = {"python": PythonContext, "javascript": NodeContext, "bash": BashContext}
+FACTORIES = {"python": PythonContext, "javascript": NodeContext, "bash": BashContext, "r": RContext}
 
 
 def _error(status: int, message: str) -> JSONResponse:

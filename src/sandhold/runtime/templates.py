@@ -44,7 +44,7 @@ HOST_ETC_ENTRIES = (
     "environment", "gai.conf", "host.conf", "inputrc", "issue", "ld.so.cache", "ld.so.conf",
     "ld.so.conf.d", "locale.alias", "localtime", "login.defs", "magic", "magic.mime", "mime.types",
     "nsswitch.conf", "os-release", "profile", "profile.d", "protocols", "python3", "python3.11",
-    "services", "shells", "skel", "ssl", "timezone", "fonts",
+    "services", "shells", "skel", "ssl", "timezone", "fonts", "R", "java-17-openjdk",
 )  # fmt: skip
 # Never copied even when nested in an entry above.
 HOST_ETC_EXCLUDE = ("ssl/private",)
