@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 # skopeo, umoci: OCI image pulls (runtime/oci.py); docker-registry: a registry for its tests only
 APT_PACKAGES=(bubblewrap util-linux e2fsprogs libseccomp2 python3 python3-pip python3-venv socat nftables debootstrap postgresql
               ca-certificates curl procps iproute2 skopeo umoci docker-registry
-              r-base-core r-cran-irkernel)  # (the interpreter's R contexts: IRkernel)
+              r-base-core r-cran-irkernel node-typescript)  # (the interpreter's R and TS contexts)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

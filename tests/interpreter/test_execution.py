@@ -167,3 +167,13 @@ def test_r_contexts_keep_state_and_take_env(sbx: Sandbox) -> None:
     assert sbx.run_code('Sys.getenv("R_VAR")', language="r").text == '[1] ""'
     ctx = sbx.create_code_context(language="r", cwd="/tmp")
     assert sbx.run_code("getwd()", context=ctx).text == '[1] "/tmp"'
+
+
+def test_typescript_cells(sbx: Sandbox) -> None:
+    """`ts` runs TypeScript (types erased by TypeScript's own transpiler) in a node context."""
+    r = sbx.run_code("interface P { n: number }\nconst p: P = { n: 41 };\np.n + 1", language="ts")
+    assert r.error is None and r.text == "42", r
+    assert sbx.run_code("const twice = (x: number): number => x * 2;\ntwice(p.n)",
+                        language="typescript").text == "82"  # fmt: skip
+    bad = sbx.run_code("const s: = 1", language="ts")
+    assert bad.error is not None and bad.error.name == "SyntaxError", bad

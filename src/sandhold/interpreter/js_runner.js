@@ -150,8 +150,39 @@ function asyncCandidates(code) {
   return candidates.map((body) => `(async () => {\n${body}\n})()`);
 }
 
+// TypeScript contexts (--typescript): cells are transpiled first, types erased (no type check).
+// The compiler is TypeScript's own: this node's, or the Debian package's (node-typescript).
+let ts = null;
+if (process.argv.includes('--typescript')) {
+  for (const where of ['typescript', '/usr/share/nodejs/typescript', '/usr/lib/nodejs/typescript']) {
+    try {
+      ts = require(where);
+      break;
+    } catch (err) {
+      // next
+    }
+  }
+}
+
+function transpile(code) {
+  if (!process.argv.includes('--typescript')) return code;
+  if (ts === null) throw new Error('TypeScript is not installed in this sandbox (node-typescript)');
+  const out = ts.transpileModule(code, {
+    reportDiagnostics: true,
+    compilerOptions: { target: ts.ScriptTarget.ES2022, module: ts.ModuleKind.ESNext,
+      verbatimModuleSyntax: false, isolatedModules: true },
+  });
+  const errors = (out.diagnostics || []).filter((d) => d.category === ts.DiagnosticCategory.Error);
+  if (errors.length) {
+    const err = new SyntaxError(ts.flattenDiagnosticMessageText(errors[0].messageText, '\n'));
+    throw err;
+  }
+  return out.outputText.replace(/^export \{\};?\s*$/m, '');
+}
+
 function compile(code) {
   const filename = `<cell ${++cellNumber}>`;
+  code = transpile(code);
   const rewritten = rewriteImports(code);
   if (rewritten === code) {
     try {

@@ -28,6 +28,7 @@ def node_binary() -> str:
 
 class NodeContext(ProcessContext):
     language = "javascript"
+    runner_flags: tuple[str, ...] = ()
 
     def __init__(self, context_id: str, cwd: str, env: dict[str, str]) -> None:
         super().__init__(context_id, cwd, env)
@@ -41,7 +42,8 @@ class NodeContext(ProcessContext):
         read_fd, write_fd = os.pipe()
         try:
             await self._spawn(
-                [node_binary(), str(RUNNER), "--events-fd", str(write_fd)], pass_fds=(write_fd,)
+                [node_binary(), str(RUNNER), "--events-fd", str(write_fd), *self.runner_flags],
+                pass_fds=(write_fd,),
             )
         except BaseException:
             os.close(read_fd)
@@ -139,3 +141,11 @@ class NodeContext(ProcessContext):
         finally:
             self.job = None
             self._cell_id = None
+
+
+class TypeScriptContext(NodeContext):
+    """TypeScript: each cell transpiled (TypeScript's own transpileModule: types erased, no type
+    check, as ts-node's transpile-only) and run as a JavaScript cell of the same process."""
+
+    language = "typescript"
+    runner_flags = ("--typescript",)
