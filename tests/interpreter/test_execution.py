@@ -177,3 +177,16 @@ def test_typescript_cells(sbx: Sandbox) -> None:
                         language="typescript").text == "82"  # fmt: skip
     bad = sbx.run_code("const s: = 1", language="ts")
     assert bad.error is not None and bad.error.name == "SyntaxError", bad
+
+
+def test_java_contexts_keep_declarations(sbx: Sandbox) -> None:
+    """Java, through JShell: declarations persist, the last expression is the result, output
+    streams, exceptions and compile errors are errors."""
+    r = sbx.run_code("int x = 40;\nx + 2", language="java")
+    assert r.error is None and r.text == "42", r
+    r = sbx.run_code('System.out.println("hi " + x);\nString.valueOf(x * 2)', language="java")
+    assert r.logs.stdout == ["hi 40\n"] and r.text == '"80"', r
+    boom = sbx.run_code("int[] a = new int[1];\na[3] = 1;", language="java")
+    assert boom.error is not None and boom.error.name.endswith("ArrayIndexOutOfBoundsException")
+    bad = sbx.run_code("foo bar;", language="java")
+    assert bad.error is not None and bad.error.name == "CompilationError", bad

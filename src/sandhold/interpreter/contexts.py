@@ -23,7 +23,7 @@ from sandhold.interpreter.outputs import Event
 
 log = logging.getLogger(__name__)
 
-LANGUAGES = ("python", "javascript", "typescript", "bash", "r")
+LANGUAGES = ("python", "javascript", "typescript", "bash", "r", "java")
 ALIASES = {
     "js": "javascript",
     "ts": "typescript",

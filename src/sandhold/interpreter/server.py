@@ -38,6 +38,7 @@ from sandhold.interpreter.contexts import (
     Job,
     normalize_language,
 )
+from sandhold.interpreter.java_context import JavaContext
 from sandhold.interpreter.node_context import NodeContext, TypeScriptContext
 from sandhold.interpreter.python_kernel import PythonContext
 from sandhold.interpreter.r_kernel import RContext
@@ -47,7 +48,7 @@ log = logging.getLogger("sandhold.interpreter")
 KEEPALIVE_S = 5.0
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 FACTORIES = {"python": PythonContext, "javascript": NodeContext, "typescript": TypeScriptContext,
-             "bash": BashContext, "r": RContext}  # fmt: skip
+             "bash": BashContext, "r": RContext, "java": JavaContext}  # fmt: skip
 
 
 def _error(status: int, message: str) -> JSONResponse:

@@ -69,7 +69,7 @@ SERVICE: dict[str, object] = {
 }
 
 # Source files of this package that run inside the sandbox (template.py itself does not).
-CODE_SUFFIXES = (".py", ".js")
+CODE_SUFFIXES = (".py", ".js", ".java")
 
 
 def template_env() -> dict[str, str]:
