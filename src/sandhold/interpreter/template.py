@@ -243,19 +243,6 @@ def _font_cache(rootfs: Path, site: Path, uid_base: int) -> None:
         os.lchown(p, owner, owner)
 
 
-def _swap_in(store: TemplateStore, staged: Path, name: str) -> None:
-    """Move a complete template directory into the store in one rename (like the store's own
-    commit), so a half-built template is never visible under its name."""
-    final = store.root / name
-    if final.exists():
-        trash = Path(tempfile.mkdtemp(dir=store.root, prefix=".old-"))
-        final.rename(trash / "t")
-        staged.rename(final)
-        shutil.rmtree(trash, ignore_errors=True)
-    else:
-        staged.rename(final)
-
-
 def _read_build_info(store: TemplateStore, name: str) -> dict[str, object]:
     try:
         return json.loads((store.root / name / "build.json").read_text())
@@ -319,7 +306,7 @@ def build_code_interpreter_template(
                 "build_seconds": round(time.monotonic() - t0, 1),
             }
             (staged / "build.json").write_text(json.dumps(info, indent=2))
-            _swap_in(store, staged, name)
+            store.swap_in(staged, name)
         finally:
             shutil.rmtree(staging_root, ignore_errors=True)
         log.info("built template %s in %.1f s", name, time.monotonic() - t0)

@@ -11,19 +11,15 @@ listed in ``template_image_insecure`` are reached without TLS verification, and
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import logging
-import os
 import shutil
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sandhold.runtime import oci
-from sandhold.runtime.templates import DEFAULT_PATH, Template
+from sandhold.runtime.templates import DEFAULT_PATH, Template, flocked
 
 if TYPE_CHECKING:
     from sandhold.runtime.runtime import Runtime
@@ -46,7 +42,7 @@ def from_image(rt: Runtime, ref: str, *, username: str | None = None,
     ``force``)."""
     full = qualified(rt, ref)
     store = rt.templates
-    with _locked(store.root / ".images.lock"):
+    with flocked(store.root / ".images.lock"):
         known = _refs(store.root)
         if not force and (name := known.get(full)) and store.exists(name):
             return store.get(name)
@@ -90,13 +86,3 @@ def _write_refs(root: Path, refs: dict[str, str]) -> None:
     part = root / f".{REFS}.new"
     part.write_text(json.dumps(refs, indent=2))
     part.rename(root / REFS)
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sandhold.errors import TemplateBuildFailed
+from sandhold.runtime.templates import flocked
 
 if TYPE_CHECKING:
     from sandhold.runtime.templates import TemplateStore
@@ -69,19 +70,9 @@ class LayerStore:
         with self._lock(fcntl.LOCK_SH):
             yield
 
-    @contextlib.contextmanager
-    def _lock(self, how: int) -> Iterator[bool]:
+    def _lock(self, how: int) -> contextlib.AbstractContextManager[bool]:
         self.root.mkdir(mode=0o755, parents=True, exist_ok=True)
-        fd = os.open(self.root / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            try:
-                fcntl.flock(fd, how)
-            except BlockingIOError:
-                yield False
-                return
-            yield True
-        finally:
-            os.close(fd)
+        return flocked(self.root / ".lock", how)
 
     def collect(self, templates: TemplateStore) -> int:
         """Remove the layers that no template of ``templates`` names; returns how many. Not

@@ -112,6 +112,22 @@ class Template:
         return cls(**d)  # type: ignore[arg-type]
 
 
+@contextmanager
+def flocked(path: Path, how: int = fcntl.LOCK_EX) -> Iterator[bool]:
+    """``path``'s flock (the file made if missing), held while the context lasts; yields
+    False instead when ``how`` has LOCK_NB and someone else holds it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, how)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)
+
+
 def debian_archive(sources_dir: Path = Path("/etc/apt")) -> str:
     """The Debian archive this machine installs from (its apt sources' first ``deb`` URI),
     so no mirror's name is written here."""
@@ -237,23 +253,28 @@ class TemplateStore:
 
     @contextmanager
     def _build_lock(self) -> Iterator[None]:
-        with open(self.root / ".build.lock", "w") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
+        with flocked(self.root / ".build.lock"):
             yield
 
-    def _commit(self, tpl: Template, staging: Path) -> Template:
-        """Move a fully built template into place; a half-built one never becomes visible."""
-        final = self._dir(tpl.name)
-        tpl.rootfs = final / "rootfs"
-        tpl.created_at = time.time()
-        (staging / "template.json").write_text(json.dumps(tpl.to_json(), indent=2))
+    def swap_in(self, staged: Path, name: str) -> None:
+        """Move a complete template directory into place in one rename (the one it replaces
+        goes after), so a half-built template is never visible under its name."""
+        final = self._dir(name)
         if final.exists():
             trash = Path(tempfile.mkdtemp(dir=self.root, prefix=".old-"))
             final.rename(trash / "t")
-            staging.rename(final)
+            staged.rename(final)
             shutil.rmtree(trash, ignore_errors=True)
         else:
-            staging.rename(final)
+            staged.rename(final)
+
+    def _commit(self, tpl: Template, staging: Path, rootfs: bool = True) -> Template:
+        """Record ``tpl`` from its staging directory; ``rootfs``: its root is in there."""
+        if rootfs:
+            tpl.rootfs = self._dir(tpl.name) / "rootfs"
+        tpl.created_at = time.time()
+        (staging / "template.json").write_text(json.dumps(tpl.to_json(), indent=2))
+        self.swap_in(staging, tpl.name)
         return tpl
 
     def add(self, tpl: Template) -> Template:
@@ -261,17 +282,7 @@ class TemplateStore:
         the same name."""
         staging = self._staging(tpl.name)
         try:
-            tpl.created_at = time.time()
-            (staging / "template.json").write_text(json.dumps(tpl.to_json(), indent=2))
-            final = self._dir(tpl.name)
-            if final.exists():
-                trash = Path(tempfile.mkdtemp(dir=self.root, prefix=".old-"))
-                final.rename(trash / "t")
-                staging.rename(final)
-                shutil.rmtree(trash, ignore_errors=True)
-            else:
-                staging.rename(final)
-            return tpl
+            return self._commit(tpl, staging, rootfs=False)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise

@@ -22,16 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import hashlib
 import json
 import logging
-import os
 import shutil
 import socket
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -41,7 +38,7 @@ from sandhold.runtime import fork as forking
 from sandhold.runtime.boot import agent_config
 from sandhold.runtime.spec import SandboxSpec
 from sandhold.runtime.suspend import criu_path
-from sandhold.runtime.templates import Template
+from sandhold.runtime.templates import Template, flocked
 
 if TYPE_CHECKING:
     from sandhold.runtime.records import SandboxInfo
@@ -130,7 +127,7 @@ class WarmStarts:
         criu_path(self.rt)
         target = self._dir(template)
         target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        with _flocked(target.parent / ".lock"):  # one build at a time, in any process
+        with flocked(target.parent / ".lock"):  # one build at a time, in any process
             if not (target / META).exists():
                 for stale in target.parent.glob(".new-*"):  # a build a crash cut short
                     shutil.rmtree(stale, ignore_errors=True)
@@ -165,16 +162,6 @@ class WarmStarts:
 
     def remove(self, name: str) -> None:
         shutil.rmtree(self.root / name, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def _flocked(path: Path) -> Iterator[None]:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
 
 
 def _read(path: Path) -> str:
