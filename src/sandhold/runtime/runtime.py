@@ -394,11 +394,13 @@ class Runtime:
 
     # -- re-attachment and garbage --------------------------------------------------------------
     def _alive(self, info: SandboxInfo) -> bool:
-        """Judged by the cgroup, never by a pid: pids wrap (32768 here) and can be reused."""
+        """Whether its agent (pid 1 inside) runs, judged by the cgroup, never by a bare pid (pids
+        wrap and are reused): its pid among the cgroup's. Not any process of the cgroup: bwrap
+        outlives a killed agent by a moment, and a call sent then reached a dead agent."""
         proc = self._children.get(info.id)
         if proc is not None:
             proc.poll()  # reap bwrap if it exited, so it does not linger as a zombie
-        return bool(self._cg(info.id).pids())
+        return info.init_pid in self._cg(info.id).pids()
 
     def _reap(self, info: SandboxInfo) -> SandboxInfo | None:
         """A sandbox whose processes are gone though nobody killed it: its agent, pid 1 of its
