@@ -83,6 +83,9 @@ def test_a_tenants_workspace_budget(make_gateway: Callable[..., Gateway], provid
         # for the retention).
         rt = gw.server.runtime() if gw.server else Runtime(Settings(data_dir=gw.data_dir))
         os.kill(rt.get(second).init_pid, signal.SIGKILL)
+        # Dead before the next call (SIGKILL is delivered asynchronously: a call sent while the
+        # agent is still exiting reaches it and fails, as a call during any agent death does).
+        wait_for(lambda: rt.get(second).state == "failed")
         r = tool(c, s, "run_command", command="cat notes.txt")
         assert r["stdout"] == "kept\n", r
         third = sandbox(gw, s)["id"]
