@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from sandhold.config import Settings
-from sandhold.e2b import forks, models, snapshots, templates, wire
+from sandhold.e2b import forks, models, secrets, snapshots, templates, wire
 from sandhold.e2b.auth import Teams
 from sandhold.e2b.creates import DEFAULT_TIMEOUT_S, create_request
 from sandhold.e2b.errors import answer, error_response
@@ -167,6 +167,7 @@ class ControlPlane:
             Route("/snapshots", a(self.list_snapshots), methods=["GET"]),
             *templates.routes(self.service.builds, a, self.settings.template_upload_max_mb << 20),
             Route("/templates/{id:path}", a(self.delete_template), methods=["DELETE"]),
+            *secrets.routes(self.settings, a),
             Route("/volumes", a(self.create_volume), methods=["POST"]),
             Route("/volumes", a(self.list_volumes), methods=["GET"]),
             Route("/volumes/{id}", a(self.get_volume), methods=["GET"]),

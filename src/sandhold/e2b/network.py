@@ -14,6 +14,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from sandhold.config import Settings
+from sandhold.e2b.secrets import values_of
+from sandhold.egress import header_rules
 from sandhold.egress.policy import ALL_TRAFFIC
 from sandhold.errors import InvalidRequest
 from sandhold.runtime.spec import NAME_RE, NetworkPolicy
@@ -61,11 +63,6 @@ def egress_policy(
             "network.egressProxy is not supported: egress always goes through "
             "this server's own proxy",
         )
-    if network.get("rules"):
-        raise InvalidRequest(
-            "network.rules (header transforms) is not supported: store the "
-            "credential with `sandhold secret set`, the egress proxy injects it",
-        )
     if network.get("httpsPorts"):
         raise InvalidRequest("network.httpsPorts is not supported by this server")
     deny_all = any(d.strip() in ALL_TRAFFIC for d in deny)
@@ -78,9 +75,23 @@ def egress_policy(
         mode = "allowlist"
     if mode == "allowlist" and not allow and not settings.egress_e2b_updatable:
         mode = "none"
+    rules = header_rules.from_e2b(network["rules"]) if network.get("rules") else []
+    if rules and ":" in tenant:  # a scoped namespace (secrets_tenant): /secrets writes none
+        raise InvalidRequest(
+            f"network.rules cannot be combined with metadata {SECRETS_SCOPE_KEY!r}: rules name "
+            "the team's own secrets (/secrets)"
+        )
+    missing = header_rules.secret_names(rules) - (
+        values_of(settings).names(tenant) if rules else set()
+    )
+    if missing:
+        raise InvalidRequest(
+            f"network.rules: secret {sorted(missing)[0]!r} does not exist (create it with "
+            "Secret.create first)"
+        )
     try:
         return NetworkPolicy.model_validate(
-            {"mode": mode, "allow": allow, "deny": deny, "tenant": tenant}
+            {"mode": mode, "allow": allow, "deny": deny, "tenant": tenant, "header_rules": rules}
         )
     except ValidationError as e:
         err = e.errors(include_url=False)[0]

@@ -16,6 +16,7 @@ import h11
 
 from sandhold.audit import AuditLog
 from sandhold.egress.ca import DeploymentCA
+from sandhold.egress.header_rules import HeaderRule, applies
 from sandhold.egress.policy import CompiledPolicy, Decision, Guard, IPAddress, parse_ip, unscoped
 from sandhold.egress.refusal import refused
 from sandhold.egress.resolver import Resolver
@@ -36,6 +37,7 @@ class SandboxEgress:
     policy: CompiledPolicy
     tenant: str | None = None
     session: str | None = None
+    header_rules: list[HeaderRule] = field(default_factory=list)
 
 
 @dataclass
@@ -59,13 +61,22 @@ class Shared:
         return self._ca
 
     def injections(self, sbx: SandboxEgress, host: str) -> list[Injection]:
+        """The tenant's secrets bound to ``host``, then the sandbox's header rules for it
+        (which win where both set a header)."""
         if self.secrets is None or sbx.tenant is None:
             return []
-        return self.secrets.injections(sbx.tenant, host)
+        native = self.secrets.injections(sbx.tenant, host)
+        if not sbx.header_rules:
+            return native
+        ruled = self.secrets.rule_injections(sbx.header_rules, sbx.tenant, host)
+        names = {i.header.lower() for i in ruled}
+        return [i for i in native if i.header.lower() not in names] + ruled
 
     def intercepts(self, sbx: SandboxEgress, host: str) -> bool:
         if self.secrets is None or sbx.tenant is None or parse_ip(host) is not None:
             return False
+        if any(applies(r, host) for r in sbx.header_rules):
+            return True
         return any(host_matches(h, host) for h in self.secrets.hosts_of(sbx.tenant))
 
 

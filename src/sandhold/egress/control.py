@@ -17,6 +17,7 @@ from typing import Any
 from sandhold.config import Settings
 from sandhold.egress.config import EgressConfig
 from sandhold.egress.daemon import POLICY_FILE, SOCKET_DIR, SOCKET_NAME
+from sandhold.egress.header_rules import HeaderRule
 from sandhold.egress.policy import EgressPolicy
 from sandhold.errors import EgressUnavailable
 
@@ -69,8 +70,9 @@ class EgressControl:
 
     # -- per sandbox --------------------------------------------------------------------------
     def prepare(
-        self, sandbox_dir: Path, policy: EgressPolicy, tenant: str | None, session: str | None
-    ) -> list[tuple[str, str, bool]]:
+        self, sandbox_dir: Path, policy: EgressPolicy, tenant: str | None, session: str | None,
+        header_rules: list[HeaderRule],
+    ) -> list[tuple[str, str, bool]]:  # fmt: skip
         """Write the sandbox's egress record and bound files; returns the binds (host,
         sandbox, read_only) to add. The daemon is synced by the caller before the sandbox
         starts."""
@@ -93,7 +95,7 @@ class EgressControl:
         )
         for f in ("ca-bundle.pem", "resolv.conf"):
             os.chmod(bound / f, 0o644)
-        self.write_policy(sandbox_dir, policy, tenant, session)
+        self.write_policy(sandbox_dir, policy, tenant, session, header_rules)
         return [
             (str(bound), SANDBOX_DIR, True),
             (str(bound / "resolv.conf"), "/etc/resolv.conf", True),
@@ -101,10 +103,12 @@ class EgressControl:
 
     @staticmethod
     def write_policy(
-        sandbox_dir: Path, policy: EgressPolicy, tenant: str | None, session: str | None
-    ) -> None:
+        sandbox_dir: Path, policy: EgressPolicy, tenant: str | None, session: str | None,
+        header_rules: list[HeaderRule],
+    ) -> None:  # fmt: skip
         rules = EgressPolicy(mode=policy.mode, allow=policy.allow, deny=policy.deny)
-        record = {"policy": rules.model_dump(), "tenant": tenant, "session": session}
+        record = {"policy": rules.model_dump(), "tenant": tenant, "session": session,
+                  "header_rules": [r.model_dump() for r in header_rules]}  # fmt: skip
         tmp = sandbox_dir / (POLICY_FILE + ".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:

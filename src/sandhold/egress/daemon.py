@@ -30,6 +30,7 @@ from sandhold.audit import EGRESS_FIELDS, AuditLog
 from sandhold.egress.ca import DeploymentCA
 from sandhold.egress.config import EgressConfig
 from sandhold.egress.connection import SandboxEgress, Shared
+from sandhold.egress.header_rules import HeaderRule
 from sandhold.egress.policy import CompiledPolicy, EgressPolicy, Guard
 from sandhold.egress.proxy import handler
 from sandhold.egress.resolver import Resolver
@@ -63,9 +64,11 @@ def read_sandbox(d: Path) -> SandboxEgress | None:
     try:
         raw = json.loads((d / POLICY_FILE).read_text())
         policy = EgressPolicy.model_validate(raw["policy"])
+        rules = [HeaderRule.model_validate(r) for r in raw.get("header_rules") or []]
     except (OSError, ValueError, KeyError, ValidationError):
         return None
-    return SandboxEgress(d.name, CompiledPolicy(policy), raw.get("tenant"), raw.get("session"))
+    return SandboxEgress(d.name, CompiledPolicy(policy), raw.get("tenant"), raw.get("session"),
+                         rules)  # fmt: skip
 
 
 class Daemon:

@@ -83,8 +83,9 @@ async def exchange(
     (TLS only, never over plain HTTP) and blanked out of what comes back, over either (a host
     may hand back over plain HTTP what it was given over TLS)."""
     bound = c.shared.injections(c.sbx, target.host)
-    injections = bound if tls else []
-    scanner = Scanner(i.raw for i in bound)
+    # A secret never crosses plain HTTP; a rule's header without one does.
+    injections = bound if tls else [i for i in bound if not i.secrets]
+    scanner = Scanner(r for i in bound for r in i.secrets)
     headers = _upstream_headers(req, target, tls, injections, bool(scanner))
     up_reader, up_writer = await c.dial(target, tls=tls)
     up = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD)

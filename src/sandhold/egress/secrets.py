@@ -25,26 +25,22 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from sandhold.egress.header_rules import (
+    FORBIDDEN_HEADERS,
+    HEADER_RE,
+    SECRET_REF,
+    HeaderRule,
+    applies,
+)
 from sandhold.egress.policy import parse_rule
+from sandhold.egress.refusal import refused
+from sandhold.egress.secret_values import SecretValues
 from sandhold.errors import InvalidRequest, NotFound, SecretKeyError
 
 TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@:-]{0,127}$")
 SECRET_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-HEADER_RE = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}$")
 PLACEHOLDER = "{secret}"
 MAX_VALUE = 16 * 1024
-# Headers the proxy owns or that would change how the request is framed.
-FORBIDDEN_HEADERS = {
-    "host",
-    "content-length",
-    "transfer-encoding",
-    "connection",
-    "upgrade",
-    "te",
-    "trailer",
-    "proxy-authorization",
-    "keep-alive",
-}
 
 
 def new_key() -> str:
@@ -164,6 +160,11 @@ class Injection:
     header: str
     value: str
     raw: bytes  # the bare secret, redacted from responses
+    more: tuple[bytes, ...] = ()  # further secrets in the same value (header rules)
+
+    @property
+    def secrets(self) -> tuple[bytes, ...]:
+        return tuple(r for r in (self.raw, *self.more) if r)
 
 
 def _aad(tenant: str, name: str) -> bytes:
@@ -192,6 +193,7 @@ class SecretStore:
                 "created_at REAL NOT NULL, updated_at REAL NOT NULL, PRIMARY KEY (tenant, name))"
             )
         os.chmod(db_path, 0o600)
+        self.values = SecretValues(self)  # E2B's /secrets, in the same file
 
     @contextmanager
     def _db(self) -> Iterator[sqlite3.Connection]:
@@ -264,6 +266,7 @@ class SecretStore:
                     (key_id, new_nonce, resealed, tenant, name),
                 )
                 count += 1
+            count += self.values.rotate(db)
         return count
 
     # -- reading ------------------------------------------------------------------------------
@@ -298,23 +301,54 @@ class SecretStore:
             out.append(Injection(f"{tenant}/{name}", header, value, raw))
         return out
 
+    def rule_injections(
+        self, rules: builtins.list[HeaderRule], tenant: str, host: str
+    ) -> builtins.list[Injection]:
+        """What a sandbox's header rules that apply to ``host`` add to one request, with the
+        tenant's E2B secrets resolved now. A secret deleted since the rule was set refuses the
+        request: it is never sent without it. A later rule's header overrides an earlier one."""
+        out: dict[str, Injection] = {}
+        for rule in rules:
+            if not applies(rule, host):
+                continue
+            for name, template in rule.headers.items():
+                value, found = self._fill(tenant, template)
+                label = f"{tenant}/" + ",".join(SECRET_REF.findall(template)) if found else "rule"
+                first, *more = found or [b""]
+                out[name.lower()] = Injection(label, name, value, first, tuple(more))
+        return builtins.list(out.values())
+
+    def _fill(self, tenant: str, template: str) -> tuple[str, builtins.list[bytes]]:
+        """``template`` with each ``${e2b.secrets.NAME}`` replaced by its value; the values."""
+        parts, found, at = [], [], 0
+        for m in SECRET_REF.finditer(template):
+            value = self.values.resolve(tenant, m.group(1))
+            if value is None:
+                raise refused(502, f"secret {m.group(1)!r} named by the sandbox's network.rules "
+                              "does not exist", "secret")  # fmt: skip
+            parts += [template[at : m.start()], value.decode()]
+            found.append(value)
+            at = m.end()
+        return "".join(parts) + template[at:], found
+
     def hosts_of(self, tenant: str) -> builtins.list[builtins.list[str]]:
         with self._db() as db:
             rows = db.execute("SELECT hosts FROM secrets WHERE tenant=?", (tenant,)).fetchall()
         return [json.loads(r[0]) for r in rows]
 
     def _open(self, tenant: str, name: str, key_id: str, nonce: bytes, sealed: bytes) -> bytes:
+        what = f"secret {name!r} of tenant {tenant!r}"
+        return self._unseal(what, key_id, nonce, sealed, _aad(tenant, name))
+
+    def _unseal(self, what: str, key_id: str, nonce: bytes, sealed: bytes, aad: bytes) -> bytes:
         try:
-            return self.keyring.open(key_id, nonce, sealed, _aad(tenant, name))
+            return self.keyring.open(key_id, nonce, sealed, aad)
         except SecretKeyError:  # open raises it only for a key not in the ring
             raise SecretKeyError(
-                f"secret {name!r} of tenant {tenant!r} is sealed with key {key_id}, which is "
-                "not configured any more"
+                f"{what} is sealed with key {key_id}, which is not configured any more"
             ) from None
         except Exception:
-            raise SecretKeyError(
-                f"secret {name!r} of tenant {tenant!r} does not decrypt (tampered or moved)"
-            ) from None
+            raise SecretKeyError(f"{what} does not decrypt (tampered or moved)") from None
 
 
 def _validate(tenant: str, name: str, value: str, hosts: list[str], header: str, fmt: str) -> None:

@@ -71,7 +71,7 @@ def prepare_binds(
         binds.append((str(source), m.target, m.read_only))
     if spec.network.mode != "none":
         binds += rt.egress.prepare(d, spec.network, spec.network.tenant,
-                                   session_of(spec.metadata))  # fmt: skip
+                                   session_of(spec.metadata), spec.network.header_rules)  # fmt: skip
         rt.egress.sync()  # the sandbox's socket listens before the sandbox starts
     return binds, workspace, spec
 

@@ -333,7 +333,8 @@ class Runtime:
             info.spec = info.spec.model_copy(update={"network": network})
             self._save(info)
             if network.mode != "none":
-                self.egress.write_policy(d, network, network.tenant, session_of(info.metadata))
+                self.egress.write_policy(d, network, network.tenant, session_of(info.metadata),
+                                         network.header_rules)  # fmt: skip
                 self.egress.sync()
             return info
 

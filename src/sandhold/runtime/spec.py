@@ -17,6 +17,7 @@ from pydantic import (
     model_validator,
 )
 
+from sandhold.egress.header_rules import HeaderRule
 from sandhold.egress.policy import EgressPolicy
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -108,6 +109,11 @@ class NetworkPolicy(EgressPolicy):
         None,
         pattern=r"^[A-Za-z0-9][A-Za-z0-9._@:-]{0,127}$",
         description="Whose secrets the egress proxy may inject (set by the operator).",
+    )
+    header_rules: list[HeaderRule] = Field(
+        default_factory=list,
+        description="Headers set on requests per host, naming the tenant's secrets (E2B's "
+        "network.rules; sandhold.egress.header_rules).",
     )
 
 

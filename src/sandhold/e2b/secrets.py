@@ -1,0 +1,100 @@
+"""E2B's ``/secrets``: a team's named values for its sandboxes' ``network.rules``
+(``${e2b.secrets.NAME}``), stored sealed in the egress secret store
+(``sandhold.egress.secret_values``). No answer carries a value.
+
+``GET /secrets?limit=&nextToken=`` → 200 ``[Secret]`` (``X-Next-Token`` while more remain);
+``POST /secrets`` → 201; ``GET|POST|DELETE /secrets/{id or name}`` → 200, 200, 204.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from sandhold.config import Settings
+from sandhold.e2b import models
+from sandhold.egress.secret_values import SecretValues, ValueInfo
+from sandhold.egress.secrets import open_store
+from sandhold.errors import InvalidRequest
+from sandhold.service.service import iso
+
+MAX_PAGE = 100
+
+
+class NewSecret(models.Body):
+    name: str
+    value: str
+    metadata: dict[str, str] | None = None
+
+
+class SecretUpdate(models.Body):
+    value: str
+    metadata: dict[str, str] | None = None
+
+
+@functools.cache
+def _values(data_dir: Path, keys: tuple[str, ...], key_file: Path | None) -> SecretValues:
+    return open_store(data_dir, list(keys), key_file).values
+
+
+def values_of(settings: Settings) -> SecretValues:
+    """The server's E2B secrets (the egress daemon reads the same file)."""
+    return _values(settings.data_dir, tuple(settings.secrets_keys), settings.secrets_key_file)
+
+
+def public(info: ValueInfo) -> dict[str, Any]:
+    return {
+        "secretID": info.id,
+        "name": info.name,
+        "currentVersion": info.version,
+        "metadata": info.metadata,
+        "createdAt": iso(info.created_at),
+        "updatedAt": iso(info.updated_at),
+    }
+
+
+def routes(settings: Settings, authed: Callable[[Any], Any]) -> list[Route]:
+    async def listed(request: Request, team: str) -> Response:
+        q = request.query_params
+        try:
+            limit, start = int(q.get("limit") or MAX_PAGE), int(q.get("nextToken") or 0)
+        except ValueError:
+            raise InvalidRequest("limit and nextToken must be integers") from None
+        if not 1 <= limit <= MAX_PAGE or start < 0:
+            raise InvalidRequest(f"limit must be between 1 and {MAX_PAGE}")
+        every = values_of(settings).list(team)
+        page = every[start : start + limit]
+        more = {"X-Next-Token": str(start + limit)} if start + limit < len(every) else {}
+        return JSONResponse([public(s) for s in page], headers=more)
+
+    async def create(request: Request, team: str) -> Response:
+        body = models.parse(NewSecret, await request.body())
+        info = values_of(settings).create(team, body.name, body.value, body.metadata)
+        return JSONResponse(public(info), status_code=201)
+
+    async def get(request: Request, team: str) -> Response:
+        return JSONResponse(public(values_of(settings).get(team, request.path_params["id"])))
+
+    async def update(request: Request, team: str) -> Response:
+        body = models.parse(SecretUpdate, await request.body())
+        info = values_of(settings).update(team, request.path_params["id"], body.value,
+                                          body.metadata)  # fmt: skip
+        return JSONResponse(public(info))
+
+    async def delete(request: Request, team: str) -> Response:
+        values_of(settings).delete(team, request.path_params["id"])
+        return Response(status_code=204)
+
+    return [
+        Route("/secrets", authed(listed), methods=["GET"]),
+        Route("/secrets", authed(create), methods=["POST"]),
+        Route("/secrets/{id}", authed(get), methods=["GET"]),
+        Route("/secrets/{id}", authed(update), methods=["POST"]),
+        Route("/secrets/{id}", authed(delete), methods=["DELETE"]),
+    ]
