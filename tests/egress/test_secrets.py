@@ -72,6 +72,21 @@ def test_key_rotation_keeps_every_secret_readable(tmp_path: Path, store: SecretS
     assert fresh.injections("t", "a.test")[0].raw == b"value-aaaa"
 
 
+def test_rotation_reseals_e2b_secrets_too(tmp_path: Path, store: SecretStore) -> None:
+    made = store.values.create("team", "api", "e2b-value-1")
+    store.values.update("team", made.id, "e2b-value-2")
+    store.keyring.add_new_key()
+    assert store.rotate() == 1
+    lines = (tmp_path / "egress" / "secrets.key").read_text().splitlines()
+    (tmp_path / "egress" / "secrets.key").write_text(lines[0] + "\n")
+    assert open_store(tmp_path, [], None).values.resolve("team", "API") == b"e2b-value-2"
+    # a sealed value moved onto another secret's row does not open
+    with store._db() as db:
+        db.execute("UPDATE e2b_secrets SET tenant='other'")
+    with pytest.raises(SecretKeyError, match="does not decrypt"):
+        open_store(tmp_path, [], None).values.resolve("other", "api")
+
+
 def test_a_missing_key_is_a_clear_error(tmp_path: Path) -> None:
     one = open_store(tmp_path, [new_key()], None)
     one.set("t", "a", "value-aaaa", ["a.test"])
