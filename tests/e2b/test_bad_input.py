@@ -53,7 +53,7 @@ CASES = [
         400,
         "autoPause",
     ),
-    ("POST", "/v2/sandboxes", {"templateID": "base", "mcp": {"x": {}}}, 400, "mcp"),
+    ("POST", "/v2/sandboxes", {"templateID": "base", "mcp": {"x": 5}}, 400, "mcp"),
     (
         "POST",
         "/v2/sandboxes",

@@ -18,6 +18,7 @@ from sandhold.e2b.models import NewSandbox
 from sandhold.e2b.network import egress_policy, secrets_tenant
 from sandhold.e2b.volumes import VolumeStore
 from sandhold.errors import InvalidRequest, Unsupported
+from sandhold.mcp_gateway.config import check as check_mcp
 from sandhold.runtime.spec import clipped
 from sandhold.service.limits import check_mounts, check_path
 from sandhold.service.metadata import (
@@ -46,8 +47,11 @@ def create_request(
     requested = body.network.model_dump(exclude_none=True) if body.network else {}
     tenant = secrets_tenant(team, metadata.pop(SECRETS_SCOPE_KEY, None))
     policy = egress_policy(settings, tenant, body.allow_internet_access, requested)
-    if body.mcp:
-        raise Unsupported("mcp is not supported by this server")
+    if body.mcp is not None:  # (the SDK then runs mcp-gateway in it: sandhold.mcp_gateway)
+        try:
+            check_mcp(body.mcp)
+        except ValueError as e:
+            raise InvalidRequest(str(e)) from None
     if body.iam:
         raise Unsupported("iam (workload identity tokens) is not supported by this server")
     check_mounts(len(mounts) + len(body.volumeMounts or []), settings)  # before any lookup

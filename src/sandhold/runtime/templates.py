@@ -52,6 +52,7 @@ HOST_ETC_EXCLUDE = ("ssl/private",)
 # Templates that are built on first use: name -> "module:function(store, name) -> Template".
 BUILTIN_TEMPLATES = {
     "code-interpreter-v1": "sandhold.interpreter.template:build_code_interpreter_template",
+    "mcp-gateway": "sandhold.mcp_gateway.template:build_mcp_gateway_template",  # E2B's MCP
 }
 
 
