@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import ClassVar
+from typing import Annotated, ClassVar
 
 from pydantic import Field, model_validator
 
@@ -110,6 +110,11 @@ class RuntimeSettings(CreateLimits, Layer):
         True,
         description="Start sandboxes of templates that start warm (code-interpreter-v1) from a "
         "checkpoint of a started one (runtime/warm.py, needs CRIU); off: they always boot.",
+    )
+    pool_sizes: dict[str, Annotated[int, Field(ge=0, le=1000)]] = Field(
+        default_factory=dict,
+        description="Sandboxes booted ahead per template, handed out to creates they can serve "
+        "(runtime/pool.py), e.g. {\"base\": 8}; refilled in the background by `sandhold serve`.",
     )
     criu_timeout_s: float = Field(
         300.0,

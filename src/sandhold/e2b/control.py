@@ -37,6 +37,7 @@ from sandhold.errors import (
 )
 from sandhold.service import Sandbox, SandboxService
 from sandhold.service.metrics import suspend_gauge
+from sandhold.service.pooler import pool_metrics
 
 MAX_PAGE = 100  # E2B's: the default and the largest `limit` of a list
 MAX_METRICS_IDS = 100
@@ -194,6 +195,7 @@ class ControlPlane:
         # Server-wide counts without sandbox ids, so any team's key may read them.
         text = self.service.failures.prometheus()
         text += suspend_gauge(await self.service.suspends_to_disk())
+        text += pool_metrics(self.service.runtime.pools, self.settings.pool_sizes)
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def unsupported(self, request: Request, team: str) -> Response:

@@ -16,7 +16,7 @@ from sandhold.egress.control import sandbox_env as egress_sandbox_env
 from sandhold.envd import ENVD_VERSION
 from sandhold.runtime import checkpoint, disk, images, mounts
 from sandhold.runtime.agent.libc import CAPS
-from sandhold.runtime.launcher import RW_DIRS, Launch, new_boot_id, spawn
+from sandhold.runtime.launcher import RW_DIRS, Launch, new_boot, spawn
 from sandhold.runtime.reaping import wait_ready
 from sandhold.runtime.records import session_of
 from sandhold.runtime.spec import SandboxSpec
@@ -70,8 +70,8 @@ def prepare_binds(
             source = rt.uids.writable(d, m.source, host_uid, m.target)
         binds.append((str(source), m.target, m.read_only))
     if spec.network.mode != "none":
-        binds += rt.egress.prepare(d, spec.network, spec.network.tenant,
-                                   session_of(spec.metadata), spec.network.header_rules)  # fmt: skip
+        net = spec.network
+        binds += rt.egress.prepare(d, net, net.tenant, session_of(spec.metadata), net.header_rules)
         rt.egress.sync()  # the sandbox's socket listens before the sandbox starts
     return binds, workspace, spec
 
@@ -91,7 +91,7 @@ def remount(rt: Runtime, d: Path, info: SandboxInfo, binds: bool) -> None:
             mounts.mount_overlay(lower, layer / "upper", layer / "work", d / "root")
     if not mounts.is_mountpoint(d / checkpoint.HANDOFF):
         mounts.mount_tmpfs(d / checkpoint.HANDOFF, 64 << 10, 0o755)
-        new_boot_id(d / checkpoint.HANDOFF)  # (the host rebooted: so did the sandbox)
+        new_boot(d / checkpoint.HANDOFF, info.id, info.template)  # (the host rebooted: so did it)
     views = [line.split("\t")[1] for line in _lines(d / VIEW_LIST)]
     if binds and not all(mounts.is_mountpoint(Path(v)) for v in views):
         rt.uids.give_back(d)
@@ -127,7 +127,7 @@ def boot(
         agent_cfg = agent_config(spec, template, env, binds)
         agent_cfg.update(ready_fd=ready_w, egress=egress_agent)
         (run_dir / "agent.json").write_text(json.dumps(agent_cfg))
-        new_boot_id(d / checkpoint.HANDOFF)
+        new_boot(d / checkpoint.HANDOFF, d.name, template.name)
         launch = Launch(
             root=root,
             ro_binds=template.ro_binds,

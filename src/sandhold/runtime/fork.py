@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from sandhold.errors import Conflict, InvalidRequest, SandholdError, Unsupported
 from sandhold.runtime import checkpoint, disk, images
 from sandhold.runtime import reconcile as reconciling
-from sandhold.runtime.launcher import new_boot_id
+from sandhold.runtime.launcher import new_boot
 from sandhold.runtime.records import SandboxInfo, new_sandbox_id
 from sandhold.runtime.spec import SandboxSpec
 from sandhold.runtime.suspend import criu_path, hand_back
@@ -96,7 +96,7 @@ def start(
     try:
         host_uid = rt._prepare_root(d, spec, template, layer_image=taken / disk.IMAGE)
         checkpoint.copy_images(taken / checkpoint.IMAGES, d / checkpoint.IMAGES)
-        new_boot_id(d / checkpoint.HANDOFF)  # (a new sandbox: its own boot)
+        new_boot(d / checkpoint.HANDOFF, sandbox_id, template_name)  # (a new sandbox: its boot)
         if config is not None:
             (d / "run" / "agent.json").write_text(json.dumps(config))
         procs = rt._cg(sandbox_id).procs_files()

@@ -47,9 +47,16 @@ BOOT_ID = "/proc/sys/kernel/random/boot_id"
 BOOT_ID_FILE = "boot_id"  # in the sandbox's handoff tmpfs: what is bound at BOOT_ID
 
 
-def new_boot_id(handoff: Path) -> None:
-    (handoff / BOOT_ID_FILE).write_text(f"{uuid.uuid4()}\n")
-    (handoff / BOOT_ID_FILE).chmod(0o444)
+IDENTITY_FILE = "identity.json"  # in the handoff tmpfs too: E2B's E2B_SANDBOX_* env of commands
+
+
+def new_boot(handoff: Path, sandbox_id: str, template: str) -> None:
+    """What a sandbox's every boot (cold, fork, warm start, after a host reboot) gets anew: a
+    boot id, and the identity its agent puts in each command's env."""
+    identity = {"E2B_SANDBOX": "true", "E2B_SANDBOX_ID": sandbox_id, "E2B_TEMPLATE_ID": template}
+    for name, text in ((BOOT_ID_FILE, f"{uuid.uuid4()}\n"), (IDENTITY_FILE, json.dumps(identity))):
+        (handoff / name).write_text(text)
+        (handoff / name).chmod(0o444)
 
 
 # Capabilities the agent keeps (inside the user namespace only) to start processes as `user` and

@@ -41,7 +41,8 @@ class SandboxInfo:
     failure: str | None = None  # why it is marked failed
     host_uid: int | None = None  # the first host id of its uid range (older records: unknown)
     suspended: str | None = None  # "disk": paused with no process, its memory image kept
-    started_from: str | None = None  # "warm": its template's checkpoint, "fork", "snapshot"
+    # "warm": its template's checkpoint, "pool": booted ahead, "fork", "snapshot"
+    started_from: str | None = None
 
     @property
     def agent_socket(self) -> Path:

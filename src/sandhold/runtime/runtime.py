@@ -37,6 +37,7 @@ from sandhold.runtime.boot import boot
 from sandhold.runtime.cgroups import CgroupSet
 from sandhold.runtime.disk import DiskBudget
 from sandhold.runtime.layers import LayerStore
+from sandhold.runtime.pool import Pools
 from sandhold.runtime.reaping import become_subreaper, reap_init
 from sandhold.runtime.records import (
     SandboxInfo,
@@ -75,6 +76,7 @@ class Runtime:
         self.uids = UidPool(self.settings.uid_registry, root, self.settings.uid_base,
                             self.settings.uid_ranges, self.settings.uid_isolation)  # fmt: skip
         self.warm = WarmStarts(self)
+        self.pools = Pools(self)
         self.layers = LayerStore(self.templates.root / ".layers", self.uids)
         self._opened = False
 
@@ -170,6 +172,8 @@ class Runtime:
         self.wsdisk.check(spec)
         for m in spec.mounts:
             mounts.check_traversable(m.source)
+        if layer_image is None and (pooled := self.pools.take(spec, template, extra or {})):
+            return pooled
         if layer_image is None and (warm := self.warm.start(spec, template, extra or {})):
             return warm
         sandbox_id = new_sandbox_id()

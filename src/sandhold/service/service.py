@@ -37,6 +37,7 @@ from sandhold.service.builds import Builds
 from sandhold.service.limits import check_create
 from sandhold.service.locks import KeyedLocks
 from sandhold.service.metrics import Failures, Sample, Samples
+from sandhold.service.pooler import Pooler
 from sandhold.service.records import RECORD_KEY, CreateSandbox, Lifecycle, Sandbox, view
 from sandhold.service.suspender import Suspender
 from sandhold.service.timers import Periodic, Timer
@@ -84,6 +85,7 @@ class SandboxService:
             Periodic(self.warmer.tick, WARM_CHECK_S, "sandhold-warm", at_start=True)
             if timers else None
         )  # fmt: skip
+        self.pooler = Pooler(self) if timers else None
         self.samples = Samples(0)
         self.failures = Failures(time.time())  # before open(): its reconcile may find some
         self.disk_total = 0
@@ -114,6 +116,8 @@ class SandboxService:
             self._suspending.start()
         if self._warming is not None:
             self._warming.start()
+        if self.pooler is not None:
+            await self.pooler.start()
         return self
 
     async def close(self) -> None:
@@ -128,6 +132,8 @@ class SandboxService:
         if self._warming is not None:
             await self._warming.stop()
         await self.warmer.close()
+        if self.pooler is not None:
+            await self.pooler.close()
         await self.builds.close()
         await asyncio.to_thread(self._executor.shutdown, True)
 
@@ -239,8 +245,8 @@ class SandboxService:
                            "cpu": req.cpu or made.cpu or s.default_cpu,
                            "pids": req.pids or s.default_pids,
                            "disk_mb": req.disk_mb},
-                "env": req.env,
-                "metadata": req.metadata,
+                "env": {"E2B_TEAM_ID": req.owner, **req.env},  # (E2B's, with the runtime's
+                "metadata": req.metadata,  # E2B_SANDBOX_ID and E2B_TEMPLATE_ID)
                 "mounts": [{"source": str(m.source), "target": m.target,
                             "read_only": m.read_only} for m in req.mounts],
                 "workspace_dir": req.workspace_dir,
@@ -273,6 +279,8 @@ class SandboxService:
             info = await self._run(self.runtime.create, spec, extra)
             if info.started_from != "warm" and self._warming is not None:
                 self.warmer.kick()  # (a template that starts warm, without its checkpoint?)
+            if self.pooler is not None:
+                self.pooler.kick()
         return Sandbox(info, life)
 
     # -- lifecycle -----------------------------------------------------------------------------

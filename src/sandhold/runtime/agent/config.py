@@ -35,7 +35,10 @@ class AgentConfig:
         """From a file, or a descriptor (read, then closed)."""
         path = source if isinstance(source, str) else f"fd {source}"
         with open(source, encoding="utf-8") as f:
-            raw = json.load(f)
+            return cls.parse(json.load(f), path)
+
+    @classmethod
+    def parse(cls, raw: object, path: str = "the configuration") -> AgentConfig:
         if not isinstance(raw, dict) or not isinstance(raw.get("socket"), str):
             raise ValueError(f"{path}: a JSON object with a 'socket' path is required")
         env = raw.get("env") or {}
@@ -63,3 +66,17 @@ class AgentConfig:
             file_view=raw.get("file_view") if isinstance(raw.get("file_view"), dict) else None,
             root_caps=frozenset(int(c) for c in raw.get("root_caps") or []),
         )
+
+
+IDENTITY = "/run/sandbox-handoff/identity.json"  # written by the host at every boot
+
+
+def identity_env() -> dict[str, str]:
+    """E2B's ``E2B_SANDBOX``, ``E2B_SANDBOX_ID`` and ``E2B_TEMPLATE_ID`` of this sandbox: read
+    each time (a fork or a warm start is this process restored under another id)."""
+    try:
+        with open(IDENTITY, encoding="utf-8") as f:
+            raw = json.load(f)
+    except (OSError, ValueError):
+        return {}  # (an agent on a host: the tests')
+    return {str(k): str(v) for k, v in raw.items()} if isinstance(raw, dict) else {}

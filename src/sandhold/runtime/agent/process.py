@@ -12,7 +12,7 @@ import os
 import signal
 from collections.abc import AsyncGenerator, AsyncIterator
 
-from .config import AgentConfig
+from .config import AgentConfig, identity_env
 from .connect import Call
 from .process_table import Process, ProcessManager, Subscriber
 from .rpc import Message, RpcError, get, get_bytes, get_enum, get_int, get_str
@@ -64,6 +64,7 @@ def spawn_spec(msg: Message, user: User, agent_config: AgentConfig) -> tuple[Spa
         "LOGNAME": user.name,
         "SHELL": user.shell or "/bin/sh",
     }
+    env.update(identity_env())
     env.update(agent_config.env)
     env.update(envs)
 

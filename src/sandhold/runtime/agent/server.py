@@ -12,6 +12,7 @@ never asks it to stop: it kills the sandbox's cgroup, and SIGKILL from outside a
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -21,7 +22,7 @@ from . import checkpoint, connect, egress, tunnel
 from .config import AgentConfig
 from .files import FilesHandler
 from .filesystem import FilesystemService
-from .http import HttpServer, Request, Response, Router
+from .http import HttpError, HttpServer, Request, Response, Router
 from .process import ProcessService
 from .process_table import ProcessManager
 from .sudo import SudoServer
@@ -30,6 +31,8 @@ from .system import SystemHandler
 from .view import ViewGuard
 
 log = logging.getLogger("sandhold.agent")
+
+CONFIGURE_PATH = "/sandhold/configure"  # host-only (the data plane never forwards /sandhold/)
 
 
 class Agent:
@@ -48,6 +51,7 @@ class Agent:
         self.http = HttpServer(self.router)
         self._stop = asyncio.Event()
         self._background: set[asyncio.Task[None]] = set()
+        self._configured = False
 
     def _routes(self) -> Router:
         r = Router()
@@ -80,6 +84,7 @@ class Agent:
         r.add("GET", "/files", self.files.download)
         r.add("POST", "/files", self.files.upload)
         r.add("POST", checkpoint.QUIESCE_PATH, self._quiesce)
+        r.add("POST", CONFIGURE_PATH, self._configure)
         r.tunnel = tunnel.serve_connect
         return r
 
@@ -92,15 +97,34 @@ class Agent:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
+    async def _configure(self, req: Request, resp: Response) -> None:
+        """A pooled sandbox handed out (runtime/pool.py): once, the create's configuration
+        (``agent.json``'s shape) replaces the pool's, as after a warm start."""
+        if self._configured:
+            raise HttpError(409, "this sandbox was configured already")
+        self._configured = True
+        try:
+            new = AgentConfig.parse(json.loads(await req.read_body(1 << 20)))
+        except ValueError as e:
+            raise HttpError(400, f"bad configuration: {e}") from None
+        if not await self._become(new):
+            raise HttpError(500, "a service did not take the sandbox's env")
+        await resp.send(204)
+
     async def _rebind(self, config_fd: int) -> bool:
-        """Become the sandbox a warm start made of a template's checkpoint: its env, default
-        user and workdir and file view (the rest, socket, services, no egress, is the
-        template's); the services that take an env are told it. False if that failed."""
+        """Become the sandbox a warm start made of a template's checkpoint. False if that
+        failed."""
         try:
             new = AgentConfig.load(config_fd)
         except (OSError, ValueError) as e:
             log.error("the configuration handed over after a checkpoint is unreadable: %s", e)
             return False
+        return await self._become(new)
+
+    async def _become(self, new: AgentConfig) -> bool:
+        """Take another create's env, default user and workdir and file view (the rest,
+        socket, services, no egress, is the template's); the services that take an env are
+        told it."""
         cfg = self.config
         cfg.env, cfg.file_view = new.env, new.file_view
         cfg.default_user, cfg.default_workdir = new.default_user, new.default_workdir

@@ -7,7 +7,7 @@ import asyncio
 import os
 import time
 
-from .config import AgentConfig
+from .config import AgentConfig, identity_env
 from .http import Request, Response
 
 CGROUP = "/sys/fs/cgroup"
@@ -73,7 +73,7 @@ class SystemHandler:
         await resp.send(204)
 
     async def envs(self, req: Request, resp: Response) -> None:
-        await resp.send_json(200, self.config.env)
+        await resp.send_json(200, {**identity_env(), **self.config.env})
 
     async def _cpu_pct(self) -> float:
         prev = self._last_cpu

@@ -1,0 +1,93 @@
+"""Keeping the pools of sandboxes booted ahead (runtime/pool.py) filled to ``pool_sizes``: one
+boot at a time in the background (creates keep the CPU they need), woken by every create and
+otherwise every ``CHECK_S``; a template whose boot fails waits ``RETRY_S``. Pooled sandboxes a
+previous server left are killed at open; this server's are killed at close."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from sandhold.errors import SandholdError
+
+if TYPE_CHECKING:
+    from sandhold.runtime.pool import Pools
+    from sandhold.service.service import SandboxService
+
+log = logging.getLogger(__name__)
+
+CHECK_S = 5.0
+RETRY_S = 60.0
+
+
+class Pooler:
+    def __init__(self, service: SandboxService) -> None:
+        self.service = service
+        self.pools = service.runtime.pools
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._failed_at: dict[str, float] = {}
+
+    async def start(self) -> None:
+        stale = await self.service._run(self.pools.drain)
+        if stale:
+            log.info("killed %d pooled sandboxes a previous server left", stale)
+        if self.service.settings.pool_sizes:
+            self._task = asyncio.create_task(self._run(), name="sandhold-pool")
+
+    def kick(self) -> None:
+        self._wake.set()
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        await self.service._run(self.pools.drain)
+
+    def _short(self) -> str | None:
+        """A template whose pool is below its size (and did not just fail to boot)."""
+        now = time.time()
+        for name, size in self.service.settings.pool_sizes.items():
+            if now - self._failed_at.get(name, 0) < RETRY_S:
+                continue
+            if self.pools.ready(name) < size:
+                return name
+        return None
+
+    async def _run(self) -> None:
+        while True:
+            name = self._short()
+            if name is None:
+                self._wake.clear()
+                try:
+                    await asyncio.wait_for(self._wake.wait(), CHECK_S)
+                except TimeoutError:
+                    pass
+                continue
+            try:
+                await self.service._run(self.pools.fill, name)
+            except SandholdError as e:
+                self._failed_at[name] = time.time()
+                log.error("could not boot a pooled %s sandbox: %s", name, e)
+
+
+def pool_metrics(pools: Pools, sizes: dict[str, int]) -> str:
+    """Prometheus text: each pool's ready sandboxes and size, hand-outs and misses."""
+    lines = [
+        "# HELP sandhold_pool_ready Sandboxes booted ahead and ready to hand out, per template.",
+        "# TYPE sandhold_pool_ready gauge",
+        *(f'sandhold_pool_ready{{template="{t}"}} {pools.ready(t)}' for t in sorted(sizes)),
+        "# HELP sandhold_pool_size The pool size configured per template (pool_sizes).",
+        "# TYPE sandhold_pool_size gauge",
+        *(f'sandhold_pool_size{{template="{t}"}} {n}' for t, n in sorted(sizes.items())),
+        "# HELP sandhold_pool_hits_total Creates served by a pooled sandbox.",
+        "# TYPE sandhold_pool_hits_total counter",
+        f"sandhold_pool_hits_total {pools.hits}",
+        "# HELP sandhold_pool_misses_total Creates of a pooled template that found none ready.",
+        "# TYPE sandhold_pool_misses_total counter",
+        f"sandhold_pool_misses_total {pools.misses}",
+    ]
+    return "\n".join(lines) + "\n"
