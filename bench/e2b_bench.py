@@ -45,13 +45,14 @@ def timed(fn: Callable[[], object]) -> float:
     return (time.perf_counter() - t) * 1000
 
 
-def start_server(data_dir: Path, log: Path) -> tuple[subprocess.Popen[bytes], str]:
+def start_server(data_dir: Path, log: Path, **settings: str) -> tuple[subprocess.Popen[bytes], str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SANDHOLD_")}
     env.update(
         SANDHOLD_DATA_DIR=str(data_dir),
         SANDHOLD_API_KEYS=json.dumps({API_KEY: "bench"}),
         SANDHOLD_PREBUILD_TEMPLATES="[]",
     )  # a background build would skew every figure
+    env.update({f"SANDHOLD_{k.upper()}": v for k, v in settings.items()})
     # Bound and listening here, served by the child on the inherited socket (--fd): the port is
     # never free between choosing it and serving on it.
     with socket.socket() as s:

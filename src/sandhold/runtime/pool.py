@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from sandhold.runtime.runtime import Runtime
 
 POOL_KEY = "pool"  # in a pooled sandbox's extra: its template
+BUILT = "pool_template_built"  # and when that template was built
 CONFIGURE = "/sandhold/configure"  # the agent's host-only route (agent/server.py)
 
 log = logging.getLogger(__name__)
@@ -57,7 +58,8 @@ class Pools:
 
     def fill(self, template: str) -> str:
         """Boot one sandbox into ``template``'s pool; returns its id."""
-        info = self.rt.create({"template": template}, extra={POOL_KEY: template})
+        made = self.rt.templates.get(template).created_at  # (a rebuild makes its pool stale)
+        info = self.rt.create({"template": template}, extra={POOL_KEY: template, BUILT: made})
         with self._lock:
             self._ready.setdefault(template, deque()).append(info.id)
             self._disk_mb[template] = info.spec.limits.disk_mb
@@ -93,6 +95,8 @@ class Pools:
                 info = self.rt._load(d)
                 if info.state != "running" or not self.rt._alive(info):
                     raise SandholdError("it is not running any more")
+                if info.extra.get(BUILT) != template.created_at:
+                    raise SandholdError(f"template {template.name} was rebuilt since")
                 limits = spec.limits
                 self.rt._cg(sandbox_id).create(limits.memory_mb, limits.cpu, limits.pids)
                 config = agent_config(spec, template, {**template.env, **spec.env}, [])
