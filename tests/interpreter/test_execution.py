@@ -148,11 +148,6 @@ def test_bash_is_a_persistent_shell(sbx: Sandbox) -> None:
     assert "No such file" in "".join(failed.logs.stderr)
 
 
-def test_python_runs_as_user_in_home(sbx: Sandbox) -> None:
-    execution = sbx.run_code("import os, getpass; (getpass.getuser(), os.getcwd())")
-    assert execution.text == "('user', '/home/user')"
-
-
 def test_r_contexts_keep_state_and_take_env(sbx: Sandbox) -> None:
     """R, through IRkernel (Debian's): state across cells, results, errors, per-call env."""
     first = sbx.run_code("x <- 40 + 2\nx", language="r")

@@ -1,9 +1,10 @@
 """The code-interpreter service: E2B's port-49999 API (``/execute``, ``/contexts``, ``/health``).
 
-It runs inside the sandbox as ``user``, started by the agent at boot::
+It runs inside the sandbox as root (HOME=/root), in ``/home/user``, as E2B's Jupyter does, started
+by the agent at boot::
 
     PYTHONPATH=/opt/sandhold/interpreter:/opt/sandhold/python \\
-        /usr/bin/python3 -m sandhold.interpreter.server --port 49999
+        /usr/bin/python3 -m sandhold.interpreter.server --port 49999 --cwd /home/user
 
 and depends only on what the ``code-interpreter-v1`` template installs (starlette, uvicorn,
 jupyter_client, ipykernel) plus ``/usr/bin/node`` for JavaScript.
@@ -262,6 +263,10 @@ def main(argv: list[str] | None = None) -> None:
         "--lazy", action="store_true", help="do not start the default Python kernel at boot"
     )
     args = parser.parse_args(argv)
+    # Contexts inherit it. On E2B the SDK's `user` reads and overwrites whatever a cell (root)
+    # made, because envd does file I/O as root; our agent acts as that user, so what cells make
+    # is left readable and writable by everyone (only root and `user` live in a sandbox).
+    os.umask(0)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

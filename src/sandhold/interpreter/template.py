@@ -54,19 +54,29 @@ SANDBOX_CODE = "/opt/sandhold/interpreter"
 SANDBOX_MPLCONFIG = "/home/user/.config/matplotlib"
 SERVICE_PORT = INTERPRETER_PORT
 
-# What the in-sandbox agent must start at boot and keep running (as `user`, in /home/user),
-# on top of the template's env. The code copy comes first on PYTHONPATH; the server removes it
-# again from the environment of the kernels and shells it starts.
+SANDBOX_HOME = "/home/user"  # the default cwd of contexts, as E2B's
+SERVER_MODULE = "sandhold.interpreter.server"
+
+# What the in-sandbox agent must start at boot and keep running, on top of the template's env:
+# as root (HOME=/root), in /home/user, as E2B's template runs Jupyter and its kernels (its start
+# command is `sudo .../start-up.sh`). The code copy comes first on PYTHONPATH; the server
+# removes it again from the environment of the kernels and shells it starts.
 SERVICE: dict[str, object] = {
     "name": "code-interpreter",
-    "argv": [PYTHON, "-m", "sandhold.interpreter.server", "--port", str(SERVICE_PORT)],
+    "argv": [PYTHON, "-m", SERVER_MODULE, "--port", str(SERVICE_PORT), "--cwd", SANDBOX_HOME],
     "env": {"PYTHONPATH": f"{SANDBOX_CODE}:{SANDBOX_SITE}"},
-    "user": "user",
-    "cwd": "/home/user",
+    "user": "root",
+    "cwd": SANDBOX_HOME,
     "port": SERVICE_PORT,
     "ready_path": READY_PATH,  # a warm template's checkpoint is taken once it answers
     "env_path": ENV_PATH,  # the sandbox's env, after a warm start (agent/supervisor.py)
 }
+
+# What root keeps in these sandboxes (inside their user namespace only: nothing of the host is
+# owned by their uid range): E2B's root reads and writes `user`'s files, so cells do here too
+# (an upload of the SDK's, the workspace, /home/user). Its sudo and commands as root keep them
+# too; anything else (mount, ptrace, the agent) stays out of reach as for every sandbox's root.
+ROOT_CAPS = ["CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL"]
 
 # Source files of this package that run inside the sandbox (template.py itself does not).
 CODE_SUFFIXES = (".py", ".js", ".java")
@@ -117,6 +127,7 @@ def build_key(uid_base: int) -> str:
     h = hashlib.sha256(packages_key(uid_base).encode())
     h.update(json.dumps(template_env(), sort_keys=True).encode())
     h.update(json.dumps(SERVICE, sort_keys=True).encode())
+    h.update(json.dumps(ROOT_CAPS).encode())
     for f in _code_files():
         h.update(f.name.encode() + b"\0" + f.read_bytes())
     return h.hexdigest()[:16]
@@ -290,12 +301,13 @@ def build_code_interpreter_template(
                 kind="host",
                 rootfs=store.root / name / "rootfs",
                 user="user",
-                workdir="/home/user",
+                workdir=SANDBOX_HOME,
                 env=template_env(),
                 ro_binds=list(base.ro_binds),
                 services=[SERVICE],
                 created_at=time.time(),
                 warm=True,
+                root_caps=list(ROOT_CAPS),
             )
             staged = staging_root / name
             (staged / "template.json").write_text(json.dumps(tpl.to_json(), indent=2))

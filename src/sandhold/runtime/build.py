@@ -148,7 +148,7 @@ class Builder:
             services=list(base.services), disk_mb=base.disk_mb,
             layers=[self.layers.path(k) for k in reversed(built)] + list(base.layers),
             cpu=req.cpu or base.cpu, memory_mb=req.memory_mb or base.memory_mb,
-            agent_kit=base.agent_kit, rw_dirs=list(base.rw_dirs),
+            agent_kit=base.agent_kit, rw_dirs=list(base.rw_dirs), root_caps=list(base.root_caps),
         )  # fmt: skip
         if req.start_cmd:
             tpl.services.append({
