@@ -12,6 +12,8 @@ import pptx
 from e2b_code_interpreter import Sandbox
 from PIL import Image as PIL_Image
 
+from sandhold.interpreter.packages import PACKAGES
+
 SALES_CSV = """region,month,units,price
 North,2024-01,120,9.5
 North,2024-02,135,9.5
@@ -138,4 +140,4 @@ def test_scripts_outside_the_kernel_see_the_stack(sbx: Sandbox) -> None:
         'plt.plot([1]); plt.savefig("/tmp/x.png"); print(numpy.__version__)\''
     )
     assert out.exit_code == 0, out.stderr
-    assert out.stdout.strip() == "2.4.6"
+    assert f"numpy=={out.stdout.strip()}" in PACKAGES

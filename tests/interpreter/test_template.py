@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
+
+from e2b_code_interpreter import Sandbox
 
 from sandhold.config import Settings
 from sandhold.interpreter.packages import PACKAGES
@@ -28,6 +31,35 @@ def test_every_package_is_pinned() -> None:
     names = [p.partition("==")[0].lower() for p in PACKAGES]
     assert all("==" in p for p in PACKAGES)
     assert len(names) == len(set(names))
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+# Modules a cell imports -> the distribution pinned for them (E2B's pins: packages.py).
+IMPORTS = {"numpy": "numpy", "pandas": "pandas", "scipy": "scipy", "matplotlib": "matplotlib",
+           "seaborn": "seaborn", "sklearn": "scikit-learn", "skimage": "scikit-image",
+           "sympy": "sympy", "PIL": "pillow", "IPython": "ipython", "ipykernel": "ipykernel",
+           "plotly": "plotly", "bokeh": "bokeh", "xarray": "xarray", "requests": "requests",
+           "urllib3": "urllib3", "aiohttp": "aiohttp", "nltk": "nltk", "joblib": "joblib",
+           "openpyxl": "openpyxl", "bs4": "beautifulsoup4", "docx": "python-docx"}  # fmt: skip
+
+
+def test_the_sandbox_runs_the_pinned_versions(sbx: Sandbox) -> None:
+    pins = {_norm(n): v for n, _, v in (p.partition("==") for p in PACKAGES)}
+    code = (
+        f"import importlib, importlib.metadata as md, json\nsite = [{SANDBOX_SITE!r}]\n"
+        "installed = {d.metadata['Name']: d.version for d in md.distributions(path=site)}\n"
+        f"imported = {{m: importlib.import_module(m).__version__ for m in {sorted(IMPORTS)!r}}}\n"
+        "print(json.dumps([installed, imported]))"
+    )
+    execution = sbx.run_code(code)
+    assert execution.error is None, execution.error
+    installed, imported = json.loads("".join(execution.logs.stdout))
+    assert {_norm(n): v for n, v in installed.items()} == pins
+    assert imported == {m: pins[dist] for m, dist in IMPORTS.items()}
+    assert pins["matplotlib"].startswith("3.10.")  # boxplot(labels=...), as on E2B
 
 
 def test_template_layout_and_env(interp: InterpreterServer) -> None:
