@@ -5,18 +5,25 @@ namespace). It adds the E2B display formats and a helper module for the server.
   next to the PNG the inline backend already produces.
 * ``e2b/data``: pandas DataFrames -> ``{column: [values...]}``.
 * ``_sandhold`` (in ``sys.modules``): ``push_env``/``pop_env`` for per-execution env vars.
+* PIL images shown the way E2B's template shows them: saving one to a path given as a string
+  (``img.save("out.png")``) also displays it, and ``img.show()`` displays it instead of starting
+  an image viewer (there is no screen): either way an image result (PNG) of the execution.
 
-Everything is registered by type *name*, so neither pandas nor matplotlib is imported until the
-user imports them: a kernel starts as fast as a bare one.
+Everything is registered by type *name*, or patched when its module is first imported, so
+neither pandas, matplotlib nor PIL is imported until the user imports them: a kernel starts as
+fast as a bare one.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.machinery
 import json
 import math
 import os
 import sys
 import types
+from collections.abc import Sequence
 from typing import Any
 
 # run_path sets __file__; charts.py, next to this file, is loaded on the first figure.
@@ -123,5 +130,65 @@ def _install_helpers() -> None:
     sys.modules["_sandhold"] = helpers
 
 
+def _display(obj: Any) -> None:
+    from IPython.display import display
+
+    display(obj)
+
+
+def _patch_pil(image_module: Any) -> None:
+    """``Image.save`` to a str path displays the image first, ``Image.show`` only displays it."""
+    image_class = image_module.Image
+    if getattr(image_class.save, "_sandhold_shows", False):
+        return
+    save = image_class.save
+
+    @functools.wraps(save)
+    def save_and_show(self: Any, fp: Any, *args: Any, **kwargs: Any) -> Any:
+        # Only a path as a str, as on E2B: the display itself saves to a BytesIO (no loop),
+        # and so does code that encodes an image in memory.
+        if isinstance(fp, str):
+            _display(self)
+        return save(self, fp, *args, **kwargs)
+
+    def show(self: Any, title: str | None = None, **options: Any) -> None:
+        _display(self)
+
+    save_and_show._sandhold_shows = True  # type: ignore[attr-defined]
+    image_class.save = save_and_show
+    image_class.show = show
+
+
+class _PatchOnImport:
+    """A meta-path finder that patches ``PIL.Image`` right after its first import."""
+
+    def find_spec(self, name: str, path: Sequence[str] | None, target: Any = None) -> Any:
+        if name != "PIL.Image":
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        loader = spec.loader if spec is not None else None
+        if loader is None or not hasattr(loader, "exec_module"):
+            return None  # the usual import, unpatched
+        run = loader.exec_module
+
+        def exec_module(module: types.ModuleType) -> None:
+            run(module)
+            try:
+                _patch_pil(module)
+            except Exception:  # an unexpected Pillow: images are simply not shown
+                pass
+
+        loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def _install_image_display() -> None:
+    if "PIL.Image" in sys.modules:
+        _patch_pil(sys.modules["PIL.Image"])
+    else:
+        sys.meta_path.insert(0, _PatchOnImport())  # type: ignore[arg-type]
+
+
 _install_formatters()
 _install_helpers()
+_install_image_display()
