@@ -37,6 +37,23 @@ def pss_kib(pids: list[int]) -> int:
     return total
 
 
+def smaps_kib(pids: list[int]) -> dict[str, int]:
+    """PSS, USS (Private_Clean + Private_Dirty: pages no other process maps) and RSS of these
+    processes, in KiB, from one read of each one's smaps_rollup."""
+    total = {"pss": 0, "uss": 0, "rss": 0}
+    keys = {"Pss:": "pss", "Private_Clean:": "uss", "Private_Dirty:": "uss", "Rss:": "rss"}
+    for pid in pids:
+        try:
+            text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            key = keys.get(line.split(maxsplit=1)[0] if line else "")
+            if key:
+                total[key] += int(line.split()[1])
+    return total
+
+
 def write_result(path: str, result: dict[str, object]) -> None:
     """Write the machine-readable result (bench/results/<name>.json) and echo it."""
     out = Path(path)
