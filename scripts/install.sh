@@ -8,8 +8,9 @@ cd "$(dirname "$0")/.."
 # skopeo, umoci: OCI image pulls (runtime/oci.py); docker-registry: a registry for its tests only
 APT_PACKAGES=(bubblewrap util-linux e2fsprogs libseccomp2 python3 python3-pip python3-venv socat nftables debootstrap postgresql
               ca-certificates curl procps iproute2 skopeo umoci docker-registry
-              r-base-core r-cran-irkernel node-typescript openjdk-17-jdk-headless)
-              # (the last four: the interpreter's R, TypeScript and Java contexts)
+              r-base-core r-cran-irkernel node-typescript openjdk-17-jdk-headless gcc libc6-dev)
+              # (r-base-core to openjdk: the interpreter's R, TypeScript and Java contexts;
+              # gcc and libc6-dev: the agent's static spawn helper)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

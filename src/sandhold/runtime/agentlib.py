@@ -7,6 +7,7 @@ carries compiled bytecode so the agent starts without compiling.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
 import subprocess
@@ -14,6 +15,23 @@ import tempfile
 from pathlib import Path
 
 AGENT_SRC = Path(__file__).parent / "agent"
+HELPER_SRC = AGENT_SRC / "spawn_helper.c"
+
+log = logging.getLogger(__name__)
+
+
+def _build_helper(target: Path) -> None:
+    """The agent's spawn helper, static (templates bring their own libc, or none); without a
+    compiler the agent forks commands itself, slower (docs/runtime.md)."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        log.warning("no C compiler: sandbox agents fork commands themselves (install gcc)")
+        return
+    r = subprocess.run([cc, "-O2", "-static", "-Wall", "-o", str(target), str(HELPER_SRC)],
+                       capture_output=True, text=True, check=False)  # fmt: skip
+    if r.returncode != 0:
+        log.warning("the agent's spawn helper did not build: %s", r.stderr.strip()[-500:])
+        target.unlink(missing_ok=True)
 
 
 class AgentLib:
@@ -25,7 +43,7 @@ class AgentLib:
         import h11
 
         h11_src = Path(h11.__file__).parent
-        files = sorted(AGENT_SRC.glob("*.py")) + sorted(h11_src.glob("*.py"))
+        files = [*sorted(AGENT_SRC.glob("*.py")), HELPER_SRC, *sorted(h11_src.glob("*.py"))]
         # Hashing the sources on every create cost ~2-4 ms: redo it only when a file changed.
         stamp = tuple((str(f), st.st_mtime_ns, st.st_size) for f in files for st in [f.stat()])
         cached = self._cached
@@ -50,10 +68,12 @@ class AgentLib:
         for f in AGENT_SRC.glob("*.py"):
             shutil.copy2(f, pkg / "runtime" / "agent" / f.name)
         shutil.copytree(h11_src, staging / "h11", ignore=shutil.ignore_patterns("__pycache__"))
+        _build_helper(pkg / "runtime" / "agent" / "sandhold-spawn")
         subprocess.run(["/usr/bin/python3", "-m", "compileall", "-q", str(staging)], check=False)
         for dirpath, dirnames, filenames in os.walk(staging):
             for n in (*dirnames, *filenames):
-                os.chmod(os.path.join(dirpath, n), 0o755 if n in dirnames else 0o644)
+                executable = n in dirnames or n == "sandhold-spawn"
+                os.chmod(os.path.join(dirpath, n), 0o755 if executable else 0o644)
         os.chmod(staging, 0o755)
         try:
             staging.rename(target)

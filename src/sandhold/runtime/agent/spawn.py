@@ -18,6 +18,11 @@ from .rpc import RpcError
 from .users import User, can_switch, group_ids
 
 OOM_SCORE_ADJ = b"500"
+HELPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandhold-spawn")
+# What a command starts with at its defaults whatever the agent set (Python ignores SIGPIPE
+# and SIGXFSZ; an ignored signal stays ignored across exec).
+DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM,
+                   signal.SIGHUP, signal.SIGQUIT, signal.SIGCHLD)  # fmt: skip
 
 
 def go_errno(e: OSError) -> str:
@@ -146,7 +151,7 @@ async def start_child(spec: SpawnSpec, max_fd: int, on_fork: Callable[[int], Non
         raise RpcError("internal", f"error creating pipes: {go_errno(e)}") from None
 
     try:
-        pid = os.fork()
+        pid = _spawn(spec, fds, err_w) if os.path.exists(HELPER) else os.fork()
     except OSError as e:
         for fd in parent_fds + child_fds:
             close_fd(fd)
@@ -170,6 +175,7 @@ async def start_child(spec: SpawnSpec, max_fd: int, on_fork: Callable[[int], Non
                 close_fd(fd)
         stage, _, rest = failure.decode(errors="replace").partition("\0")
         _, _, text = rest.partition("\0")
+        text = text[:1].lower() + text[1:]  # (the helper's strerror, as go_errno words it)
         usercmd = " ".join(spec.argv)
         if stage == "exec":
             detail = f"fork/exec {spec.argv[0]}: {text}"
@@ -179,6 +185,22 @@ async def start_child(spec: SpawnSpec, max_fd: int, on_fork: Callable[[int], Non
             detail = f"{stage}: {text}"
         raise RpcError("invalid_argument", f"error starting process '{usercmd}': {detail}")
     return Spawned(pid, outputs, stdin_fd, pty_fd)
+
+
+def _spawn(spec: SpawnSpec, fds: dict[str, int], err_w: int) -> int:
+    """The child through the helper (spawn_helper.c), started by posix_spawn: a vfork, so the
+    agent's memory is neither copied nor made copy-on-write."""
+    user = spec.user
+    switch = can_switch()
+    keep = spec.root_caps if user.uid == 0 else frozenset()
+    argv = [HELPER, "1" if switch else "0", str(user.uid), str(user.gid),
+            ",".join(map(str, spec.groups)) or "-", f"{sum(1 << c for c in keep):x}",
+            "1" if "slave" in fds else "0", spec.cwd, "--", *spec.argv]  # fmt: skip
+    std = [fds["slave"]] * 3 if "slave" in fds else [fds["stdin"], fds["stdout"], fds["stderr"]]
+    actions = [(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(std)]
+    actions.append((os.POSIX_SPAWN_DUP2, err_w, 3))  # last: a source may have been fd 3
+    return os.posix_spawn(HELPER, argv, spec.env, file_actions=actions, setsid=True,
+                          setsigmask=(), setsigdef=DEFAULT_SIGNALS)  # fmt: skip
 
 
 def _run_in_child(spec: SpawnSpec, fds: dict[str, int], errpipe: int, max_fd: int) -> None:
