@@ -86,8 +86,8 @@ class Template:
     build_id: str | None = None
     tags: list[str] = field(default_factory=list)
 
-    # Capabilities its root processes keep in their user namespace (build sandboxes' only:
-    # BUILD_CAPS; a template in the store never has any).
+    # Capabilities its root processes keep in their user namespace: build sandboxes' BUILD_CAPS;
+    # code-interpreter-v1's (and what is built on it) file ones, for E2B's root kernels.
     root_caps: list[str] = field(default_factory=list)
     # Its root has no Python of ours (an image's, oci.py): the agent runs on the host's, bound
     # read-only at launcher.KIT_USR.
