@@ -6,9 +6,10 @@
 
 Prints one JSON document (and writes it to --out). Times are milliseconds.
 
-Both ways a sandbox starts are timed, interleaved in one run: ``cold`` (booted: agent, service,
-kernel start) and ``warm`` (restored from the template's checkpoint, runtime/warm.py; made first,
-its build time and size reported). Without CRIU only ``cold`` runs.
+Three ways a sandbox starts are timed, interleaved in one run: ``cold`` (booted: agent, service,
+kernel start), ``warm`` (restored from the template's checkpoint, runtime/warm.py; made first,
+its build time and size reported) and ``pool`` (booted ahead, runtime/pool.py, and taken by the
+create). Without CRIU ``warm`` does not run.
 
 It drives the runtime directly, the way the agent will once its ``services`` start the
 interpreter at boot: create the sandbox, start the service with the template's own argv/env
@@ -77,7 +78,7 @@ async def one_sandbox(rt: Runtime, iterations: int, mode: str) -> dict[str, obje
     t0 = time.time()
     info = rt.create({"template": TEMPLATE_NAME, "limits": {"memory_mb": 1024}})
     created = time.time()
-    if info.started_from != (mode if mode == "warm" else None):
+    if info.started_from != (mode if mode in ("warm", "pool") else None):
         raise RuntimeError(f"a {mode} round started {info.started_from or 'cold'}")
     try:
         async with AgentClient(info.agent_socket, timeout=300) as agent:
@@ -119,9 +120,16 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
             warm = {"available": True, "build_ms": round((time.perf_counter() - t) * 1000, 1),
                     "size_mib": round(du(checkpoint) / 2**20, 1)}  # fmt: skip
             modes["warm"] = rt
+        # Booted ahead (runtime/pool.py), itself started warm where it can: refilled, untimed,
+        # before each of its rounds.
+        modes["pool"] = Runtime(settings.model_copy(update={"pool_sizes": {TEMPLATE_NAME: 1}}))
+        modes["pool"].open()
         runs: dict[str, list[dict[str, object]]] = {m: [] for m in modes}
         for i in range(args.n):  # interleaved: the host's load falls on both alike
             for mode, r in modes.items():
+                if mode == "pool":
+                    r.pools.fill(TEMPLATE_NAME)
+                    await asyncio.sleep(1.0)  # the boot's own work settles first
                 runs[mode].append(await one_sandbox(r, args.iterations if i == 0 else 0, mode))
         out: dict[str, object] = {
             "host": {"cpus": os.cpu_count(), "kernel": platform.release()},

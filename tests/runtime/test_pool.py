@@ -62,6 +62,16 @@ def test_a_pooled_sandbox_takes_the_create_late(pooled_runtime: Runtime) -> None
         assert run(info, "echo $A") == "1\n"
     finally:
         rt.kill(info.id)
+    rt.pools.fill("base")  # a limit above the pooled one (RAM+swap raised first)
+    bigger = rt.create({"template": "base", "limits": {"memory_mb": 3000}})
+    try:
+        assert bigger.started_from == "pool"
+        memory = rt._cg(bigger.id).v1("memory")
+        for name in ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes"):
+            if (memory / name).exists():
+                assert (memory / name).read_text().strip() == str(3000 << 20), name
+    finally:
+        rt.kill(bigger.id)
 
 
 def test_a_create_the_pool_cannot_serve_boots(pooled_runtime: Runtime, tmp_path: Path) -> None:

@@ -69,11 +69,16 @@ class CgroupSet:
         for d in self.dirs():
             d.mkdir(parents=True, exist_ok=True)
         mem = self.v1("memory")
-        limit = str(memory_mb * 1024 * 1024)
-        _write(mem / "memory.limit_in_bytes", limit)
+        limit = memory_mb * 1024 * 1024
+        # RAM+swap capped at the RAM limit: a sandbox never swaps the host to death. The
+        # kernel keeps memsw >= RAM at every step, so a limit raised (a pooled sandbox's,
+        # pool.py) writes memsw first, one lowered writes it last.
+        files = ["memory.limit_in_bytes"]
         if (mem / "memory.memsw.limit_in_bytes").exists():
-            # RAM+swap capped at the RAM limit: a sandbox never swaps the host to death.
-            _write(mem / "memory.memsw.limit_in_bytes", limit)
+            raising = limit > int(_read(mem / "memory.limit_in_bytes") or 0)
+            files.insert(0 if raising else 1, "memory.memsw.limit_in_bytes")
+        for name in files:
+            _write(mem / name, str(limit))
         _write(self.v1("cpu") / "cpu.cfs_period_us", str(CPU_PERIOD_US))
         _write(self.v1("cpu") / "cpu.cfs_quota_us", str(int(cpu * CPU_PERIOD_US)))
         _write(self.v1("pids") / "pids.max", str(pids))
