@@ -94,6 +94,18 @@ async def test_base_has_a_python_command(make_sandbox):
         assert r.text.strip() == "3", r.text
 
 
+async def test_a_login_shell_sets_paths_by_uid_without_running_id(make_sandbox):
+    """/etc/profile picks PATH by uid (root gets the sbin directories), from bash's $EUID: a
+    login shell, which every SDK command is, runs no `id` (strace is not allowed: a PATH with
+    no `id` on it proves it)."""
+    info = await make_sandbox()
+    for user, first in (("root", "/usr/local/sbin"), ("user", "/usr/local/bin")):
+        r = await sh(info, "env -i PATH=/nowhere /bin/bash -l -c 'echo $PATH' 2>&1", user=user)
+        assert r.text.startswith(first + ":") and "command not found" not in r.text, r.text
+    r = await sh(info, "env -i PATH=/nowhere /bin/dash -l -c 'echo $PATH' 2>&1", user="user")
+    assert "id: not found" in r.text  # (dash has no $EUID: it still asks `id`)
+
+
 async def test_base_has_passwordless_sudo_confined_like_root(make_sandbox, runtime):
     """As E2B's base: `sudo` for user, without a password; root it gives is the sandbox's root,
     no one outside (no capabilities: the host's files stay out of reach)."""
