@@ -17,3 +17,10 @@ async def py(info: SandboxInfo, code: str, user: str | None = None) -> CommandOu
     import shlex
 
     return await sh(info, f"python3 -c {shlex.quote(code)}", user=user)
+
+
+def sh_sync(info: SandboxInfo, cmd: str, user: str | None = None) -> CommandOutput:
+    """``sh`` for code without an event loop of its own (scripts run by tests)."""
+    import asyncio
+
+    return asyncio.run(sh(info, cmd, user=user))

@@ -111,10 +111,19 @@ class RuntimeSettings(CreateLimits, Layer):
         description="Start sandboxes of templates that start warm (code-interpreter-v1) from a "
         "checkpoint of a started one (runtime/warm.py, needs CRIU); off: they always boot.",
     )
+    memory_merge: bool = Field(
+        False,
+        description="Kernel samepage merging of sandbox memory (runtime/ksm.py): sandboxes "
+        "started from one checkpoint share their identical pages; off by default, since "
+        "merging opens a timing side channel between sandboxes and costs ksmd's CPU.",
+    )
+    memory_merge_pages_to_scan: int = Field(
+        1000, ge=10, le=100000, description="ksmd's pages per 20 ms with memory_merge."
+    )
     pool_sizes: dict[str, Annotated[int, Field(ge=0, le=1000)]] = Field(
         default_factory=dict,
         description="Sandboxes booted ahead per template, handed out to creates they can serve "
-        "(runtime/pool.py), e.g. {\"base\": 8}; refilled in the background by `sandhold serve`.",
+        '(runtime/pool.py), e.g. {"base": 8}; refilled in the background by `sandhold serve`.',
     )
     criu_timeout_s: float = Field(
         300.0,

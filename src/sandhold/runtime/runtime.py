@@ -29,7 +29,7 @@ from sandhold.errors import (
     SandboxNotFound,
     SandholdError,
 )
-from sandhold.runtime import checkpoint, mounts, suspend
+from sandhold.runtime import checkpoint, ksm, mounts, suspend
 from sandhold.runtime import fork as forking
 from sandhold.runtime import reconcile as reconciling
 from sandhold.runtime.agentlib import AgentLib
@@ -93,6 +93,8 @@ class Runtime:
             if d.stat().st_mode & 0o001 == 0:
                 d.chmod(d.stat().st_mode | 0o711)
         become_subreaper()
+        if self.settings.memory_merge:
+            ksm.enable(self.settings.memory_merge_pages_to_scan)
         self.disk.open()
         self.reconcile()
         self._opened = True
