@@ -85,6 +85,13 @@ class GatewaySettings(Layer):
     gateway_reclaim_interval_s: float = Field(
         60.0, gt=0, description="How often each replica runs a reclaim pass."
     )
+    gateway_reclaim_concurrency: int = Field(
+        4,
+        ge=1,
+        le=256,
+        description="Kills in flight at once during a reclaim pass (each is the provider's "
+        "work: a local kill waits for processes, unmounts and removes directories).",
+    )
     gateway_lock_ttl_s: float = Field(
         30.0,
         gt=0,

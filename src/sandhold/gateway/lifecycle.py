@@ -1,17 +1,24 @@
 """The reclaimer: the third stage of the lifecycle, run by every replica (default every 60 s).
 
-A pass asks the provider for the sandboxes carrying this gateway's tag, and reclaims those that
-are **paused** and whose provider-reported ``endAt`` (for a paused sandbox: when it paused) lies
-more than the tenant's retention in the past. It judges by the provider's ``state`` and
-``endAt`` only, never by what this replica saw, so replicas agree and restarts lose nothing.
+A pass asks the provider for the sandboxes carrying this gateway's tag, once (one ``list``, not
+a ``get`` per sandbox), and reclaims those that are **paused** and whose provider-reported
+``endAt`` (for a paused sandbox: when it paused) lies more than the tenant's retention in the
+past. It judges by the provider's ``state`` and ``endAt`` only, never by what this replica saw,
+so replicas agree and restarts lose nothing.
 
-Before it kills, it takes the session's lock without waiting (a session being resumed or created
-is skipped until the next pass), re-reads the session (the sandbox must still be the session's),
-makes sure no tool call is in flight (``session_uses``), and kills conditionally ("only if
-still paused with the endAt I saw") where the provider can; elsewhere it re-reads the sandbox
-just before the kill. A failed sandbox (its agent died) is listed as paused and reclaimed the
-same way. The same pass records pauses (and failures) in the timeline and kills orphans: tagged
-sandboxes no session owns (a replica died between create and record), once older than a grace.
+The decisions are made in memory, from that list, one read of the sessions that have a sandbox
+and one of the tenants; the store writes are set-based (``store/batch.py``): the pauses (and
+failures) seen are recorded in one transaction, and the sandboxes due are reclaimed in batches
+of ``LOCK_BATCH``: one transaction takes their sessions' locks without waiting (a session being
+resumed or created is skipped until the next pass), keeps only those whose sandbox is still the
+session's and that have no tool call in flight (``session_uses``, read after the locks), then
+their kills run in parallel, at most ``gateway_reclaim_concurrency`` at once, each conditional
+("only if still paused with the endAt I saw") where the provider can (elsewhere the sandbox is
+re-read just before its kill), and one transaction clears the reclaimed sessions (fenced by the
+lock token), unlocks the batch and writes its events. A kill is not started once its lease is
+close to running out. A failed sandbox (its agent died) is listed as paused and reclaimed the
+same way. The same pass kills orphans: tagged sandboxes no session owns (a replica died between
+create and record), once older than a grace (rare: one at a time, as before).
 """
 
 from __future__ import annotations
@@ -19,15 +26,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
+from sandhold.gateway.policy import TenantPolicy
 from sandhold.gateway.providers.base import PreconditionFailed, ProviderSandbox
 from sandhold.gateway.sessions import SandboxSessionManager
+from sandhold.store.batch import Stop
 from sandhold.store.db import SessionRow
 
 log = logging.getLogger(__name__)
 
-CONCURRENCY = 16  # kills in flight at once during a pass
+LOCK_BATCH = 256  # sessions locked (and their sandboxes killed) per batch of a pass
+LEASE_MARGIN = 0.5  # of the lock TTL: no kill is started later than this into the lease
 
 
 @dataclass
@@ -46,6 +58,15 @@ class PassReport:
 
     def public(self) -> dict[str, float]:
         return asdict(self)
+
+
+@dataclass
+class _Due:
+    """A paused sandbox past its session's retention."""
+
+    sbx: ProviderSandbox
+    owner: SessionRow
+    retention: float
 
 
 class Reclaimer:
@@ -76,105 +97,152 @@ class Reclaimer:
         report = PassReport()
         sandboxes = await self.m.provider.list(self.m.gateway_tags())
         owners = await self.m.db(self.m.store.sessions_with_sandboxes)
+        retention = await self.m.db(self._retentions)
         report.listed = len(sandboxes)
-        retention: dict[str, float | None] = {}
         now = time.time()
-        sem = asyncio.Semaphore(CONCURRENCY)
-
-        async def one(sbx: ProviderSandbox) -> None:
-            async with sem:
-                try:
-                    await self._judge(sbx, owners.get(sbx.id), retention, now, report)
-                except Exception:
-                    report.errors += 1
-                    log.exception("reclaimer could not handle sandbox %s", sbx.id)
-
-        await asyncio.gather(*(one(s) for s in sandboxes))
+        stops: list[Stop] = []
+        due: list[_Due] = []
+        orphans: list[tuple[ProviderSandbox, str, str]] = []
+        for sbx in sandboxes:
+            session_id = sbx.metadata.get(self.m.tag_session)
+            tenant_id = sbx.metadata.get(self.m.tag_tenant)
+            if not session_id or not tenant_id:
+                continue  # not a session sandbox of ours
+            owner = owners.get(sbx.id)
+            if owner is None:
+                if now - sbx.started_at > self.m.settings.gateway_orphan_grace_s:
+                    orphans.append((sbx, tenant_id, session_id))
+                continue
+            if sbx.state != "paused" or sbx.end_at is None:
+                continue  # running, or "pausing" (CubeSandbox): not yet
+            report.paused += 1
+            if owner.recorded_pause_end_at != sbx.end_at:  # else recorded already
+                stops.append(Stop(owner.pk, sbx.id, sbx.end_at, self._stop_event(owner, sbx)))
+            kept = retention.get(owner.tenant_id)  # None: unknown tenant, leave it alone
+            if kept is not None and now - sbx.end_at >= kept:
+                due.append(_Due(sbx, owner, kept))
+        try:
+            recorded = await self.m.db(self.m.store.record_stops, stops)
+        except Exception:
+            report.errors += 1
+            log.exception("reclaimer could not record %d pauses", len(stops))
+        else:
+            failed = sum(
+                1 for s in stops if s.pk in recorded and s.event["kind"] != "sandbox_paused"
+            )
+            report.failures_recorded += failed
+            report.pauses_recorded += len(recorded) - failed
+        sem = asyncio.Semaphore(self.m.settings.gateway_reclaim_concurrency)
+        for i in range(0, len(due), LOCK_BATCH):
+            await self._reclaim_batch(due[i : i + LOCK_BATCH], now, sem, report)
+        for sbx, tenant_id, session_id in orphans:
+            try:
+                if await self._kill_orphan(sbx, tenant_id, session_id):
+                    report.orphans_killed += 1
+            except Exception:
+                report.errors += 1
+                log.exception("reclaimer could not handle sandbox %s", sbx.id)
         report.seconds = round(time.monotonic() - t0, 4)
         return report
 
-    async def _retention(self, tenant_id: str, cache: dict[str, float | None]) -> float | None:
-        if tenant_id not in cache:
+    def _retentions(self) -> dict[str, float | None]:
+        """Every tenant's retention, in one read (a policy that does not validate: None)."""
+        out: dict[str, float | None] = {}
+        for tenant in self.m.store.tenants():
             try:
-                cache[tenant_id] = (await self.m.policy(tenant_id)).retention_s
+                out[tenant.id] = TenantPolicy.model_validate(tenant.policy or {}).retention_s
             except Exception:
-                cache[tenant_id] = None  # unknown tenant: leave its sandboxes alone
-        return cache[tenant_id]
+                out[tenant.id] = None
+        return out
 
-    async def _judge(
-        self,
-        sbx: ProviderSandbox,
-        owner: SessionRow | None,
-        retention_cache: dict[str, float | None],
-        now: float,
-        report: PassReport,
+    def _event(self, owner: SessionRow, sbx: ProviderSandbox, kind: str, at: float,
+               reason: str, duration_ms: float | None = None) -> dict[str, Any]:  # fmt: skip
+        """A timeline row (``Event`` columns; every event of a batch has the same keys)."""
+        return {"at": at, "tenant_id": owner.tenant_id, "session_id": owner.session_id,
+                "kind": kind, "replica": self.m.replica, "sandbox_id": sbx.id,
+                "duration_ms": duration_ms, "reason": reason,
+                "provider_state": sbx.public()}  # fmt: skip
+
+    def _stop_event(self, owner: SessionRow, sbx: ProviderSandbox) -> dict[str, Any]:
+        assert sbx.end_at is not None
+        if sbx.failure is not None:
+            return self._event(owner, sbx, "sandbox_failed", sbx.end_at,
+                               f"the sandbox failed: {sbx.failure}")  # fmt: skip
+        return self._event(owner, sbx, "sandbox_paused", sbx.end_at,
+                           "keep-alive expired (on_timeout=pause)")  # fmt: skip
+
+    async def _reclaim_batch(
+        self, batch: Sequence[_Due], now: float, sem: asyncio.Semaphore, report: PassReport
     ) -> None:
-        session_id = sbx.metadata.get(self.m.tag_session)
-        tenant_id = sbx.metadata.get(self.m.tag_tenant)
-        if not session_id or not tenant_id:
-            return  # not a session sandbox of ours
-        if owner is None:
-            old_enough = now - sbx.started_at > self.m.settings.gateway_orphan_grace_s
-            if old_enough and await self._kill_orphan(sbx, tenant_id, session_id):
-                report.orphans_killed += 1
-            return
-        if sbx.state != "paused" or sbx.end_at is None:
-            return  # running, or "pausing" (CubeSandbox): not yet
-        report.paused += 1
-        if await self.m.record_stop(owner, sbx):
-            if sbx.failure is None:
-                report.pauses_recorded += 1
-            else:
-                report.failures_recorded += 1
-        retention = await self._retention(owner.tenant_id, retention_cache)
-        if retention is None or now - sbx.end_at < retention:
-            return
-        await self._reclaim(sbx, owner, retention, now, report)
-
-    async def _reclaim(
-        self, sbx: ProviderSandbox, owner: SessionRow, retention: float, now: float,
-        report: PassReport,
-    ) -> None:  # fmt: skip
-        token = await self.m.db(self.m.store.try_lock, owner.pk, self.m.settings.gateway_lock_ttl_s)
-        if token is None:
-            report.skipped_locked += 1  # a call is resuming or creating right now
-            return
-        try:
-            fresh = await self.m.db(self.m.store.session_by_pk, owner.pk)
-            if fresh is None or fresh.sandbox_id != sbx.id:
-                report.skipped_changed += 1
-                return
-            if await self.m.db(self.m.store.live_uses, owner.pk):
+        ttl = self.m.settings.gateway_lock_ttl_s
+        wanted = {d.owner.pk: d.sbx.id for d in batch}
+        token, outcome = await self.m.db(self.m.store.lock_for_reclaim, wanted, ttl)
+        start_by = time.monotonic() + ttl * LEASE_MARGIN
+        locked = [d for d in batch if outcome[d.owner.pk] == "locked"]
+        for o in outcome.values():
+            if o == "busy":
+                report.skipped_locked += 1  # a call is resuming or creating right now
+            elif o == "in_use":
                 report.skipped_in_use += 1
-                return
-            t0 = time.monotonic()
-            if self.m.provider.capabilities.conditional_delete:
+            elif o == "changed":
+                report.skipped_changed += 1
+        events: list[dict[str, Any]] = []
+        reclaimed: list[int] = []
+
+        async def one(d: _Due) -> None:
+            async with sem:
+                if time.monotonic() > start_by:
+                    report.skipped_locked += 1  # our lease is running out: the next pass
+                    return
                 try:
-                    await self.m.provider.kill(sbx.id, if_paused_end_at=sbx.end_at)
-                except PreconditionFailed:
+                    duration_ms = await self._kill(d.sbx)
+                except Exception:
+                    report.errors += 1
+                    log.exception("reclaimer could not kill sandbox %s", d.sbx.id)
+                    return
+                if duration_ms is None:
                     report.skipped_changed += 1
                     return
-            else:
-                current = await self.m.provider.get(sbx.id)
-                if current is not None and (
-                    current.state != "paused" or current.end_at != sbx.end_at
-                ):
-                    report.skipped_changed += 1
-                    return
-                await self.m.provider.kill(sbx.id)
-            if not await self.m.db(self.m.store.set_sandbox, owner.pk, token, None, None):
-                log.warning("lost the lock of session %s while reclaiming", owner.session_id)
-            report.reclaimed += 1
-            assert sbx.end_at is not None
-            await self.m.timeline.record(
-                owner.tenant_id, owner.session_id, "sandbox_reclaimed", sandbox_id=sbx.id,
-                duration_ms=round((time.monotonic() - t0) * 1000, 2),
-                reason=f"{'failed' if sbx.failure else 'paused'} for {now - sbx.end_at:.1f} s "
-                       f">= retention {retention:g} s",
-                provider_state=sbx.public(),
-            )  # fmt: skip
+                assert d.sbx.end_at is not None
+                reclaimed.append(d.owner.pk)
+                state = "failed" if d.sbx.failure else "paused"
+                events.append(self._event(
+                    d.owner, d.sbx, "sandbox_reclaimed", time.time(),
+                    f"{state} for {now - d.sbx.end_at:.1f} s >= retention {d.retention:g} s",
+                    duration_ms,
+                ))  # fmt: skip
+
+        pks = [d.owner.pk for d in locked]
+        try:
+            await asyncio.gather(*(one(d) for d in locked))
         finally:
-            await self.m.db(self.m.store.unlock, owner.pk, token)
+            report.reclaimed += len(reclaimed)
+            try:
+                cleared = await self.m.db(self.m.store.finish_reclaim, token, pks, reclaimed,
+                                          events)  # fmt: skip
+                if cleared < len(reclaimed):
+                    log.warning("lost the lock of %d sessions while reclaiming",
+                                len(reclaimed) - cleared)  # fmt: skip
+            except Exception:
+                report.errors += 1
+                log.exception("reclaimer could not record %d reclaims", len(reclaimed))
+                await self.m.db(self.m.store.unlock_many, token, pks)
+
+    async def _kill(self, sbx: ProviderSandbox) -> float | None:
+        """Kill a sandbox due for reclaim (its session locked by us), if it is still paused with
+        the endAt seen; the kill's duration (ms), or None when it changed meanwhile."""
+        t0 = time.monotonic()
+        if self.m.provider.capabilities.conditional_delete:
+            try:
+                await self.m.provider.kill(sbx.id, if_paused_end_at=sbx.end_at)
+            except PreconditionFailed:
+                return None
+        else:
+            current = await self.m.provider.get(sbx.id)
+            if current is not None and (current.state != "paused" or current.end_at != sbx.end_at):
+                return None
+            await self.m.provider.kill(sbx.id)
+        return round((time.monotonic() - t0) * 1000, 2)
 
     async def _kill_orphan(self, sbx: ProviderSandbox, tenant_id: str, session_id: str) -> bool:
         row = await self.m.db(self.m.store.get_session, tenant_id, session_id)
