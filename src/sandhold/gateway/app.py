@@ -62,6 +62,14 @@ class Gateway:
             await self.provider.close()
             self.store.close()
 
+    async def tenant_and_policy(self, api_key: str | None) -> tuple[str, TenantPolicy]:
+        """The key's tenant and its policy, in one read of the store."""
+        if api_key:
+            tenant = await asyncio.to_thread(self.store.tenant_by_key, api_key)
+            if tenant is not None:
+                return tenant.id, TenantPolicy.model_validate(tenant.policy or {})
+        raise Unauthenticated("missing or unknown API key (Authorization: Bearer <tenant key>)")
+
     async def tenant_of_key(self, api_key: str | None) -> str:
         if api_key:
             tenant = await asyncio.to_thread(self.store.tenant_by_key, api_key)

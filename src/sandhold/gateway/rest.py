@@ -82,14 +82,15 @@ class Api:
 
     # -- tenant API ---------------------------------------------------------------------------
     async def call_tool(self, request: Request) -> Response:
-        tenant = await self.tenant(request)
+        tenant, policy = await self.gw.tenant_and_policy(bearer(request.headers))
         tool = request.path_params["tool"]
         if tool not in MODELS:
             raise NotFound(f"unknown tool {tool!r}; tools: {', '.join(MODELS)}")
         body = await self.json_body(request)
         if "session_id" in body:
             raise InvalidRequest("the session is the path's; do not pass session_id in the body")
-        result = await self.gw.tools.call(tenant, tool, body, request.path_params["session_id"])
+        session_id = request.path_params["session_id"]
+        result = await self.gw.tools.call(tenant, tool, body, session_id, policy)
         return JSONResponse(result)
 
     async def status(self, request: Request) -> Response:

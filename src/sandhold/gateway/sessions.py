@@ -30,7 +30,7 @@ import shutil
 import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -77,6 +77,8 @@ class Lease:
     sandbox_id: str
     handle: dict[str, Any]
     policy: TenantPolicy
+    # Timeline rows to write when the lease is released, in the transaction that unlocks.
+    events: list[dict[str, Any]] = field(default_factory=list)
 
 
 class SandboxSessionManager:
@@ -186,27 +188,41 @@ class SandboxSessionManager:
             except BaseException:
                 await self.db(self.store.unlock, row.pk, token)
                 raise
+        lease = Lease(tenant_id, session_id, row.pk, sandbox_id, handle, policy)
         try:
-            yield Lease(tenant_id, session_id, row.pk, sandbox_id, handle, policy)
+            yield lease
         finally:
-            await self._restore_keep_alive(use_id, row.pk, sandbox_id, policy)
+            await self._restore_keep_alive(use_id, row.pk, sandbox_id, policy, lease.events)
 
     async def _restore_keep_alive(
-        self, use_id: str, pk: int, sandbox_id: str, policy: TenantPolicy
-    ) -> None:
+        self, use_id: str, pk: int, sandbox_id: str, policy: TenantPolicy,
+        events: list[dict[str, Any]],
+    ) -> None:  # fmt: skip
         """The call is over: idle time counts from now. Under the lock, so that no other call's
         connect (which extends the timeout for its own run) slips between reading the uses and
         setting the timeout. If the lock is taken, the holder sets the timeout after us:
-        leaving the longer one is the safe side."""
+        leaving the longer one is the safe side. The lease's events are written with the
+        unlock (or alone when the lock was not ours), best effort as the timeline's are."""
         ttl = self.settings.gateway_lock_ttl_s
         token, live = await self.db(self.store.end_use_and_lock, use_id, pk, ttl)
         if token is None:
+            await self._write_events(events)
             return
         try:
             remaining = [math.ceil(t - time.time()) for t in live]
             await self.provider.set_timeout(sandbox_id, max([policy.keep_alive_s, *remaining]))
         finally:
-            await self.db(self.store.unlock, pk, token)
+            try:
+                await self.db(self.store.unlock, pk, token, events)
+            except Exception:
+                log.exception("could not unlock session %s with its events; unlocking alone", pk)
+                await self.db(self.store.unlock, pk, token)
+
+    async def _write_events(self, events: list[dict[str, Any]]) -> None:
+        try:
+            await self.db(self.store.add_events, events)
+        except Exception:
+            log.exception("could not record %d events", len(events))
 
     async def _ensure(
         self, row: SessionRow, token: str, policy: TenantPolicy, budget: int, cause: str

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 from sandhold.store.db import Store
@@ -25,6 +26,11 @@ class Timeline:
     def __init__(self, store: Store, replica: str) -> None:
         self.store = store
         self.replica = replica
+
+    def row(self, tenant_id: str, session_id: str, kind: str, **fields: Any) -> dict[str, Any]:
+        """An event as a row to write later, in another transaction of the caller's."""
+        return {"at": time.time(), "tenant_id": tenant_id, "session_id": session_id,
+                "kind": kind, "replica": self.replica, **fields}  # fmt: skip
 
     async def record(self, tenant_id: str, session_id: str, kind: str, **fields: Any) -> None:
         try:

@@ -38,7 +38,7 @@ from sandhold.errors import (
 )
 from sandhold.gateway.deliverables import DeliverableStore
 from sandhold.gateway.errors import server_fault
-from sandhold.gateway.policy import SESSION_ID_RE, check_id
+from sandhold.gateway.policy import SESSION_ID_RE, TenantPolicy, check_id
 from sandhold.gateway.providers.base import ProviderError
 from sandhold.gateway.sessions import Lease, SandboxSessionManager
 from sandhold.gateway.timeline import Timeline
@@ -219,10 +219,12 @@ class Tools:
             over(s, "gateway_command_env_max_bytes", "env (its NAME=value strings)", size)
 
     async def call(
-        self, tenant_id: str, tool: str, arguments: dict[str, Any], session_id: str | None = None
-    ) -> dict[str, Any]:
+        self, tenant_id: str, tool: str, arguments: dict[str, Any], session_id: str | None = None,
+        policy: TenantPolicy | None = None,
+    ) -> dict[str, Any]:  # fmt: skip
         """Validate, run and record one tool call. ``session_id`` is the connection's session;
-        an explicit ``session_id`` argument takes precedence."""
+        an explicit ``session_id`` argument takes precedence. ``policy``: the tenant's, when the
+        caller read it already (with the tenant's key)."""
         args = self.parse(tool, arguments)
         sid = args.session_id or session_id
         if sid is None:
@@ -246,7 +248,7 @@ class Tools:
                 )  # fmt: skip
                 raise
             reason = f"view: {access} {path} allowed"
-        policy = await self.m.policy(tenant_id)
+        policy = policy or await self.m.policy(tenant_id)
         budget = float(getattr(args, "timeout_s", 60))
         if budget > policy.max_command_timeout_s:
             raise InvalidRequest(
@@ -257,12 +259,18 @@ class Tools:
         sandbox_id = None
         result: dict[str, Any] = {}
         error: SandholdError | None = None
+        recorded = False
         try:
             for attempt in (1, 2):
                 try:
                     async with self.m.use(tenant_id, sid, tool, budget, policy) as lease:
                         sandbox_id = lease.sandbox_id
                         result = await self._handlers[tool](lease, args)
+                        # Written with the lease's unlock: one store round trip less.
+                        fields = self._fields(tool, sandbox_id, t0, args, result, None, reason)
+                        lease.events.append(self.timeline.row(tenant_id, sid, "tool_call",
+                                                              **fields))  # fmt: skip
+                        recorded = True
                     return result
                 except SandboxGone:
                     # Refused at connect (never delivered): its sandbox died after the session
@@ -289,25 +297,34 @@ class Tools:
             error = ProviderError(f"{tool} failed: {type(e).__name__}: {e}")
             raise error from e
         finally:
-            await self._record(tenant_id, sid, tool, sandbox_id, t0, args, result, error, reason)
+            if not recorded:
+                await self._record(tenant_id, sid, tool, sandbox_id, t0, args, result, error,
+                                   reason)  # fmt: skip
 
     async def _record(
         self, tenant_id: str, sid: str, tool: str, sandbox_id: str | None, t0: float,
         args: Args, result: dict[str, Any], error: SandholdError | None, reason: str | None,
     ) -> None:  # fmt: skip
-        fields = {
-            "sandbox_id": sandbox_id, "tool": tool,
-            "duration_ms": round((time.monotonic() - t0) * 1000, 2),
-            "exit_code": result.get("exit_code"), "bytes_in": _bytes_in(args),
-            "bytes_out": result.pop("_bytes_out", None),
-            "error": f"{error.code}: {error.message}" if error else None, "reason": reason,
-        }  # fmt: skip
+        fields = self._fields(tool, sandbox_id, t0, args, result, error, reason)
         await self.timeline.record(tenant_id, sid, "tool_call", **fields)
         if error is not None and server_fault(error):  # ours or the provider's fault
             await self.timeline.record(
                 tenant_id, sid, "failure", sandbox_id=sandbox_id, tool=tool,
                 error=fields["error"], reason=f"{tool} failed",
             )  # fmt: skip
+
+    @staticmethod
+    def _fields(
+        tool: str, sandbox_id: str | None, t0: float, args: Args, result: dict[str, Any],
+        error: SandholdError | None, reason: str | None,
+    ) -> dict[str, Any]:  # fmt: skip
+        return {
+            "sandbox_id": sandbox_id, "tool": tool,
+            "duration_ms": round((time.monotonic() - t0) * 1000, 2),
+            "exit_code": result.get("exit_code"), "bytes_in": _bytes_in(args),
+            "bytes_out": result.pop("_bytes_out", None),
+            "error": f"{error.code}: {error.message}" if error else None, "reason": reason,
+        }  # fmt: skip
 
     # -- handlers -------------------------------------------------------------------------------
     @contextlib.asynccontextmanager
