@@ -1,0 +1,45 @@
+"""The console of ``sandhold serve``: a team (its API key) sees its live sandboxes, with their
+state, age, CPU, memory and disk (one fresh sample each)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from starlette.routing import Route
+
+from sandhold.console.web import Principal, api_routes, page_routes
+from sandhold.e2b.auth import Teams
+from sandhold.errors import SandholdError
+from sandhold.service import SandboxService
+
+MIB = 1 << 20
+
+
+def routes(service: SandboxService, teams: Teams) -> list[Route]:
+    async def authenticate(key: str) -> Principal:
+        return Principal("tenant", teams.team_of({"x-api-key": key}))
+
+    async def sandboxes(principal: Principal, body: dict[str, Any]) -> dict[str, Any]:
+        now = time.time()
+        mine = await service.query(principal.tenant)
+
+        async def row(sbx: Any) -> dict[str, Any]:
+            out: dict[str, Any] = {
+                "sandbox_id": sbx.id, "tenant": sbx.owner, "template": sbx.info.template,
+                "state": sbx.state, "age_s": round(now - sbx.info.created_at, 1),
+            }  # fmt: skip
+            if sbx.state == "running":
+                try:
+                    s = await service.sample(sbx)
+                except SandholdError:
+                    return out
+                out.update(cpu_pct=round(s.cpu_used_pct, 1), memory_mib=round(s.mem_used / MIB, 1),
+                           disk_mib=round(s.disk_used / MIB, 1))  # fmt: skip
+            return out
+
+        rows = await asyncio.gather(*(row(s) for s in mine[:500]))
+        return {"sandboxes": sorted(rows, key=lambda r: -r["age_s"])}
+
+    return page_routes("server") + api_routes(authenticate, {"sandboxes": sandboxes})

@@ -1,0 +1,160 @@
+"""The console's page, its static files and the plumbing of its JSON API, for any server.
+
+The page is one HTML file, one script and one stylesheet, all served from here (no CDN, no
+inline script or style), with a strict Content-Security-Policy. The API is ``POST
+/console/api/<name>`` with a JSON body and ``Authorization: Bearer <key>``: no cookie is ever
+set, so a cross-site page cannot borrow a signed-in console (nothing ambient to forge a request
+with), and a cross-origin script cannot read an answer (no CORS). Ids go in the body, never in a
+URL, so no access log or browser history holds a key or a session id.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from sandhold.errors import InvalidRequest, SandholdError, Unauthenticated
+from sandhold.gateway.errors import rest_status
+
+STATIC = Path(__file__).parent / "static"
+FILES = {"console.js": "text/javascript", "console.css": "text/css"}
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+    "connect-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+)
+HEADERS = {
+    "Content-Security-Policy": CSP,
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+    "Cross-Origin-Opener-Policy": "same-origin",
+    "Cross-Origin-Resource-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
+MAX_BODY = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who signed in: the admin (everything) or one tenant (its own only)."""
+
+    kind: str  # "admin" | "tenant"
+    tenant: str | None = None
+
+    def scope(self, asked: str | None) -> str | None:
+        """The tenant a query may cover: the tenant's own, or the admin's choice (None: all)."""
+        if self.kind == "admin":
+            return asked or None
+        return self.tenant
+
+    def public(self) -> dict[str, Any]:
+        return {"kind": self.kind, "tenant": self.tenant}
+
+
+Authenticate = Callable[[str], Awaitable[Principal]]
+Handler = Callable[[Principal, dict[str, Any]], Awaitable[dict[str, Any]]]
+
+
+def page_routes(api: str) -> list[Route]:
+    """``/console`` and its static files; ``api`` ("gateway" or "server") picks the views."""
+    index = (STATIC / "index.html").read_text().replace("__API__", api)
+
+    async def page(request: Request) -> Response:
+        return Response(index, media_type="text/html; charset=utf-8", headers=HEADERS)
+
+    async def static(request: Request) -> Response:
+        name = request.path_params["name"]
+        if name not in FILES:
+            return Response("not found", status_code=404, headers=HEADERS)
+        return Response((STATIC / name).read_bytes(), media_type=FILES[name], headers=HEADERS)
+
+    return [
+        Route("/console", page, methods=["GET"]),
+        Route("/console/static/{name}", static, methods=["GET"]),
+    ]
+
+
+def api_routes(authenticate: Authenticate, handlers: dict[str, Handler]) -> list[Route]:
+    """``POST /console/api/<name>`` for each handler, ``whoami`` included."""
+
+    def endpoint(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+        async def run(request: Request) -> Response:
+            try:
+                principal = await authenticate(_bearer(request))
+                body = await _body(request)
+                return JSONResponse(await handler(principal, body), headers=HEADERS)
+            except SandholdError as e:
+                return JSONResponse({"code": e.code, "message": e.message},
+                                    status_code=rest_status(e), headers=HEADERS)  # fmt: skip
+
+        return run
+
+    async def whoami(principal: Principal, body: dict[str, Any]) -> dict[str, Any]:
+        return principal.public()
+
+    every = {"whoami": whoami, **handlers}
+    return [Route(f"/console/api/{n}", endpoint(h), methods=["POST"]) for n, h in every.items()]
+
+
+def _bearer(request: Request) -> str:
+    auth = request.headers.get("authorization", "")
+    scheme, _, token = auth.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise Unauthenticated("sign in: Authorization: Bearer <key> is missing")
+    return token.strip()
+
+
+async def _body(request: Request) -> dict[str, Any]:
+    # JSON only: a cross-site form cannot send it without a preflight this server never allows.
+    if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
+        raise InvalidRequest("the console API takes application/json")
+    raw = await request.body()
+    if len(raw) > MAX_BODY:
+        raise InvalidRequest(f"request body over {MAX_BODY} bytes")
+    try:
+        body = json.loads(raw or b"{}")
+    except ValueError:
+        raise InvalidRequest("the request body is not JSON") from None
+    if not isinstance(body, dict):
+        raise InvalidRequest("the request body must be a JSON object")
+    return body
+
+
+def window(body: dict[str, Any], now: float, default_s: float = 86400.0) -> tuple[float, float]:
+    """The ``since``/``until`` of a query (epoch seconds), checked."""
+    until = _number(body.get("until"), now)
+    since = _number(body.get("since"), until - default_s)
+    if since > until:
+        raise InvalidRequest("since is after until")
+    return since, until
+
+
+def _number(value: object, default: float) -> float:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidRequest("since and until are epoch seconds")
+    return float(value)
+
+
+def limit(body: dict[str, Any], default: int = 100, most: int = 1000) -> int:
+    value = body.get("limit", default)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+        raise InvalidRequest(f"limit must be an integer from 1 to {most}")
+    return value
+
+
+def text(body: dict[str, Any], name: str, most: int = 256) -> str | None:
+    value = body.get(name)
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str) or len(value) > most:
+        raise InvalidRequest(f"{name} must be a string of at most {most} characters")
+    return value
