@@ -3,10 +3,11 @@ TOML file named by ``SANDHOLD_CONFIG``, validated at start-up.
 
 **Layers.** Each layer's fields, and the checks of them, live in one module: ``runtime``
 (``RuntimeSettings``: data_dir, uid_base, limits, cgroup, ready timeout), ``server``
-(``ServerSettings``: the E2B-compatible server), ``egress`` (``EgressSettings``: the egress
-proxy and the secrets keys) and ``gateway`` (``GatewaySettings``). ``Settings`` inherits all
-four, so every field keeps its flat name (``settings.gateway_port``) and its environment
-variable is ``SANDHOLD_`` + the name in capitals (``SANDHOLD_GATEWAY_PORT``).
+(``ServerSettings``: the E2B-compatible server), ``egress`` (``EgressSettings``: the egress proxy
+and the secrets keys), ``gateway`` (``GatewaySettings``) and ``logs`` (``LogSettings``: the
+JSON-lines log files of every serving process). ``Settings`` inherits all five, so every field
+keeps its flat name (``settings.gateway_port``) and its environment variable is ``SANDHOLD_`` +
+the name in capitals (``SANDHOLD_GATEWAY_PORT``).
 
 **The TOML file** is written in sections, one per layer::
 
@@ -26,12 +27,15 @@ variable is ``SANDHOLD_`` + the name in capitals (``SANDHOLD_GATEWAY_PORT``).
     provider = "e2b"
     e2b_api_url = "http://10.0.0.5:49982"  # gateway_e2b_api_url
 
+    [logs]
+    max_bytes = 52428800                   # log_max_bytes
+
 A key of a section is the field's name without the layer's prefix (``server_``, ``egress_``,
-``gateway_``; the runtime has none); a field of the layer that does not carry the prefix keeps its
-whole name (``api_keys``, ``public_domain``, ``secrets_keys``). The older forms still work: a
-setting's whole name outside any section (``gateway_port = 49991``), and one ``[runtime]`` table
-holding whole names of every layer. An unknown section or key, or a field set twice, is refused
-with a message that names it. The file's values win over the environment's.
+``gateway_``, ``log_``; the runtime has none); a field of the layer that does not carry the prefix
+keeps its whole name (``api_keys``, ``public_domain``, ``secrets_keys``). The older forms still
+work: a setting's whole name outside any section (``gateway_port = 49991``), and one ``[runtime]``
+table holding whole names of every layer. An unknown section or key, or a field set twice, is
+refused with a message that names it. The file's values win over the environment's.
 
 **Checks.** Each layer's model validator refuses the combinations no process can use (e.g.
 ``gateway_provider = "e2b"`` without ``gateway_e2b_api_url``), when the settings are built.
@@ -56,6 +60,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 from sandhold.config.egress import EgressSettings
 from sandhold.config.gateway import GatewaySettings
 from sandhold.config.layer import Layer, env_name
+from sandhold.config.logs import LogSettings
 from sandhold.config.runtime import RuntimeSettings
 from sandhold.config.server import ServerSettings, is_loopback
 from sandhold.config.toml import read_file
@@ -65,6 +70,7 @@ __all__ = [
     "LAYERS",
     "EgressSettings",
     "GatewaySettings",
+    "LogSettings",
     "RuntimeSettings",
     "ServerSettings",
     "Settings",
@@ -74,10 +80,14 @@ __all__ = [
     "load",
 ]
 
-LAYERS: tuple[type[Layer], ...] = (RuntimeSettings, ServerSettings, EgressSettings, GatewaySettings)
+LAYERS: tuple[type[Layer], ...] = (
+    RuntimeSettings, ServerSettings, EgressSettings, GatewaySettings, LogSettings
+)  # fmt: skip
 
 
-class Settings(RuntimeSettings, ServerSettings, EgressSettings, GatewaySettings, BaseSettings):
+class Settings(
+    RuntimeSettings, ServerSettings, EgressSettings, GatewaySettings, LogSettings, BaseSettings
+):
     model_config = SettingsConfigDict(env_prefix="SANDHOLD_", extra="forbid")
 
     # -- defaults that combine layers --
@@ -88,6 +98,10 @@ class Settings(RuntimeSettings, ServerSettings, EgressSettings, GatewaySettings,
     @property
     def gateway_deliverables_path(self) -> Path:
         return self.gateway_deliverables_dir or self.data_dir / "gateway" / "deliverables"
+
+    @property
+    def log_path(self) -> Path:
+        return self.log_dir or self.data_dir / "logs"
 
     @property
     def gateway_store(self) -> str:
