@@ -32,11 +32,19 @@ def gateway_serve(
     replica_id: Annotated[str | None, typer.Option(help="name of this replica")] = None,
     fd: Annotated[int | None, typer.Option("--fd", help=FD_HELP)] = None,
 ) -> None:
-    """Serve the tools over REST and MCP (streamable HTTP at /mcp); also runs the reclaimer."""
+    """Serve the tools over REST and MCP (streamable HTTP at /mcp); also runs the reclaimer.
+    Logs go to stderr and to log_dir/gateway.jsonl (`sandhold logs`)."""
     from sandhold.gateway.server import serve
+    from sandhold.logs import setup
 
-    _run(lambda: serve(load_settings(
-        gateway_host=host, gateway_port=port, gateway_replica_id=replica_id), fd))  # fmt: skip
+    def go() -> None:
+        settings = load_settings(
+            gateway_host=host, gateway_port=port, gateway_replica_id=replica_id
+        )  # fmt: skip
+        setup(settings, "gateway")
+        serve(settings, fd)
+
+    _run(go)
 
 
 @app.command("mcp")

@@ -51,11 +51,15 @@ def serve(
     port: Annotated[int | None, typer.Option(help="listen port (default: server_port)")] = None,
     fd: Annotated[int | None, typer.Option("--fd", help=FD_HELP)] = None,
 ) -> None:
-    """Run the E2B-compatible server: the official SDKs' API and sandbox traffic on one port."""
+    """Run the E2B-compatible server: the official SDKs' API and sandbox traffic on one port.
+    Logs go to stderr and to log_dir/server.jsonl (`sandhold logs`)."""
 
     from sandhold.e2b.server import run
+    from sandhold.logs import setup
 
     try:  # settings refused (ConfigError) exit 78 before anything listens
-        run(load_settings(server_host=host, server_port=port), fd)
+        settings = load_settings(server_host=host, server_port=port)
+        setup(settings, "server")
+        run(settings, fd)
     except SandholdError as e:  # ConfigError, an --fd that is not a listening socket, ...
         fail(e)

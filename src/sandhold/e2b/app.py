@@ -1,24 +1,41 @@
 """One ASGI application for both planes: sandbox traffic (see ``proxy.route``) goes to the data
 plane, everything else to the control plane (which also owns the lifespan: template warm-up and
-the lifecycle timer)."""
+the lifecycle timer).
+
+Every HTTP request goes through ``sandhold.logs.RequestLog`` first: a request id, and one log
+line with the tenant (the API key's team on the control plane, the sandbox's owner on the data
+plane), the sandbox (of the path, the routing headers or the Host, or the one a create made) and
+the session (the gateway's ``session_id`` tag in the sandbox's metadata)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import re
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.applications import Starlette
 
 from sandhold.config import Settings
+from sandhold.e2b import wire
 from sandhold.e2b.auth import Teams
 from sandhold.e2b.control import ControlPlane
 from sandhold.e2b.proxy import DataPlane, route
 from sandhold.e2b.volumes import VolumeStore
+from sandhold.errors import Unauthenticated
+from sandhold.logs import Ids, RequestLog
 from sandhold.runtime import prebuild
+from sandhold.runtime.records import session_of
 from sandhold.runtime.runtime import Runtime
 from sandhold.service import SandboxService
+
+SANDBOX_PATH = re.compile(r"^/(?:v2/)?sandboxes/([^/]+)")
+SANDBOX_ID = re.compile(r"^[a-z0-9]{1,64}$")
+CREATES = frozenset({"/sandboxes", "/v2/sandboxes"})
+OWNERS_CACHED = 10_000
 
 
 class E2bApp:
@@ -28,8 +45,13 @@ class E2bApp:
         self.volumes = VolumeStore(settings)
         self.service = SandboxService(self.runtime, settings)
         self.data_plane = DataPlane(self.service, settings)
-        control = ControlPlane(self.service, settings, self.volumes, Teams(settings.api_keys))
+        self.teams = Teams(settings.api_keys)
+        control = ControlPlane(self.service, settings, self.volumes, self.teams)
         self.control_plane = control.app(self._lifespan)
+        # sandbox id -> (owner, session): neither changes in a sandbox's life
+        self._owners: OrderedDict[str, tuple[str, str | None]] = OrderedDict()
+        self._logged = RequestLog(self._route, identify=self._identify, finish=self._finish,
+                                  capture=_is_create)  # fmt: skip
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
@@ -47,10 +69,69 @@ class E2bApp:
             self.data_plane.file_audit.close()
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and (target := route(scope)) is not None:
+        if scope["type"] == "http":
+            await self._logged(scope, receive, send)
+        else:
+            await self.control_plane(scope, receive, send)
+
+    async def _route(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if (target := route(scope)) is not None:
             await self.data_plane(scope, receive, send, target)
         else:
             await self.control_plane(scope, receive, send)
+
+    # -- the ids of a request's log line ---------------------------------------------------------
+    def _identify(self, scope: dict[str, Any], ids: Ids) -> None:
+        target = route(scope)
+        if target is not None:  # data plane: the sandbox's owner, once known
+            ids.sandbox = _sandbox_id(target.sandbox_id)
+        else:  # control plane: the API key's team
+            key = next((v for k, v in scope["headers"] if k == b"x-api-key"), None)
+            try:
+                ids.tenant = self.teams.team_of(
+                    {"x-api-key": key.decode("latin-1")} if key is not None else {}
+                )
+            except Unauthenticated:
+                pass
+            if (m := SANDBOX_PATH.match(scope["path"])) is not None and m.group(1) != "metrics":
+                ids.sandbox = _sandbox_id(m.group(1))
+        if ids.sandbox is not None and (known := self._owners.get(ids.sandbox)) is not None:
+            self._own(ids, *known)
+
+    async def _finish(
+        self, scope: dict[str, Any], status: int | None, ids: Ids, body: bytes | None
+    ) -> None:
+        if body is not None and status is not None and status < 300:  # a create: its sandbox
+            with contextlib.suppress(ValueError, AttributeError):
+                ids.sandbox = _sandbox_id(json.loads(body).get("sandboxID"))
+        if ids.sandbox is None or ids.sandbox in self._owners or (status or 500) >= 400:
+            return
+        sbx = await self.service.get(ids.sandbox)  # once per sandbox
+        if sbx is None:
+            return
+        known = self._owners[ids.sandbox] = (sbx.owner, session_of(sbx.info.metadata))
+        if len(self._owners) > OWNERS_CACHED:
+            self._owners.popitem(last=False)
+        self._own(ids, *known)
+
+    @staticmethod
+    def _own(ids: Ids, owner: str, session: str | None) -> None:
+        """The sandbox's owner is the tenant of a data-plane request; its session is named only
+        to its owner's requests."""
+        ids.tenant = ids.tenant or owner
+        if ids.tenant == owner:
+            ids.session = session
+
+
+def _is_create(scope: dict[str, Any]) -> bool:
+    return scope["method"] == "POST" and scope["path"] in CREATES
+
+
+def _sandbox_id(raw: Any) -> str | None:
+    if not isinstance(raw, str):
+        return None
+    sid = wire.short_id(raw)
+    return sid if SANDBOX_ID.match(sid) else None
 
 
 def create_app(settings: Settings, runtime: Runtime | None = None) -> E2bApp:

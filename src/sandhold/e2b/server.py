@@ -37,6 +37,7 @@ def build_config(settings: Settings, fd: int | None = None) -> uvicorn.Config:
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         backlog=2048,
         log_level="info",
+        log_config=None,  # its records go to the root logger's handlers (sandhold.logs.setup)
     )
     # (after the Config: it configures logging) A response the data plane cuts off on purpose
     # is logged by the data plane, not as a broken application.
@@ -45,8 +46,9 @@ def build_config(settings: Settings, fd: int | None = None) -> uvicorn.Config:
 
 
 def run(settings: Settings, fd: int | None = None) -> None:
-    # Sandhold's own warnings (a sandbox that exited on its own, a failed expiry) go to stderr
-    # next to uvicorn's lines.
+    # Sandhold's own warnings (a sandbox that exited on its own, a failed expiry) and uvicorn's
+    # lines go to the handlers ``sandhold.logs.setup`` installed (`sandhold serve`); to stderr
+    # when none are.
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
