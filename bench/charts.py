@@ -81,9 +81,11 @@ def growth(d: J) -> Figure:
                           ("list_all_ms", "Sandbox.list(), every page", COLORS[1])):  # fmt: skip
         a.plot(xs, [p(r[key]) for r in levels], "o-", color=c, label=f"{label} p50")
         a.plot(xs, [p(r[key], "p95") for r in levels], ":", color=c, label=f"{label} p95")
-    if all(r.get("floor_python3_pass_ms") for r in levels):
-        a.plot(xs, [p(r["floor_python3_pass_ms"]) for r in levels], "s--", color="grey",
-               label="floor: python3 -c pass p50 (the load)")  # fmt: skip
+    floors = (("floor_python3_pass_ms", "floor: python3 -c pass p50 (the load)", "grey"),
+              ("floor_bwrap_true_ms", "floor: bwrap --unshare-all true p50", "black"))  # fmt: skip
+    for key, label, c in floors:
+        if all(r.get(key) for r in levels):
+            a.plot(xs, [p(r[key]) for r in levels], "s--", color=c, label=label, lw=0.8)
     a.set_yscale("log")
     a.set_xlabel("live sandboxes")
     a.set_ylabel("ms (log)")
@@ -297,16 +299,24 @@ def main() -> None:
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    failed: list[str] = []
     for name in args.families or FAMILIES:
         file, draw = FAMILIES[name]
         src = Path(args.results) / file
         if not src.exists():
             print(f"skipped {name}: no {src}")
             continue
-        fig = draw(json.loads(src.read_text()))
+        try:
+            fig = draw(json.loads(src.read_text()))
+        except (KeyError, TypeError, ValueError, IndexError) as e:  # a JSON of another shape
+            failed.append(name)
+            print(f"failed {name}: {type(e).__name__}: {e} (its JSON has changed shape?)")
+            continue
         fig.savefig(out / f"bench-{name}.png", dpi=100)
         plt.close(fig)
         print(f"wrote {out / f'bench-{name}.png'}")
+    if failed:
+        raise SystemExit(f"charts failed: {', '.join(failed)}")
 
 
 if __name__ == "__main__":

@@ -6,16 +6,17 @@ the official e2b SDK against one `sandhold serve` on a throw-away data dir under
 
 At each level of live idle ``base`` sandboxes (grown to it by ``--concurrency`` async clients):
 ``Sandbox.create()`` latency (``--n`` extra sandboxes, each created and killed, each after a
-bare ``python3 -c pass``: the floor, whose drift between levels is the host's load),
-``Sandbox.list()``
-latency (paging through every sandbox, 100 a page: E2B's largest page), and host memory per
-sandbox: PSS and USS (Private_Clean + Private_Dirty) of every process of every sandbox, found
-through its cgroup, divided by their count, with the memory charged to their cgroups and the
-host's MemTotal - MemAvailable growth since level 0. Before growing to a level it checks that
-the sandboxes would fit in this host's memory and pids (what the last level measured, times what
-is to come, must leave a reserve) and stops at the last level that fits, saying why. Everything
-is killed at the end (through the API, then the runtime for anything left), the cgroups and the
-data dir removed; leftover mounts and cgroups are counted in the result. Times are milliseconds.
+bare ``python3 -c pass``, the floor whose drift between levels is the host's load, and a bare
+``bwrap --unshare-all true``, whose new mount namespace copies the host's mount table),
+``Sandbox.list()`` latency (paging through every sandbox, 100 a page: E2B's largest page), and
+host memory per sandbox: PSS and USS (Private_Clean + Private_Dirty) of every process of every
+sandbox, found through its cgroup, divided by their count, with the memory charged to their
+cgroups and the host's MemTotal - MemAvailable growth since level 0. Before growing to a level it
+checks that the sandboxes would fit in this host's memory and pids (what the last level
+measured, times what is to come, must leave a reserve) and stops at the last level that fits,
+saying why. Everything is killed at the end (through the API, then the runtime for anything
+left), the cgroups and the data dir removed; leftover mounts and cgroups are counted in the
+result. Times are milliseconds.
 """
 
 from __future__ import annotations
@@ -167,17 +168,23 @@ def fits(target: int, live: int, last: dict[str, object] | None) -> str | None:
     return None
 
 
-def floor_ms() -> float:
-    """One bare ``python3 -c pass``: the floor measured at every level, for the load."""
+PYTHON_PASS = ["/usr/bin/python3", "-c", "pass"]  # the load's floor
+BWRAP_TRUE = ["bwrap", "--unshare-all", "--ro-bind", "/usr", "/usr", "--symlink", "usr/lib64",
+              "/lib64", "--symlink", "usr/lib", "/lib", "/usr/bin/true"]  # fmt: skip
+# ... and a new mount namespace's: it copies the host's mount table, which every sandbox grows.
+
+
+def floor_ms(argv: list[str]) -> float:
     t = time.perf_counter()
-    subprocess.run(["/usr/bin/python3", "-c", "pass"], check=True)
+    subprocess.run(argv, check=True)
     return (time.perf_counter() - t) * 1000
 
 
 def measure(n: int, lists: int, live: int) -> dict[str, object]:
-    creates, kills, floors = [], [], []
+    creates, kills, floors, bwraps = [], [], [], []
     for _ in range(n):
-        floors.append(floor_ms())
+        floors.append(floor_ms(PYTHON_PASS))
+        bwraps.append(floor_ms(BWRAP_TRUE))
         t = time.perf_counter()
         s = Sandbox.create(timeout=120)
         creates.append((time.perf_counter() - t) * 1000)
@@ -188,6 +195,7 @@ def measure(n: int, lists: int, live: int) -> dict[str, object]:
     seen = {c for _, c, _ in walks}
     return {
         "floor_python3_pass_ms": summary(floors),
+        "floor_bwrap_true_ms": summary(bwraps),
         "create_ms": summary(creates),
         "kill_ms": summary(kills),
         "list_all_ms": summary([ms for ms, _, _ in walks]),
@@ -291,6 +299,8 @@ def main() -> dict[str, object]:
                     result["stopped"] = {"before_level": level, "reason": row["grow"]["error"]}  # type: ignore[index]
             time.sleep(3)  # the last creates' background work settles
             row["loadavg_1m"] = round(os.getloadavg()[0], 2)
+            row["host_mounts"] = len(Path("/proc/self/mountinfo").read_text().splitlines())
+            row["host_tasks"] = host_tasks()  # every sandbox's mounts and tasks, ours or not
             if ids:
                 last_mem = row["memory"] = memory(group, baseline, proc.pid)
             row.update(measure(args.n, args.lists, len(ids)))
@@ -318,9 +328,10 @@ def main() -> dict[str, object]:
         result["ratio_top_to_first_level_p50"] = {
             "levels": [base["live"], top["live"]],
             "create": round(p50(top, "create_ms") / p50(base, "create_ms"), 2),
-            "floor_python3_pass": round(
-                p50(top, "floor_python3_pass_ms") / p50(base, "floor_python3_pass_ms"), 2
-            ),
+            **{
+                f: round(p50(top, f"floor_{f}_ms") / p50(base, f"floor_{f}_ms"), 2)
+                for f in ("python3_pass", "bwrap_true")
+            },
             "list_all": round(p50(top, "list_all_ms") / p50(base, "list_all_ms"), 2),
         }
     write_result(args.out, result)
