@@ -9,13 +9,14 @@ so replicas agree and restarts lose nothing.
 The decisions are made in memory, from that list, one read of the sessions that have a sandbox
 and one of the tenants; the store writes are set-based (``store/batch.py``): the pauses (and
 failures) seen are recorded in one transaction, and the sandboxes due are reclaimed in batches
-of ``LOCK_BATCH``: one transaction takes their sessions' locks without waiting (a session being
-resumed or created is skipped until the next pass), keeps only those whose sandbox is still the
-session's and that have no tool call in flight (``session_uses``, read after the locks), then
-their kills run in parallel, at most ``gateway_reclaim_concurrency`` at once, each conditional
-("only if still paused with the endAt I saw") where the provider can (elsewhere the sandbox is
-re-read just before its kill), and one transaction clears the reclaimed sessions (fenced by the
-lock token), unlocks the batch and writes its events. A kill is not started once its lease is
+(sized to the kills' pace, at most ``LOCK_BATCH``): one transaction takes their sessions' locks
+without waiting (a session being resumed or created is skipped until the next pass), keeps only
+those whose sandbox is still the session's and that have no tool call in flight
+(``session_uses``, read after the locks), then their kills run in parallel, at most
+``gateway_reclaim_concurrency`` at once, each conditional ("only if still paused with the endAt
+I saw") where the provider can (elsewhere the sandbox is re-read just before its kill), and one
+transaction clears the reclaimed sessions (fenced by the lock token), unlocks the batch and
+writes its events. A kill is not started once its lease is
 close to running out. A failed sandbox (its agent died) is listed as paused and reclaimed the
 same way. The same pass kills orphans: tagged sandboxes no session owns (a replica died between
 create and record), once older than a grace (rare: one at a time, as before).
@@ -38,7 +39,13 @@ from sandhold.store.db import SessionRow
 
 log = logging.getLogger(__name__)
 
-LOCK_BATCH = 256  # sessions locked (and their sandboxes killed) per batch of a pass
+# Sessions locked (and their sandboxes killed) per batch of a pass: the first batch is small,
+# the next ones as many as the kills so far would get through in BATCH_S (at least one per
+# kill in flight, at most LOCK_BATCH), so that neither a lease nor a tool call waiting for a
+# session of the batch waits long for slow kills, and fast ones cost few transactions.
+LOCK_BATCH = 256
+FIRST_BATCH_PER_KILLER = 4
+BATCH_S = 2.0
 LEASE_MARGIN = 0.5  # of the lock TTL: no kill is started later than this into the lease
 
 
@@ -132,9 +139,15 @@ class Reclaimer:
             )
             report.failures_recorded += failed
             report.pauses_recorded += len(recorded) - failed
-        sem = asyncio.Semaphore(self.m.settings.gateway_reclaim_concurrency)
-        for i in range(0, len(due), LOCK_BATCH):
-            await self._reclaim_batch(due[i : i + LOCK_BATCH], now, sem, report)
+        killers = self.m.settings.gateway_reclaim_concurrency
+        sem = asyncio.Semaphore(killers)
+        size, i = killers * FIRST_BATCH_PER_KILLER, 0
+        while i < len(due):
+            batch, t_batch = due[i : i + size], time.monotonic()
+            await self._reclaim_batch(batch, now, sem, report)
+            i += len(batch)
+            rate = len(batch) / max(time.monotonic() - t_batch, 1e-3)
+            size = int(min(LOCK_BATCH, max(killers, rate * BATCH_S)))
         for sbx, tenant_id, session_id in orphans:
             try:
                 if await self._kill_orphan(sbx, tenant_id, session_id):
