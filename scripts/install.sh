@@ -6,8 +6,9 @@ cd "$(dirname "$0")/.."
 
 # e2fsprogs: mkfs.ext4 formats the sandboxes' disk images (docs/runtime.md, "Disk budget")
 # skopeo, umoci: OCI image pulls (runtime/oci.py); docker-registry: a registry for its tests only
+# prometheus: a real Prometheus server scraping `sandhold serve` in tests/e2b/test_metrics.py only
 APT_PACKAGES=(bubblewrap util-linux e2fsprogs libseccomp2 python3 python3-pip python3-venv socat nftables debootstrap postgresql
-              ca-certificates curl procps iproute2 skopeo umoci docker-registry
+              ca-certificates curl procps iproute2 skopeo umoci docker-registry prometheus
               r-base-core r-cran-irkernel node-typescript openjdk-17-jdk-headless gcc libc6-dev)
               # (r-base-core to openjdk: the interpreter's R, TypeScript and Java contexts;
               # gcc and libc6-dev: the agent's static spawn helper)
@@ -20,20 +21,34 @@ if ((${#missing[@]})); then
   echo "install: apt packages: ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
-  # The tests start docker-registry themselves, on loopback: its system service (":5000", every
-  # address) must never serve, not even between the install and the disable.
-  new_registry=; [[ " ${missing[*]} " == *" docker-registry "* ]] && new_registry=1
-  [[ -n $new_registry && -d /run/systemd/system ]] && systemctl mask -q docker-registry.service
-  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-  if [[ -n $new_registry ]]; then
-    if [[ -d /run/systemd/system ]]; then
-      systemctl unmask -q docker-registry.service
-      systemctl disable --now -q docker-registry.service
-    else  # no systemd running: update-rc.d disables the init script and the unit (offline)
-      /etc/init.d/docker-registry stop >/dev/null 2>&1 || true
-      update-rc.d docker-registry disable >/dev/null 2>&1
-    fi
+  # The tests start docker-registry and prometheus themselves, on loopback: their system
+  # services (":5000", ":9090", every address) must never serve, not even between the install
+  # and the disable.
+  new_services=()
+  for svc in docker-registry prometheus; do
+    [[ " ${missing[*]} " == *" $svc "* ]] && new_services+=("$svc")
+  done
+  policy=
+  if [[ -d /run/systemd/system ]]; then
+    for svc in "${new_services[@]}"; do systemctl mask -q "$svc.service"; done
+  elif ((${#new_services[@]})) && [[ ! -e /usr/sbin/policy-rc.d ]]; then
+    # invoke-rc.d asks policy-rc.d first: 101 (action forbidden) for these, for this install only
+    policy=/usr/sbin/policy-rc.d
+    printf '#!/bin/sh\ncase "$1" in %s) exit 101;; esac\nexit 0\n' \
+      "$(IFS='|'; echo "${new_services[*]}")" >"$policy"
+    chmod 755 "$policy"
   fi
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  [[ -n $policy ]] && rm -f "$policy"
+  for svc in "${new_services[@]}"; do
+    if [[ -d /run/systemd/system ]]; then
+      systemctl unmask -q "$svc.service"
+      systemctl disable --now -q "$svc.service"
+    else  # no systemd running: update-rc.d disables the init script and the unit (offline)
+      "/etc/init.d/$svc" stop >/dev/null 2>&1 || true
+      update-rc.d "$svc" disable >/dev/null 2>&1
+    fi
+  done
 fi
 
 # CRIU 4.1.1 (checkpoint/restore), built from Debian's source pool at /opt/sandhold/criu/4.1.1

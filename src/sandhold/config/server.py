@@ -92,6 +92,16 @@ class ServerSettings(Layer):
     server_max_idempotency_key_chars: int = Field(
         255, ge=16, le=4096, description="Longest Idempotency-Key header of a create."
     )
+    server_metrics: bool = Field(
+        True,
+        description="Prometheus metrics on GET /metrics (docs/observability.md); off, it serves "
+        "only sandhold_suspend_to_disk (the gateway reads it) and no latency is observed.",
+    )
+    server_metrics_token: str | None = Field(
+        None,
+        description="A token that may read GET /metrics only, sent as `Authorization: Bearer "
+        "<token>` (a Prometheus scrape config's `authorization`); any API key also may.",
+    )
     host_mount_roots: list[Path] = Field(
         default_factory=list,
         description="Host directories under which a create's `host-mount` metadata (CubeSandbox's "

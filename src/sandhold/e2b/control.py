@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import hmac
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -18,7 +19,7 @@ from urllib.parse import unquote
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from sandhold.config import Settings
@@ -36,8 +37,7 @@ from sandhold.errors import (
     SandholdError,
 )
 from sandhold.service import Sandbox, SandboxService
-from sandhold.service.metrics import suspend_gauge
-from sandhold.service.pooler import pool_metrics
+from sandhold.service.prom import CONTENT_TYPE
 
 MAX_PAGE = 100  # E2B's: the default and the largest `limit` of a list
 MAX_METRICS_IDS = 100
@@ -147,7 +147,7 @@ class ControlPlane:
         unsupported = a(self.unsupported)
         routes = [
             Route("/health", self.health, methods=["GET"]),
-            Route("/metrics", a(self.prometheus), methods=["GET"]),
+            Route("/metrics", self.prometheus, methods=["GET"]),
             Route("/v2/sandboxes", a(self.create_v2), methods=["POST"]),
             Route("/v2/sandboxes", a(self.list_v2), methods=["GET"]),
             Route("/sandboxes", a(self.create_v1), methods=["POST"]),
@@ -191,12 +191,17 @@ class ControlPlane:
     async def health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
-    async def prometheus(self, request: Request, team: str) -> Response:
-        # Server-wide counts without sandbox ids, so any team's key may read them.
-        text = self.service.failures.prometheus()
-        text += suspend_gauge(await self.service.suspends_to_disk())
-        text += pool_metrics(self.service.runtime.pools, self.settings.pool_sizes)
-        return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+    async def prometheus(self, request: Request) -> Response:
+        """Server-wide metrics without sandbox ids (service/prom.py), so any team's key may read
+        them, and so may the metrics-only token (``server_metrics_token``) as a bearer token:
+        Prometheus's scrape configs send ``Authorization``, not custom headers."""
+        token, bearer = self.settings.server_metrics_token, request.headers.get("authorization")
+        scheme, _, given = (bearer or "").partition(" ")
+        if not (token and scheme.lower() == "bearer"
+                and hmac.compare_digest(given.strip().encode(), token.encode())):  # fmt: skip
+            self.teams.team_of(request.headers)
+        text = await self.service._run(self.service.prom.exposition)
+        return Response(text, media_type=CONTENT_TYPE)
 
     async def unsupported(self, request: Request, team: str) -> Response:
         # A known E2B endpoint, not an option of one: 501, the wire's own answer for that.

@@ -10,6 +10,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
 from sandhold.runtime.records import SandboxInfo, Usage
 
 HISTORY = 256
@@ -110,26 +112,25 @@ class Failures:
         with self._lock:
             self._seen = {i for i in self._seen if not gone(i)}
 
-    def prometheus(self) -> str:
-        """The Prometheus text exposition (format 0.0.4) of the counter."""
-        lines = [
-            "# HELP sandhold_sandboxes_failed_total Sandboxes whose agent died (marked failed, "
-            "kept until killed), by reason.",
-            "# TYPE sandhold_sandboxes_failed_total counter",
-        ]
+    def metric(self) -> CounterMetricFamily:
         with self._lock:
             counts = dict(self.counts)
-        lines += [f'sandhold_sandboxes_failed_total{{reason="{r}"}} {n}'
-                  for r, n in counts.items()]  # fmt: skip
-        return "\n".join(lines) + "\n"
+        c = CounterMetricFamily(
+            "sandhold_sandboxes_failed",
+            "Sandboxes whose agent died (marked failed, kept until killed), by reason.",
+            labels=["reason"],
+        )
+        for reason, n in counts.items():
+            c.add_metric([reason], n)
+        return c
 
 
-def suspend_gauge(enabled: bool) -> str:
+def suspend_gauge(enabled: bool) -> GaugeMetricFamily:
     """``sandhold_suspend_to_disk``: whether this server suspends paused sandboxes to disk (the
     gateway's e2b provider reads it as its ``suspends_to_disk`` capability)."""
-    return (
-        "# HELP sandhold_suspend_to_disk Whether paused sandboxes are suspended to disk after "
-        "suspend_after_s (1: CRIU usable and suspend_after_s >= 0).\n"
-        "# TYPE sandhold_suspend_to_disk gauge\n"
-        f"sandhold_suspend_to_disk {int(enabled)}\n"
+    return GaugeMetricFamily(
+        "sandhold_suspend_to_disk",
+        "Whether paused sandboxes are suspended to disk after suspend_after_s (1: CRIU usable "
+        "and suspend_after_s >= 0).",
+        value=int(enabled),
     )

@@ -8,7 +8,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from sandhold.errors import SandholdError
 
@@ -74,20 +77,27 @@ class Pooler:
                 log.error("could not boot a pooled %s sandbox: %s", name, e)
 
 
-def pool_metrics(pools: Pools, sizes: dict[str, int]) -> str:
-    """Prometheus text: each pool's ready sandboxes and size, hand-outs and misses."""
-    lines = [
-        "# HELP sandhold_pool_ready Sandboxes booted ahead and ready to hand out, per template.",
-        "# TYPE sandhold_pool_ready gauge",
-        *(f'sandhold_pool_ready{{template="{t}"}} {pools.ready(t)}' for t in sorted(sizes)),
-        "# HELP sandhold_pool_size The pool size configured per template (pool_sizes).",
-        "# TYPE sandhold_pool_size gauge",
-        *(f'sandhold_pool_size{{template="{t}"}} {n}' for t, n in sorted(sizes.items())),
-        "# HELP sandhold_pool_hits_total Creates served by a pooled sandbox.",
-        "# TYPE sandhold_pool_hits_total counter",
-        f"sandhold_pool_hits_total {pools.hits}",
-        "# HELP sandhold_pool_misses_total Creates of a pooled template that found none ready.",
-        "# TYPE sandhold_pool_misses_total counter",
-        f"sandhold_pool_misses_total {pools.misses}",
-    ]
-    return "\n".join(lines) + "\n"
+def pool_metrics(pools: Pools, sizes: dict[str, int]) -> Iterator[Metric]:
+    """Each pool's ready sandboxes and size, hand-outs and misses (prometheus_client families)."""
+    ready = GaugeMetricFamily(
+        "sandhold_pool_ready",
+        "Sandboxes booted ahead and ready to hand out, per template.",
+        labels=["template"],
+    )
+    size = GaugeMetricFamily(
+        "sandhold_pool_size", "The pool size configured per template (pool_sizes).",
+        labels=["template"],
+    )  # fmt: skip
+    for t, n in sorted(sizes.items()):
+        ready.add_metric([t], pools.ready(t))
+        size.add_metric([t], n)
+    yield ready
+    yield size
+    yield CounterMetricFamily(
+        "sandhold_pool_hits", "Creates served by a pooled sandbox.", value=pools.hits
+    )
+    yield CounterMetricFamily(
+        "sandhold_pool_misses",
+        "Creates of a pooled template that found none ready.",
+        value=pools.misses,
+    )

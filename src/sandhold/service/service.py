@@ -38,6 +38,7 @@ from sandhold.service.limits import check_create
 from sandhold.service.locks import KeyedLocks
 from sandhold.service.metrics import Failures, Sample, Samples
 from sandhold.service.pooler import Pooler
+from sandhold.service.prom import ServiceMetrics
 from sandhold.service.records import RECORD_KEY, CreateSandbox, Lifecycle, Sandbox, view
 from sandhold.service.suspender import Suspender
 from sandhold.service.timers import Periodic, Timer
@@ -89,6 +90,7 @@ class SandboxService:
         self.samples = Samples(0)
         self.failures = Failures(time.time())  # before open(): its reconcile may find some
         self.disk_total = 0
+        self.prom = ServiceMetrics(self)  # GET /metrics: service/prom.py
 
     # -- running the runtime -----------------------------------------------------------------
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
@@ -236,7 +238,7 @@ class SandboxService:
             raise InvalidRequest(
                 "autoResume cannot be combined with a filesystem-only pause (autoPauseMemory)"
             )
-        s = self.settings
+        s, t0 = self.settings, time.perf_counter()
         req.template, made = await self._run(self.builds.resolve, req.owner, req.template)
         try:
             spec = SandboxSpec.model_validate({
@@ -281,6 +283,7 @@ class SandboxService:
                 self.warmer.kick()  # (a template that starts warm, without its checkpoint?)
             if self.pooler is not None:
                 self.pooler.kick()
+        self.prom.created(info, time.perf_counter() - t0)
         return Sandbox(info, life)
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -288,7 +291,9 @@ class SandboxService:
         # endAt first: if we die in between, the sandbox is still paused, not running past its end.
         sbx.life.end_at = end_at
         await self._save(sbx)
-        info = await self._run(self.runtime.resume, sbx.id)
+        op = "restore" if sbx.info.suspended == "disk" else "resume"
+        with self.prom.timed(op, sbx.info.suspended or "memory"):
+            info = await self._run(self.runtime.resume, sbx.id)
         return Sandbox(info, sbx.life)
 
     async def connect(
@@ -370,10 +375,11 @@ class SandboxService:
                     f"did not answer its health check within {HEALTH_TIMEOUT_S:g} s; it keeps "
                     "running"
                 )
+            with self.prom.timed("pause", "filesystem" if memory is False else "memory"):
+                await self._run(self.runtime.pause if memory is not False
+                                else self.runtime.pause_filesystem, sbx.id)  # fmt: skip
             if memory is False:
-                await self._run(self.runtime.pause_filesystem, sbx.id)
                 return
-            await self._run(self.runtime.pause, sbx.id)
         if self.settings.suspend_after_s == 0 and self.suspender.enabled:
             await self.suspender.suspend(sandbox_id)
 
@@ -393,10 +399,10 @@ class SandboxService:
                 raise PreconditionFailed(
                     f"sandbox {sbx.id!r} has changed since endAt {iso(if_end_at)}"
                 )
-            await self._kill(sbx.id)
+            await self._kill(sbx.id, sbx.info.state)
 
-    async def _kill(self, sandbox_id: str) -> None:
-        with contextlib.suppress(SandboxNotFound):
+    async def _kill(self, sandbox_id: str, state: str) -> None:
+        with contextlib.suppress(SandboxNotFound), self.prom.timed("kill", state):
             await self._run(self.runtime.kill, sandbox_id)
         self.samples.forget(sandbox_id)
         self.failures.forget(sandbox_id)
@@ -454,13 +460,15 @@ class SandboxService:
             if sbx is None or not sbx.expires or sbx.life.end_at > time.time():
                 return
             if not sbx.life.auto_pause:
-                await self._kill(sbx.id)
+                await self._kill(sbx.id, sbx.info.state)
                 return
             with contextlib.suppress(Conflict, SandboxNotFound):
                 if sbx.life.auto_pause_memory is False:  # on_timeout mode "filesystem"
-                    await self._run(self.runtime.pause_filesystem, sbx.id)
+                    with self.prom.timed("pause", "filesystem"):
+                        await self._run(self.runtime.pause_filesystem, sbx.id)
                     return
-                await self._run(self.runtime.pause, sbx.id)
+                with self.prom.timed("pause", "memory"):
+                    await self._run(self.runtime.pause, sbx.id)
         if self.settings.suspend_after_s == 0 and self.suspender.enabled:
             await self.suspender.suspend(sandbox_id)
 

@@ -48,7 +48,8 @@ class Suspender:
         """Checkpoint a paused sandbox now (under its lock); a failure is logged and kept."""
         async with self.service.lock(sandbox_id):
             try:
-                await self.service._run(self.service.runtime.suspend, sandbox_id)
+                with self.service.prom.timed("suspend", "disk"):
+                    await self.service._run(self.service.runtime.suspend, sandbox_id)
             except (Conflict, SandboxNotFound):
                 pass  # resumed, killed or suspended meanwhile
             except SandholdError as e:
