@@ -7,6 +7,7 @@ re-attaches to every running and paused sandbox.
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import json
 import logging
@@ -77,6 +78,7 @@ class Runtime:
                             self.settings.uid_ranges, self.settings.uid_isolation)  # fmt: skip
         self.warm = WarmStarts(self)
         self.pools = Pools(self)
+        self._records: dict[str, tuple[tuple[int, int, int, int], SandboxInfo]] = {}
         self.layers = LayerStore(self.templates.root / ".layers", self.uids)
         self._opened = False
 
@@ -130,7 +132,17 @@ class Runtime:
             os.close(fd)
 
     def _load(self, d: Path) -> SandboxInfo:
-        return SandboxInfo.from_json(json.loads((d / "state.json").read_text()), d)
+        """The record in ``d``: parsed and validated once per version of the file (a listing of
+        1,000 sandboxes read and validated each record every time, ~0.4 ms apiece), told apart
+        by inode, size and nanosecond times (``_save`` writes a new file each time)."""
+        path = d / "state.json"
+        st = os.stat(path)
+        version = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        cached = self._records.get(d.name)
+        if cached is None or cached[0] != version:
+            cached = (version, SandboxInfo.from_json(json.loads(path.read_text()), d))
+            self._records[d.name] = cached
+        return dataclasses.replace(cached[1], extra=dict(cached[1].extra))
 
     def _save(self, info: SandboxInfo) -> None:
         atomic_write(info.dir / "state.json", json.dumps(info.to_json()))
@@ -236,6 +248,7 @@ class Runtime:
     def _destroy(self, sandbox_id: str, init_pid: int | None = None) -> None:
         """Remove every trace of a sandbox; safe to call on a half-created one."""
         d = self.sandboxes_dir / sandbox_id
+        self._records.pop(sandbox_id, None)
         cg = self._cg(sandbox_id)
         cg.kill_all()
         proc = self._children.pop(sandbox_id, None)
