@@ -8,6 +8,8 @@ from collections.abc import Iterator
 import pytest
 from playwright.sync_api import Browser, sync_playwright
 
+from tests.gateway.conftest import make_gateway, workspace_root  # noqa: F401  (gateway fixtures)
+
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
 

@@ -11,7 +11,7 @@ import boto3
 import pytest
 from moto.server import ThreadedMotoServer
 
-from sandhold.gateway.tools import MODELS
+from sandhold.gateway.tool_args import MODELS
 from tests.gateway.conftest import OTHER_KEY, Gateway, tool
 
 MAX_PAYLOAD = 1024 * 1024

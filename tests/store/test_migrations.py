@@ -43,6 +43,7 @@ ROWS: dict[str, dict[str, Any]] = {
         "sandbox_id": "sbx-1", "sandbox_handle": {"traffic_token": "tok"}, "generation": 3,
         "recorded_pause_end_at": 10.25, "lock_owner": "r0:abc", "lock_until": 11.5,
         "create_reserved_until": 12.5, "created_at": 1.5, "closed_at": 13.0,
+        "scenario": "grading",
     },
     "session_uses": {
         "id": "u1", "session_pk": 7, "sandbox_id": "sbx-1", "replica": "r0",

@@ -11,7 +11,7 @@ URL, so no access log or browser history holds a key or a session id.
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -81,7 +81,7 @@ def page_routes(api: str) -> list[Route]:
     ]
 
 
-def api_routes(authenticate: Authenticate, handlers: dict[str, Handler]) -> list[Route]:
+def api_routes(authenticate: Authenticate, handlers: Mapping[str, Handler]) -> list[Route]:
     """``POST /console/api/<name>`` for each handler, ``whoami`` included."""
 
     def endpoint(handler: Handler) -> Callable[[Request], Awaitable[Response]]:

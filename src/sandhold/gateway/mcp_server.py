@@ -19,7 +19,8 @@ from pydantic import Field
 
 from sandhold.errors import SandholdError
 from sandhold.gateway.errors import mcp_retryable
-from sandhold.gateway.tools import DESCRIPTIONS, MODELS, Tools
+from sandhold.gateway.tool_args import DESCRIPTIONS, MODELS
+from sandhold.gateway.tools import Tools
 
 SESSION_HEADER = "x-sandhold-session"
 

@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from sandhold.console import gateway as console
 from sandhold.errors import (
     InvalidRequest,
     NotFound,
@@ -29,12 +30,13 @@ from sandhold.errors import (
     SandholdError,
     Unauthenticated,
 )
+from sandhold.gateway import scenario
 from sandhold.gateway.app import Gateway
 from sandhold.gateway.errors import rest_status
 from sandhold.gateway.mcp_server import SESSION_HEADER, build_mcp
 from sandhold.gateway.policy import ID_RE, TenantPolicy, check_id
 from sandhold.gateway.timeline import event_json
-from sandhold.gateway.tools import DESCRIPTIONS, MODELS, tool_schemas
+from sandhold.gateway.tool_args import DESCRIPTIONS, MODELS, tool_schemas
 from sandhold.gateway.views import view_mounts
 
 MAX_JSON_OVERHEAD = 64 * 1024
@@ -83,6 +85,7 @@ class Api:
     # -- tenant API ---------------------------------------------------------------------------
     async def call_tool(self, request: Request) -> Response:
         tenant, policy = await self.gw.tenant_and_policy(bearer(request.headers))
+        scenario.from_headers(request.headers)
         tool = request.path_params["tool"]
         if tool not in MODELS:
             raise NotFound(f"unknown tool {tool!r}; tools: {', '.join(MODELS)}")
@@ -107,7 +110,10 @@ class Api:
             await self.gw.manager.policy(tenant)  # an unknown tenant fails now, not later
             self.gw.manager.prepare_in_background(tenant, session_id)
             return JSONResponse({"session_id": session_id, "preparing": True}, status_code=202)
-        return JSONResponse(await self.gw.manager.prepare(tenant, session_id))
+        scenario.from_headers(request.headers)
+        prepared = await self.gw.manager.prepare(tenant, session_id)
+        await scenario.label(self.gw.manager, tenant, session_id)
+        return JSONResponse(prepared)
 
     async def close(self, request: Request) -> Response:
         tenant = await self.tenant(request)
@@ -219,6 +225,7 @@ def build_app(gw: Gateway) -> Starlette:
     async def identity(ctx: Context[Any, Any]) -> tuple[str, str | None]:
         headers = ctx.headers or {}
         tenant = await gw.tenant_of_key(bearer(headers))
+        scenario.from_headers(headers)
         return tenant, headers.get(SESSION_HEADER)
 
     mcp = build_mcp(gw.tools, identity)
@@ -235,7 +242,7 @@ def build_app(gw: Gateway) -> Starlette:
             yield
 
     return Starlette(
-        routes=[*routes(api), *mcp_app.routes],
+        routes=[*routes(api), *console.routes(gw), *mcp_app.routes],
         lifespan=lifespan,
         exception_handlers={
             SandholdError: _sandhold_error,

@@ -45,6 +45,7 @@ def serve(settings: Settings, fd: int | None = None) -> None:
         loop="asyncio",
         lifespan="on",
         access_log=False,
+        log_config=None,  # uvicorn's loggers propagate to sandhold.logs' handlers
         timeout_graceful_shutdown=5,
         log_level="info",
     )

@@ -173,6 +173,13 @@ class Store(BatchQueries):
             rows = db.execute(select(*cols).where(Session.sandbox_id.is_not(None)))
             return {r.sandbox_id: _row(r._mapping) for r in rows if r.sandbox_id}
 
+    def label_session(self, tenant_id: str, session_id: str, scenario: str) -> bool:
+        """Set a session's scenario (the console's grouping); False if there is no session."""
+        where = (Session.tenant_id == tenant_id, Session.session_id == session_id)
+        with self.db.begin() as db:
+            res = db.execute(update(Session).where(*where).values(scenario=scenario))
+            return bool(res.rowcount)  # type: ignore[attr-defined]
+
     def count_live_sandboxes(self, tenant_id: str) -> int:
         with self.db() as db:
             live = (Session.tenant_id == tenant_id, Session.sandbox_id.is_not(None))

@@ -50,6 +50,7 @@ class Session(Base):
     create_reserved_until: Mapped[float | None] = mapped_column(Float)
     created_at: Mapped[float] = mapped_column(Float)
     closed_at: Mapped[float | None] = mapped_column(Float)
+    scenario: Mapped[str | None] = mapped_column(String(64))  # the platform's label (console)
 
 
 class SessionUse(Base):
@@ -92,6 +93,7 @@ class Event(Base):
     __table_args__ = (
         Index("ix_events_session", "tenant_id", "session_id", "id"),
         Index("ix_events_tenant_kind", "tenant_id", "kind"),
+        Index("ix_events_at", "at"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)

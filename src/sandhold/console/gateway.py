@@ -1,0 +1,97 @@
+"""The console of ``sandhold gateway serve``: sessions and their timelines, failures, usage by
+tenant and scenario, live sandboxes. The admin key sees every tenant; a tenant key its own
+only (the tenant it names is ignored: ``Principal.scope``)."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import time
+from typing import TYPE_CHECKING, Any
+
+from starlette.routing import Route
+
+from sandhold.console import queries
+from sandhold.console.web import Principal, api_routes, limit, page_routes, text, window
+from sandhold.errors import InvalidRequest, SandholdError, SessionNotFound
+
+if TYPE_CHECKING:
+    from sandhold.gateway.app import Gateway
+
+MIB = 1 << 20
+
+
+def routes(gw: Gateway) -> list[Route]:
+    db = gw.manager.db  # runs a store query on a worker thread
+
+    async def authenticate(key: str) -> Principal:
+        admin = gw.settings.gateway_admin_key
+        if admin and hmac.compare_digest(key.encode(), admin.encode()):
+            return Principal("admin")
+        return Principal("tenant", await gw.tenant_of_key(key))
+
+    def scope(p: Principal, body: dict[str, Any]) -> tuple[str | None, str | None]:
+        return p.scope(text(body, "tenant", 64)), text(body, "scenario", 64)
+
+    async def sessions(p: Principal, body: dict[str, Any]) -> dict[str, Any]:
+        tenant, scenario = scope(p, body)
+        since, until = window(body, time.time())
+        cursor = body.get("cursor")
+        if cursor is not None and (isinstance(cursor, bool) or not isinstance(cursor, int)):
+            raise InvalidRequest("cursor must be the integer a previous page gave")
+        return await db(queries.sessions, gw.store, tenant, scenario, since, until, cursor,
+                        limit(body))  # fmt: skip
+
+    async def timeline(p: Principal, body: dict[str, Any]) -> dict[str, Any]:
+        tenant, session = p.scope(text(body, "tenant", 64)), text(body, "session", 128)
+        before = body.get("before")
+        if tenant is None or session is None:
+            raise InvalidRequest("tenant and session are required")
+        if before is not None and (isinstance(before, bool) or not isinstance(before, int)):
+            raise InvalidRequest("before must be the integer a previous page gave")
+        page = await db(queries.timeline, gw.store, tenant, session, before, limit(body, 200))
+        if page is None:  # (another tenant's session too: its existence is not revealed)
+            raise SessionNotFound(f"session {session!r} does not exist")
+        return page
+
+    async def failures(p: Principal, body: dict[str, Any]) -> dict[str, Any]:
+        tenant, scenario = scope(p, body)
+        since, until = window(body, time.time())
+        rows = await db(queries.failures, gw.store, tenant, scenario, since, until, limit(body))
+        return {"failures": rows}
+
+    async def stats(p: Principal, body: dict[str, Any]) -> dict[str, Any]:
+        tenant, scenario = scope(p, body)
+        since, until = window(body, time.time())
+        return await db(queries.stats, gw.store, tenant, scenario, since, until)
+
+    async def sandboxes(p: Principal, body: dict[str, Any]) -> dict[str, Any]:
+        tenant = p.scope(None)
+        rows = await db(gw.store.sessions_with_sandboxes)
+        live = [r for r in rows.values() if tenant is None or r.tenant_id == tenant][:500]
+        now = time.time()
+        service = getattr(gw.provider, "service", None)  # the local provider's: usage too
+
+        async def row(r: Any) -> dict[str, Any] | None:
+            sbx = await gw.provider.get(r.sandbox_id)
+            if sbx is None:
+                return None
+            out: dict[str, Any] = {"sandbox_id": sbx.id, "tenant": r.tenant_id,
+                                   "session_id": r.session_id, "state": sbx.state,
+                                   "age_s": round(now - sbx.started_at, 1)}  # fmt: skip
+            if service is not None and sbx.state == "running":
+                try:
+                    s = await service.sample(await service.get(sbx.id))
+                    out.update(cpu_pct=round(s.cpu_used_pct, 1),
+                               memory_mib=round(s.mem_used / MIB, 1),
+                               disk_mib=round(s.disk_used / MIB, 1))  # fmt: skip
+                except (SandholdError, AttributeError):
+                    pass
+            return out
+
+        found = await asyncio.gather(*(row(r) for r in live))
+        return {"sandboxes": [f for f in found if f is not None]}
+
+    handlers = {"sessions": sessions, "timeline": timeline, "failures": failures, "stats": stats,
+                "sandboxes": sandboxes}  # fmt: skip
+    return page_routes("gateway") + api_routes(authenticate, handlers)
