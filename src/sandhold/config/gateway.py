@@ -86,11 +86,12 @@ class GatewaySettings(Layer):
         60.0, gt=0, description="How often each replica runs a reclaim pass."
     )
     gateway_reclaim_concurrency: int = Field(
-        4,
+        16,
         ge=1,
         le=256,
-        description="Kills in flight at once during a reclaim pass (each is the provider's "
-        "work: a local kill waits for processes, unmounts and removes directories).",
+        description="Kills in flight at once during a reclaim pass. A local kill mostly waits "
+        "(processes dying, unmounts, its loop device detaching), so more than the cores; 16 "
+        "is the sandbox service's worker threads and the pass's former fixed bound.",
     )
     gateway_lock_ttl_s: float = Field(
         30.0,
@@ -121,6 +122,17 @@ class GatewaySettings(Layer):
     )
     gateway_admin_key: str | None = Field(
         None, description="Bearer key of the admin API (tenants, reclaim); admin API off if unset."
+    )
+    gateway_metrics: bool = Field(
+        True,
+        description="Serve GET /metrics (Prometheus text) and count tool calls, sandbox "
+        "operations, reclaim decisions and store calls; off: nothing is counted and /metrics "
+        "answers 404.",
+    )
+    gateway_metrics_token: str | None = Field(
+        None,
+        description="Bearer token that reads GET /metrics only (what a Prometheus scrape config "
+        "sends); the admin key reads it too.",
     )
     gateway_tenants: dict[str, dict[str, Any]] = Field(
         default_factory=dict,
@@ -155,6 +167,13 @@ class GatewaySettings(Layer):
                 f"gateway_admin_key must be at least {MIN_KEY_LENGTH} characters: set "
                 "SANDHOLD_GATEWAY_ADMIN_KEY to a long random value, or leave it unset (then there "
                 "is no admin API)"
+            )
+        token = self.gateway_metrics_token
+        if token is not None and len(token) < MIN_KEY_LENGTH:
+            raise ConfigError(
+                f"gateway_metrics_token must be at least {MIN_KEY_LENGTH} characters: set "
+                "SANDHOLD_GATEWAY_METRICS_TOKEN to a long random value, or leave it unset (then "
+                "only the admin key reads /metrics)"
             )
         for tenant_id, spec in self.gateway_tenants.items():
             unknown = sorted(set(spec) - TENANT_KEYS)
