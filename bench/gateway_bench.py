@@ -1,14 +1,22 @@
 """Session gateway benchmarks, on this host, with the ``local`` provider.
 
-    .venv/bin/python bench/gateway_bench.py [--n 30] [--paused 1000] [--out FILE.json]
+    .venv/bin/python bench/gateway_bench.py [--n 30] [--stores sqlite,postgresql]
+        [--paused 1000] [--scale 10000 --sample 20] [--only rest,reclaim,scale] [--out FILE]
 
-Measures, through a real `sandhold gateway serve` process over REST (milliseconds):
+Measures, through a real `sandhold gateway serve` process over REST (milliseconds), once per
+store of ``--stores`` (PostgreSQL: a throw-away server on a unix socket, tests/gateway/postgres.py):
 - ``tool_call_warm_ms``: a ``run_command("true")`` round trip on a session whose sandbox runs;
 - ``first_call_ms``: the first call of a new session (create + run);
 - ``resume_on_call_ms``: the first call after the sandbox auto-paused (resume + run);
 and in-process, with the store on SQLite:
-- ``reclaim_pass``: one reclaim pass over ``--paused`` paused sandboxes (all past retention),
-  i.e. list, judge, lock, conditional kill and record each one.
+- ``reclaim_pass``: one reclaim pass over ``--paused`` real paused sandboxes (all past
+  retention): list, judge, lock, conditional kill and record each one;
+- ``reclaim_pass_scaled``: one pass over ``--scale`` paused sessions of which ``--sample`` have
+  real sandboxes (killed for real, in parallel); the provider lists the real ones (the local
+  provider, i.e. the sandbox service) plus in-memory stand-ins for the rest, whose kills are a
+  dict deletion (with the same conditional check). It measures the pass's own part (one list,
+  the in-memory decisions, the batched store writes, the bounded parallel kills) at that scale
+  over a real SQLite store; a real local kill's cost is in ``reclaim_pass``.
 Prints one JSON document and writes it to --out.
 """
 
@@ -33,8 +41,13 @@ import httpx
 from benchstats import summary, write_result
 from sandhold.config import Settings
 from sandhold.gateway.app import Gateway
+from sandhold.gateway.providers.base import PreconditionFailed, ProviderSandbox
 from sandhold.runtime import cgroups
 from sandhold.runtime.runtime import Runtime
+from sandhold.store.models import Session
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.gateway.postgres import Postgres
 
 KEY = "bench-tenant-key-0123456789"
 
@@ -50,9 +63,11 @@ def env_for(data_dir: Path, keep_alive: int, retention: int) -> dict[str, str]:
     }
 
 
-def rest_latencies(data_dir: Path, n: int) -> dict[str, object]:
+def rest_latencies(data_dir: Path, n: int, store_url: str | None = None) -> dict[str, object]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SANDHOLD_")}
     env.update(env_for(data_dir, keep_alive=1, retention=3600), NO_PROXY="127.0.0.1")
+    if store_url is not None:
+        env["SANDHOLD_GATEWAY_STORE_URL"] = store_url
     log = open(data_dir / "gateway.log", "wb")  # noqa: SIM115 - closed below
     # Bound and listening here, served by the child on the inherited socket (--fd): the port is
     # never free between choosing it and serving on it.
@@ -129,6 +144,104 @@ async def reclaim_pass(data_dir: Path, paused: int) -> dict[str, object]:
             "left_after_pass": left}  # fmt: skip
 
 
+class SampledProvider:
+    """The real provider for the real sandboxes, plus in-memory stand-ins (paused, tagged like
+    the gateway's) for the rest: listed with the real ones, killed by a dict deletion under
+    the same condition a Sandhold server checks (still paused with that endAt)."""
+
+    def __init__(self, real: object, stand_ins: list[ProviderSandbox]) -> None:
+        self.real = real
+        self.stand_ins = {s.id: s for s in stand_ins}
+        self.list_s: list[float] = []
+        self.kills = {"real": 0, "stand_in": 0}
+        self.real_kill_ms: list[float] = []
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.real, name)
+
+    async def list(self, metadata: dict[str, str]) -> list[ProviderSandbox]:
+        t = time.perf_counter()
+        out = await self.real.list(metadata)  # type: ignore[attr-defined]
+        out += [s for s in self.stand_ins.values()
+                if all(s.metadata.get(k) == v for k, v in metadata.items())]  # fmt: skip
+        self.list_s.append(time.perf_counter() - t)
+        return out
+
+    async def kill(self, sandbox_id: str, if_paused_end_at: float | None = None) -> bool:
+        s = self.stand_ins.get(sandbox_id)
+        if s is None:
+            t = time.perf_counter()
+            killed = await self.real.kill(sandbox_id, if_paused_end_at)  # type: ignore[attr-defined]
+            self.real_kill_ms.append((time.perf_counter() - t) * 1000)
+            self.kills["real"] += 1
+            return bool(killed)
+        if if_paused_end_at is not None and (s.state != "paused" or s.end_at != if_paused_end_at):
+            raise PreconditionFailed(f"sandbox {sandbox_id} changed")
+        del self.stand_ins[sandbox_id]
+        self.kills["stand_in"] += 1
+        return True
+
+
+async def reclaim_pass_scaled(data_dir: Path, sessions: int, sample: int) -> dict[str, object]:
+    os.environ.update(env_for(data_dir, keep_alive=1, retention=0))
+    gw = Gateway(Settings())
+    async with gw.running(reclaim=False):
+        sem = asyncio.Semaphore(8)
+
+        async def one(i: int) -> None:
+            async with sem, gw.manager.use("bench", f"p{i}", "bench", 10):
+                pass
+
+        await asyncio.gather(*(one(i) for i in range(sample)))
+        while True:
+            states = [s.state for s in await gw.provider.list(gw.manager.gateway_tags())]
+            if states.count("paused") == sample:
+                break
+            await asyncio.sleep(0.5)
+        now = time.time()
+        m = gw.manager
+        rows, stand_ins = [], []
+        for i in range(sample, sessions):
+            sid = f"standin-{i:05d}"
+            rows.append({"tenant_id": "bench", "session_id": f"p{i}", "state": "open",
+                         "generation": 1, "created_at": now, "sandbox_id": sid,
+                         "sandbox_handle": {}})  # fmt: skip
+            tags = {**m.gateway_tags(), m.tag_tenant: "bench", m.tag_session: f"p{i}"}
+            stand_ins.append(ProviderSandbox(sid, "paused", now - 5, now - 10, tags))
+        with gw.store.engine.begin() as conn:
+            conn.execute(Session.__table__.insert(), rows)
+        provider = SampledProvider(gw.provider, stand_ins)
+        m.provider = provider  # type: ignore[assignment]
+        store_s: list[float] = []
+        store_by: dict[str, float] = {}
+        db = m.db
+
+        async def timed_db(fn, *args):  # type: ignore[no-untyped-def]
+            t = time.perf_counter()
+            try:
+                return await db(fn, *args)
+            finally:
+                store_s.append(time.perf_counter() - t)
+                name = getattr(fn, "__name__", "?")
+                store_by[name] = store_by.get(name, 0.0) + time.perf_counter() - t
+
+        m.db = timed_db  # type: ignore[method-assign]
+        report = await gw.reclaimer.run_pass()
+        m.db = db  # type: ignore[method-assign]
+        m.provider = provider.real  # type: ignore[assignment]
+        left = len(await gw.provider.list(gw.manager.gateway_tags()))
+    return {"sessions": sessions, "real_sandboxes": sample,
+            "stand_ins": sessions - sample, "pass_s": report.seconds,
+            "reclaimed": report.reclaimed, "errors": report.errors,
+            "provider_list_s": round(sum(provider.list_s), 4),
+            "store_calls": len(store_s), "store_s": round(sum(store_s), 4),
+            "store_s_by_query": {k: round(v, 4) for k, v in store_by.items()},
+            "kills": provider.kills,
+            "real_kill_ms": summary(provider.real_kill_ms) if provider.real_kill_ms else None,
+            "concurrency": getattr(gw.settings, "gateway_reclaim_concurrency", "16 (fixed)"),
+            "real_left_after_pass": left, "stand_ins_left": len(provider.stand_ins)}  # fmt: skip
+
+
 def cleanup(data_dir: Path) -> None:
     settings = Settings(data_dir=data_dir)
     rt = Runtime(settings).open()
@@ -141,28 +254,54 @@ def cleanup(data_dir: Path) -> None:
 def main() -> dict[str, object]:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=30, help="samples per latency measurement")
-    ap.add_argument("--paused", type=int, default=1000, help="paused sandboxes to reclaim")
+    ap.add_argument("--stores", default="sqlite,postgresql", help="stores of the REST latencies")
+    ap.add_argument("--paused", type=int, default=1000, help="real paused sandboxes to reclaim")
+    ap.add_argument("--scale", type=int, default=10000, help="sessions of the scaled pass")
+    ap.add_argument("--sample", type=int, default=20, help="real sandboxes among them")
+    ap.add_argument("--only", default="rest,reclaim,scale", help="steps to run")
     ap.add_argument("--out", default="bench/results/gateway.json")
     args = ap.parse_args()
     result: dict[str, object] = {
         "host": {"kernel": platform.release(), "cpus": os.cpu_count(),
                  "loadavg_1m_at_start": round(os.getloadavg()[0], 2)},
-        "provider": "local", "store": "sqlite",
+        "provider": "local",
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
     }  # fmt: skip
-    steps = [
-        ("rest", lambda d: rest_latencies(d, args.n)),
-        ("reclaim_pass", lambda d: asyncio.run(reclaim_pass(d, args.paused))),
-    ]
+    only = args.only.split(",")
+    steps = []
+    for store in args.stores.split(",") if "rest" in only else []:
+        steps.append((f"rest_{store}", lambda d, st=store: rest_on(d, args.n, st)))
+    if "reclaim" in only:
+        steps.append(("reclaim_pass", lambda d: asyncio.run(reclaim_pass(d, args.paused))))
+    if "scale" in only:
+        steps.append(("reclaim_pass_scaled", lambda d: asyncio.run(
+            reclaim_pass_scaled(d, args.scale, args.sample))))  # fmt: skip
     for name, fn in steps:
         d = Path(tempfile.mkdtemp(prefix="sandhold-gwbench-", dir="/var/tmp"))
         d.chmod(0o755)
         try:
             out = fn(d)
-            result.update(out if name == "rest" else {name: out})
         finally:
             cleanup(d)
+        print(name, json.dumps(out), flush=True)
+        if name == "rest_sqlite":  # where charts.py and compare.py read it
+            result.update(out, store="sqlite")
+        else:
+            result[name] = out
     write_result(args.out, result)
     return result
+
+
+def rest_on(data_dir: Path, n: int, store: str) -> dict[str, object]:
+    """The REST latencies with the gateway's store on SQLite (its data dir) or PostgreSQL."""
+    if store == "sqlite":
+        return rest_latencies(data_dir, n)
+    pg = Postgres()
+    pg.start()
+    try:
+        return rest_latencies(data_dir, n, pg.database("gwbench"))
+    finally:
+        pg.stop()
 
 
 if __name__ == "__main__":
