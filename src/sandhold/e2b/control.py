@@ -23,6 +23,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from sandhold.config import Settings
+from sandhold.console import server as console
 from sandhold.e2b import forks, models, secrets, snapshots, templates, wire
 from sandhold.e2b.auth import Teams
 from sandhold.e2b.creates import DEFAULT_TIMEOUT_S, create_request
@@ -169,6 +170,7 @@ class ControlPlane:
             *templates.routes(self.service.builds, a, self.settings.template_upload_max_mb << 20),
             Route("/templates/{id:path}", a(self.delete_template), methods=["DELETE"]),
             *secrets.routes(self.settings, a),
+            *console.routes(self.service, self.teams),
             Route("/volumes", a(self.create_volume), methods=["POST"]),
             Route("/volumes", a(self.list_volumes), methods=["GET"]),
             Route("/volumes/{id}", a(self.get_volume), methods=["GET"]),
@@ -228,7 +230,10 @@ class ControlPlane:
     async def create_v1(self, request: Request, team: str) -> Response:
         return await self._create(request, team, v1=True)
 
-    async def _filtered(self, request: Request, team: str, states: set[str]) -> list[Sandbox]:
+    async def _filtered(
+        self, request: Request, team: str, states: set[str], mine: list[Sandbox] | None = None
+    ) -> list[Sandbox]:
+        """The team's sandboxes (``mine``: already listed) the request's filters select."""
         q = request.query_params
         metadata = parse_metadata_filter(q["metadata"]) if q.get("metadata") else {}
         started_after: datetime | None = None
@@ -241,7 +246,12 @@ class ControlPlane:
                 started_after = started_after.replace(tzinfo=UTC)
         template = q.get("template")
         out = []
-        for sbx in await self.service.query(team, states=states, metadata=metadata):
+        if mine is None:
+            mine = await self.service.query(team, states=states, metadata=metadata)
+        for sbx in mine:
+            pairs = metadata.items()
+            if sbx.state not in states or any(sbx.metadata.get(k) != v for k, v in pairs):
+                continue
             # At the precision the wire carries (startedAt is rendered to the microsecond,
             # rounded): a sandbox's own startedAt given back finds it.
             started = datetime.fromtimestamp(sbx.info.created_at, UTC)
@@ -267,8 +277,10 @@ class ControlPlane:
         limit = MAX_PAGE if limit is None else limit
         if not 1 <= limit <= MAX_PAGE:
             raise InvalidRequest(f"limit must be between 1 and {MAX_PAGE}")
+        # One listing for the page and the running count (two listed every record twice).
+        mine = await self.service.query(team, states=("running", "paused"))
         items = sorted(
-            await self._filtered(request, team, states),
+            await self._filtered(request, team, states, mine),
             key=lambda s: (s.info.created_at, s.id),
             reverse=order == "desc",
         )
@@ -279,7 +291,7 @@ class ControlPlane:
             else:
                 items = [s for s in items if (s.info.created_at, s.id) > cursor]
         page = items[:limit]
-        running = len(await self.service.query(team, states=("running",)))
+        running = sum(1 for s in mine if s.state == "running")
         headers = {"X-Total-Running": str(running)}
         if len(items) > limit:
             headers["X-Next-Token"] = encode_token(page[-1])
