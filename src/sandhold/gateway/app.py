@@ -10,12 +10,10 @@ from collections.abc import AsyncIterator
 from sandhold.config import Settings
 from sandhold.errors import Unauthenticated
 from sandhold.gateway.deliverables import make_deliverables
-from sandhold.gateway.lifecycle import Reclaimer
 from sandhold.gateway.policy import ID_RE, TenantPolicy, check_id
+from sandhold.gateway.prom import GatewayMetrics
 from sandhold.gateway.providers import make_provider
-from sandhold.gateway.sessions import SandboxSessionManager
 from sandhold.gateway.timeline import Timeline
-from sandhold.gateway.tools import Tools
 from sandhold.gateway.views import view_mounts
 from sandhold.store.db import Store
 
@@ -29,13 +27,15 @@ class Gateway:
         self.provider = make_provider(settings)
         self.deliverables = make_deliverables(settings)
         replica = settings.gateway_replica_id
-        self.manager = SandboxSessionManager(
+        # The metered parts when gateway_metrics is on (gateway/prom.py), else the plain ones.
+        m = self.metrics = GatewayMetrics(settings, self.store)
+        self.manager = m.manager(
             settings, self.store, self.provider, Timeline(self.store, replica or "")
         )
-        self.timeline = Timeline(self.store, self.manager.replica)
+        self.timeline = m.timeline(self.store, self.manager.replica)
         self.manager.timeline = self.timeline
-        self.reclaimer = Reclaimer(self.manager)
-        self.tools = Tools(self.manager, self.deliverables, self.timeline)
+        self.reclaimer = m.reclaimer(self.manager)
+        self.tools = m.tools(self.manager, self.deliverables, self.timeline)
 
     def bootstrap(self) -> None:
         """Schema migrations, then the tenants of the configuration (validated first)."""

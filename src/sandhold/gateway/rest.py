@@ -35,6 +35,7 @@ from sandhold.gateway.app import Gateway
 from sandhold.gateway.errors import rest_status
 from sandhold.gateway.mcp_server import SESSION_HEADER, build_mcp
 from sandhold.gateway.policy import ID_RE, TenantPolicy, check_id
+from sandhold.gateway.prom import CONTENT_TYPE
 from sandhold.gateway.timeline import event_json
 from sandhold.gateway.tool_args import DESCRIPTIONS, MODELS, tool_schemas
 from sandhold.gateway.views import view_mounts
@@ -157,6 +158,11 @@ class Api:
         return JSONResponse({"status": "ok", "replica": self.gw.manager.replica,
                              "provider": self.gw.provider.name})  # fmt: skip
 
+    async def metrics(self, request: Request) -> Response:
+        """Prometheus text (gateway/prom.py): the admin key or gateway_metrics_token."""
+        self.gw.metrics.authorize(bearer(request.headers))
+        return Response(await self.gw.metrics.exposition(), media_type=CONTENT_TYPE)
+
     async def openapi(self, request: Request) -> Response:
         return JSONResponse(openapi_schema())
 
@@ -203,6 +209,7 @@ def routes(api: Api) -> list[Route]:
     return [
         Route("/health", api.health, methods=["GET"]),
         Route("/openapi.json", api.openapi, methods=["GET"]),
+        Route("/metrics", api.metrics, methods=["GET"]),
         Route("/v1/tools", api.tools, methods=["GET"]),
         Route("/v1/sessions", api.sessions, methods=["GET"]),
         Route("/v1/sessions/{session_id}", api.status, methods=["GET"]),
