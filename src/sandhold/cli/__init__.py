@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import typer
 
-from sandhold.cli import audit, gateway, logs, sandboxes, secrets, server, sessions, templates
+from sandhold.cli import audit, gateway, logs, sandboxes, secrets, server, sessions, templates, top
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
-for _command in (server.doctor, server.demo, server.serve, audit.audit, logs.logs):
+for _command in (server.doctor, server.demo, server.serve, audit.audit, logs.logs, top.top):
     app.command()(_command)
 app.add_typer(templates.app, name="template")
 app.add_typer(sandboxes.app, name="sandbox")
