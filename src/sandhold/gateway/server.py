@@ -12,10 +12,12 @@ import uvicorn
 from sandhold.config import Settings
 from sandhold.errors import NotFound
 from sandhold.gateway.app import Gateway
-from sandhold.gateway.mcp_server import build_mcp
+from sandhold.gateway.mcp_server import SESSION_HEADER, build_mcp
 from sandhold.gateway.policy import SESSION_ID_RE, check_id
 from sandhold.gateway.rest import build_app
 from sandhold.listening import listening_host, no_delay
+from sandhold.logs import RequestLog
+from sandhold.logs.context import Ids
 
 
 def _quiet() -> None:
@@ -30,6 +32,18 @@ def _gateway(settings: Settings) -> Gateway:
     return gw
 
 
+def _session_of_path(scope: dict[str, Any], ids: Ids) -> None:
+    """A REST request's session, from its path (``/v1/sessions/<id>/...``), for its log line
+    and every record logged while it runs; MCP requests name theirs in a header."""
+    parts = scope.get("path", "").split("/")
+    if len(parts) > 3 and parts[1:3] == ["v1", "sessions"] and SESSION_ID_RE.match(parts[3]):
+        ids.session = parts[3]
+    else:
+        for key, value in scope.get("headers", []):
+            if key == SESSION_HEADER.encode() and SESSION_ID_RE.match(value.decode("latin-1")):
+                ids.session = value.decode("latin-1")
+
+
 def serve(settings: Settings, fd: int | None = None) -> None:
     """Serve on ``gateway_host:gateway_port``, or on the inherited listening socket ``fd``."""
     _quiet()
@@ -37,7 +51,7 @@ def serve(settings: Settings, fd: int | None = None) -> None:
         listening_host(fd)  # refuses anything but a listening stream socket
         no_delay(fd)
     config = uvicorn.Config(
-        build_app(_gateway(settings)),
+        RequestLog(build_app(_gateway(settings)), identify=_session_of_path),
         host=settings.gateway_host,
         port=settings.gateway_port,
         fd=fd,
