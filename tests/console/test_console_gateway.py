@@ -76,6 +76,11 @@ def test_the_console_of_live_sessions(make_gateway: Callable[..., Gateway], brow
         expect(page.locator("main table")).to_contain_text("conv-globex")
         page.get_by_role("button", name="Sandboxes").click()
         expect(page.locator("main table")).to_contain_text("conv-grading")
+        page.get_by_role("button", name="Overview").click()  # a chosen range: nothing in it
+        page.get_by_label("From").fill("2099-01-01T00:00")
+        page.get_by_label("To").fill("2099-01-02T00:00")
+        page.get_by_role("button", name="Show").click()
+        expect(page.locator("main")).to_contain_text(", 0 events")
         page.get_by_role("button", name="Sign out").click()
 
         # A tenant: its own sessions only, whatever it asks for.

@@ -67,14 +67,20 @@
   function rangeForm(filters, onChange) {
     const span = el("select", { name: "span", "aria-label": "time range" },
       ...RANGES.map(([label, s]) => el("option", { value: s, selected: s === range.span }, "last " + label)));
+    const toLocal = (ts) => ts ? new Date(ts * 1000 - new Date().getTimezoneOffset() * 60000).toISOString().slice(0, 16) : "";
+    const from = el("input", { type: "datetime-local", name: "from", value: toLocal(range.since) });
+    const to = el("input", { type: "datetime-local", name: "to", value: toLocal(range.until) });
     const tenant = el("input", { name: "tenant", placeholder: "any", value: filters.tenant || "" });
     const scenario = el("input", { name: "scenario", placeholder: "any", value: filters.scenario || "" });
     const form = el("form", { class: "filters", onsubmit: (ev) => {
       ev.preventDefault();
-      range = { since: null, until: null, span: Number(span.value) };
+      const at = (input) => input.value ? new Date(input.value).getTime() / 1000 : null;
+      range = { since: at(from), until: at(to), span: Number(span.value) };
       onChange({ tenant: tenant.value.trim() || null, scenario: scenario.value.trim() || null });
     } },
     el("label", {}, "Range", span),
+    el("label", {}, "From", from),
+    el("label", {}, "To", to),
     who && who.kind === "admin" ? el("label", {}, "Tenant", tenant) : "",
     el("label", {}, "Scenario", scenario),
     el("button", { type: "submit" }, "Show"));
