@@ -128,7 +128,8 @@ def stats(store: Store, tenant: str | None, scenario: str | None, since: float,
     groups: dict[tuple[str, str | None], dict[str, Any]] = defaultdict(group)
     n = 0
     with store.db() as db:
-        for t, sc, sess, kind, at, duration, err, sandbox in db.execute(q):
+        # on the session's Core connection: ORM rows cost a quarter of the time at 100,000
+        for t, sc, sess, kind, at, duration, err, sandbox in db.connection().execute(q):
             n += 1
             g = groups[(t, sc)]
             g["sessions"].add(sess)
