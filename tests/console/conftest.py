@@ -13,8 +13,10 @@ from tests.gateway.conftest import make_gateway, workspace_root  # noqa: F401  (
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
+    # Per module, not per session: Playwright's sync API runs an event loop on this thread
+    # while it is open, and the async tests a worker runs next must find none running.
     with sync_playwright() as p:
         # --no-sandbox: Chromium's own sandbox refuses to run as root (the test machine's user)
         b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
