@@ -61,3 +61,19 @@ def write_result(path: str, result: dict[str, object]) -> None:
     text = json.dumps(result, indent=2)
     out.write_text(text + "\n")
     print(text)
+
+
+def destroy_data_dir(data_dir: Path) -> None:
+    """Kill every sandbox a bench left on ``data_dir``, its cgroups' parent, then the dir."""
+    import shutil
+
+    from sandhold.config import Settings
+    from sandhold.runtime import cgroups
+    from sandhold.runtime.runtime import Runtime
+
+    settings = Settings(data_dir=data_dir)
+    rt = Runtime(settings).open()
+    for info in rt.list():
+        rt.kill(info.id)
+    cgroups.remove_parent(settings.cgroup_group)
+    shutil.rmtree(data_dir, ignore_errors=True)

@@ -16,7 +16,6 @@ import asyncio
 import json
 import os
 import platform
-import shutil
 import signal
 import socket
 import subprocess
@@ -30,9 +29,8 @@ import httpx
 from e2b import AsyncSandbox, Sandbox
 from e2b.api.metadata import package_version
 
-from benchstats import summary, write_result
+from benchstats import destroy_data_dir, summary, write_result
 from sandhold.config import Settings
-from sandhold.runtime import cgroups
 from sandhold.runtime.client import AgentClient
 from sandhold.runtime.runtime import Runtime
 
@@ -182,12 +180,7 @@ def main() -> dict[str, object]:
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
-        settings = Settings(data_dir=data)
-        rt = Runtime(settings).open()
-        for info in rt.list():
-            rt.kill(info.id)
-        cgroups.remove_parent(settings.cgroup_group)
-        shutil.rmtree(data, ignore_errors=True)
+        destroy_data_dir(data)
     write_result(args.out, result)
     return result
 

@@ -13,15 +13,13 @@ from __future__ import annotations
 import argparse
 import ctypes
 import os
-import shutil
 import tempfile
 import time
 from pathlib import Path
 
-from benchstats import pss_kib, summary, write_result
+from benchstats import destroy_data_dir, pss_kib, summary, write_result
 from sandhold.config import Settings
 from sandhold.interpreter.template import TEMPLATE_NAME, build_code_interpreter_template
-from sandhold.runtime import cgroups
 from sandhold.runtime.ksm import KSM, PR_SET_MEMORY_MERGE, stats
 from sandhold.runtime.runtime import Runtime
 
@@ -84,11 +82,7 @@ def main() -> None:
         (KSM / "run").write_text("2")
         for k in KNOBS:
             (KSM / k).write_text(saved[k])
-        rt = Runtime(settings).open()
-        for info in rt.list():
-            rt.kill(info.id)
-        cgroups.remove_parent(settings.cgroup_group)
-        shutil.rmtree(data, ignore_errors=True)
+        destroy_data_dir(data)
     write_result(args.out, result)
 
 

@@ -15,7 +15,6 @@ import argparse
 import asyncio
 import os
 import re
-import shutil
 import signal
 import tempfile
 import time
@@ -24,11 +23,8 @@ from pathlib import Path
 import httpx
 from e2b import AsyncSandbox, Sandbox
 
-from benchstats import summary, write_result
+from benchstats import destroy_data_dir, summary, write_result
 from e2b_bench import API_KEY, start_server
-from sandhold.config import Settings
-from sandhold.runtime import cgroups
-from sandhold.runtime.runtime import Runtime
 
 
 def ready(url: str) -> int:
@@ -124,12 +120,7 @@ def main() -> None:
             proc.send_signal(signal.SIGTERM)
             proc.wait(60)
         for d in dirs:
-            settings = Settings(data_dir=d)
-            rt = Runtime(settings).open()
-            for info in rt.list():
-                rt.kill(info.id)
-            shutil.rmtree(d, ignore_errors=True)
-        cgroups.remove_parent(Settings(data_dir=dirs[0]).cgroup_group)
+            destroy_data_dir(d)
     write_result(args.out, result)
 
 
