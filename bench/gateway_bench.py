@@ -27,7 +27,6 @@ import asyncio
 import json
 import os
 import platform
-import shutil
 import signal
 import socket
 import subprocess
@@ -38,12 +37,10 @@ from pathlib import Path
 
 import httpx
 
-from benchstats import summary, write_result
+from benchstats import destroy_data_dir, summary, write_result
 from sandhold.config import Settings
 from sandhold.gateway.app import Gateway
 from sandhold.gateway.providers.base import PreconditionFailed, ProviderSandbox
-from sandhold.runtime import cgroups
-from sandhold.runtime.runtime import Runtime
 from sandhold.store.models import Session
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -242,15 +239,6 @@ async def reclaim_pass_scaled(data_dir: Path, sessions: int, sample: int) -> dic
             "real_left_after_pass": left, "stand_ins_left": len(provider.stand_ins)}  # fmt: skip
 
 
-def cleanup(data_dir: Path) -> None:
-    settings = Settings(data_dir=data_dir)
-    rt = Runtime(settings).open()
-    for info in rt.list():
-        rt.kill(info.id)
-    cgroups.remove_parent(settings.cgroup_group)
-    shutil.rmtree(data_dir, ignore_errors=True)
-
-
 def main() -> dict[str, object]:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=30, help="samples per latency measurement")
@@ -282,7 +270,7 @@ def main() -> dict[str, object]:
         try:
             out = fn(d)
         finally:
-            cleanup(d)
+            destroy_data_dir(d)
         print(name, json.dumps(out), flush=True)
         if name == "rest_sqlite":  # where charts.py and compare.py read it
             result.update(out, store="sqlite")

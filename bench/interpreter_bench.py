@@ -25,19 +25,17 @@ import asyncio
 import json
 import os
 import platform
-import shutil
 import tempfile
 import time
 from pathlib import Path
 
-from benchstats import pss_kib, summary, write_result
+from benchstats import destroy_data_dir, pss_kib, summary, write_result
 from sandhold.config import Settings
 from sandhold.interpreter.template import (
     SERVICE_PORT,
     TEMPLATE_NAME,
     build_code_interpreter_template,
 )
-from sandhold.runtime import cgroups
 from sandhold.runtime.cgroups import CgroupSet
 from sandhold.runtime.client import AgentClient
 from sandhold.runtime.criu import criu_status
@@ -152,11 +150,7 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
             }
         return out
     finally:
-        rt = Runtime(settings).open()
-        for info in rt.list():
-            rt.kill(info.id)
-        cgroups.remove_parent(settings.cgroup_group)
-        shutil.rmtree(data_dir, ignore_errors=True)
+        destroy_data_dir(data_dir)
 
 
 def du(path: Path) -> int:

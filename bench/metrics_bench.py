@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import os
 import platform
-import shutil
 import signal
 import tempfile
 import threading
@@ -29,10 +28,9 @@ from pathlib import Path
 import httpx
 from e2b import Sandbox
 
-from benchstats import summary, write_result
+from benchstats import destroy_data_dir, summary, write_result
 from e2b_bench import API_KEY, start_server
 from sandhold.config import Settings
-from sandhold.runtime import cgroups
 from sandhold.runtime.runtime import Runtime
 from sandhold.service.prom import records
 
@@ -175,11 +173,7 @@ def main() -> None:
             proc.send_signal(signal.SIGTERM)
             proc.wait(120)
         for d in dirs:
-            rt = Runtime(Settings(data_dir=d)).open()
-            for info in rt.list():
-                rt.kill(info.id)
-            shutil.rmtree(d, ignore_errors=True)
-        cgroups.remove_parent(Settings(data_dir=dirs[0]).cgroup_group)
+            destroy_data_dir(d)
     write_result(args.out, result)
 
 
