@@ -16,11 +16,19 @@ import h11
 
 from sandhold.audit import AuditLog
 from sandhold.egress.ca import DeploymentCA
-from sandhold.egress.header_rules import HeaderRule, applies
-from sandhold.egress.policy import CompiledPolicy, Decision, Guard, IPAddress, parse_ip, unscoped
+from sandhold.egress.header_rules import HeaderRule
+from sandhold.egress.policy import (
+    CompiledPolicy,
+    Decision,
+    Guard,
+    IPAddress,
+    host_matches,
+    parse_ip,
+    unscoped,
+)
 from sandhold.egress.refusal import refused
 from sandhold.egress.resolver import Resolver
-from sandhold.egress.secrets import Injection, SecretStore, host_matches
+from sandhold.egress.secrets import Injection, SecretStore
 from sandhold.errors import EgressRefused
 
 log = logging.getLogger("sandhold.egress")
@@ -75,7 +83,7 @@ class Shared:
     def intercepts(self, sbx: SandboxEgress, host: str) -> bool:
         if self.secrets is None or sbx.tenant is None or parse_ip(host) is not None:
             return False
-        if any(applies(r, host) for r in sbx.header_rules):
+        if any(host_matches([r.host], host) for r in sbx.header_rules):
             return True
         return any(host_matches(h, host) for h in self.secrets.hosts_of(sbx.tenant))
 

@@ -109,7 +109,3 @@ def _headers_of(host: str, rule: Any) -> dict[str, str]:
 def secret_names(rules: list[HeaderRule]) -> set[str]:
     """Every secret the rules name (lower-cased, as secrets are stored)."""
     return {m.lower() for r in rules for v in r.headers.values() for m in SECRET_REF.findall(v)}
-
-
-def applies(rule: HeaderRule, host: str) -> bool:
-    return parse_rule(rule.host).matches_name(host.rstrip(".").lower())

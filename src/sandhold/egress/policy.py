@@ -174,6 +174,12 @@ def parse_rule(text: str) -> Rule:
     return Rule(raw, domain=name)
 
 
+def host_matches(patterns: list[str], host: str) -> bool:
+    """Whether ``host`` is a name one of the rules ``patterns`` names."""
+    host = host.rstrip(".").lower()
+    return any(parse_rule(p).matches_name(host) for p in patterns)
+
+
 def _check_rules(values: list[str]) -> list[str]:
     if len(values) > MAX_RULES:
         raise ValueError(f"at most {MAX_RULES} egress rules are allowed, got {len(values)}")

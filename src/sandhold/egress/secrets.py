@@ -30,9 +30,8 @@ from sandhold.egress.header_rules import (
     HEADER_RE,
     SECRET_REF,
     HeaderRule,
-    applies,
 )
-from sandhold.egress.policy import parse_rule
+from sandhold.egress.policy import host_matches, parse_rule
 from sandhold.egress.refusal import refused
 from sandhold.egress.secret_values import SecretValues
 from sandhold.errors import InvalidRequest, NotFound, SecretKeyError
@@ -171,15 +170,6 @@ def _aad(tenant: str, name: str) -> bytes:
     return f"sandhold-secret\0{tenant}\0{name}".encode()
 
 
-def host_matches(patterns: list[str], host: str) -> bool:
-    host = host.rstrip(".").lower()
-    for p in patterns:
-        rule = parse_rule(p)
-        if rule.matches_name(host):
-            return True
-    return False
-
-
 class SecretStore:
     def __init__(self, db_path: Path, keyring: KeyRing) -> None:
         self.path = db_path
@@ -309,7 +299,7 @@ class SecretStore:
         request: it is never sent without it. A later rule's header overrides an earlier one."""
         out: dict[str, Injection] = {}
         for rule in rules:
-            if not applies(rule, host):
+            if not host_matches([rule.host], host):
                 continue
             for name, template in rule.headers.items():
                 value, found = self._fill(tenant, template)
