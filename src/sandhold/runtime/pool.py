@@ -31,6 +31,7 @@ from sandhold.errors import SandholdError
 from sandhold.runtime.boot import agent_config
 from sandhold.runtime.spec import SandboxSpec
 from sandhold.runtime.templates import Template
+from sandhold.runtime.warm import read_status
 
 if TYPE_CHECKING:
     from sandhold.runtime.records import SandboxInfo
@@ -135,9 +136,6 @@ def _configure(agent_socket: object, config: dict[str, object]) -> None:
         s.settimeout(10)
         s.connect(str(agent_socket))
         s.sendall(head + body)
-        reply = b""
-        while b"\r\n" not in reply and (chunk := s.recv(4096)):
-            reply += chunk
-    status = reply.split(b"\r\n", 1)[0].split()
-    if len(status) < 2 or status[1] != b"204":
-        raise SandholdError(f"its agent refused the configuration: {reply[:200]!r}")
+        status = read_status(s)
+    if status != 204:
+        raise SandholdError(f"its agent answered {status or 'nothing'} to the configuration")

@@ -214,10 +214,10 @@ def _wait_ready(agent_socket: Path, port: int, path: str) -> None:
             with contextlib.suppress(OSError):
                 s.connect(str(agent_socket))
                 s.sendall(f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: agent\r\n\r\n".encode())
-                if _status(s) == 200:
+                if read_status(s) == 200:
                     s.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                               "Connection: close\r\n\r\n".encode())  # fmt: skip
-                    status = _status(s)
+                    status = read_status(s)
                     if status == 200:
                         return
                     last = f"status {status}"
@@ -226,7 +226,7 @@ def _wait_ready(agent_socket: Path, port: int, path: str) -> None:
                              f"{READY_TIMEOUT_S:g} s: {last or 'no answer'}")  # fmt: skip
 
 
-def _status(s: socket.socket) -> int:
+def read_status(s: socket.socket) -> int:
     """The status code of the response head read from ``s`` (its whole head consumed)."""
     head = b""
     while b"\r\n\r\n" not in head:
