@@ -12,13 +12,11 @@ from typing import TYPE_CHECKING, Any
 from starlette.routing import Route
 
 from sandhold.console import queries
-from sandhold.console.web import Principal, api_routes, limit, page_routes, text, window
+from sandhold.console.web import Principal, api_routes, limit, page_routes, text, usage, window
 from sandhold.errors import InvalidRequest, SandholdError, SessionNotFound
 
 if TYPE_CHECKING:
     from sandhold.gateway.app import Gateway
-
-MIB = 1 << 20
 
 
 def routes(gw: Gateway) -> list[Route]:
@@ -82,9 +80,7 @@ def routes(gw: Gateway) -> list[Route]:
             if service is not None and sbx.state == "running":
                 try:
                     s = await service.sample(await service.get(sbx.id))
-                    out.update(cpu_pct=round(s.cpu_used_pct, 1),
-                               memory_mib=round(s.mem_used / MIB, 1),
-                               disk_mib=round(s.disk_used / MIB, 1))  # fmt: skip
+                    out.update(usage(s))
                 except (SandholdError, AttributeError):
                     pass
             return out

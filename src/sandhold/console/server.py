@@ -9,12 +9,10 @@ from typing import Any
 
 from starlette.routing import Route
 
-from sandhold.console.web import Principal, api_routes, page_routes
+from sandhold.console.web import Principal, api_routes, page_routes, usage
 from sandhold.e2b.auth import Teams
 from sandhold.errors import SandholdError
 from sandhold.service import SandboxService
-
-MIB = 1 << 20
 
 
 def routes(service: SandboxService, teams: Teams) -> list[Route]:
@@ -35,8 +33,7 @@ def routes(service: SandboxService, teams: Teams) -> list[Route]:
                     s = await service.sample(sbx)
                 except SandholdError:
                     return out
-                out.update(cpu_pct=round(s.cpu_used_pct, 1), memory_mib=round(s.mem_used / MIB, 1),
-                           disk_mib=round(s.disk_used / MIB, 1))  # fmt: skip
+                out.update(usage(s))
             return out
 
         rows = await asyncio.gather(*(row(s) for s in mine[:500]))

@@ -22,6 +22,7 @@ from starlette.routing import Route
 
 from sandhold.errors import InvalidRequest, SandholdError, Unauthenticated
 from sandhold.gateway.errors import rest_status
+from sandhold.service.metrics import Sample
 
 STATIC = Path(__file__).parent / "static"
 FILES = {"console.js": "text/javascript", "console.css": "text/css"}
@@ -39,6 +40,7 @@ HEADERS = {
     "Cache-Control": "no-store",
 }
 MAX_BODY = 64 * 1024
+MIB = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -158,3 +160,9 @@ def text(body: dict[str, Any], name: str, most: int = 256) -> str | None:
     if not isinstance(value, str) or len(value) > most:
         raise InvalidRequest(f"{name} must be a string of at most {most} characters")
     return value
+
+
+def usage(s: Sample) -> dict[str, float]:
+    """A live sandbox's row fields from one metrics sample."""
+    return {"cpu_pct": round(s.cpu_used_pct, 1), "memory_mib": round(s.mem_used / MIB, 1),
+            "disk_mib": round(s.disk_used / MIB, 1)}  # fmt: skip
