@@ -13,13 +13,9 @@ from e2b import Sandbox
 
 from sandhold.config import Settings
 from sandhold.runtime.criu import criu_status
+from tests.counter import COUNTER
 from tests.e2b.conftest import KEY_A, Server, new_server
 from tests.runtime.test_suspend import reboot
-
-COUNTER = (
-    "python3 -c 'import secrets, time\nn, s = 0, secrets.token_hex(16)\nwhile True:\n"
-    '    n += 1\n    open("/tmp/state", "w").write(f"{n} {s}")\n    time.sleep(0.02)\''
-)
 
 
 @pytest.fixture(scope="module")

@@ -28,6 +28,7 @@ from sandhold.gateway.providers.e2b import E2bProvider
 from sandhold.gateway.providers.local import LocalProvider
 from sandhold.runtime.criu import criu_status
 from sandhold.service import forks, snapshots
+from tests.counter import COUNTER as BARE_COUNTER
 from tests.e2b.conftest import KEY_A, Server, new_server
 from tests.gateway.conftest import destroy_runtime_dir, scratch_dir
 
@@ -293,11 +294,7 @@ async def test_a_sandbox_whose_agent_died_is_gone_but_listed_until_killed(
 
 
 CRIU_USABLE, CRIU_DETAIL = criu_status(Settings().criu_path)
-COUNTER = (
-    "python3 -c 'import secrets, time\nn, s = 0, secrets.token_hex(16)\nwhile True:\n"
-    '    n += 1\n    open("/tmp/state", "w").write(f"{n} {s}")\n    time.sleep(0.02)\' '
-    ">/dev/null 2>&1"
-)
+COUNTER = f"{BARE_COUNTER} >/dev/null 2>&1"
 
 
 async def counter(p: Provider, sandbox_id: str, handle: dict[str, object]) -> tuple[int, str]:

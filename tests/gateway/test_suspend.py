@@ -17,6 +17,7 @@ import pytest
 from sandhold.config import Settings
 from sandhold.runtime.criu import criu_status
 from sandhold.runtime.runtime import Runtime
+from tests.counter import COUNTER
 from tests.e2b.conftest import Server, new_server
 from tests.gateway.conftest import TENANT_KEY, Gateway, tool, wait_for
 
@@ -24,10 +25,6 @@ PROVIDERS = ["local", "e2b"]
 # Paused after 1 s idle; reclaimed only after an hour.
 TENANTS = {"acme": {"api_key": TENANT_KEY, "policy": {
     "keep_alive_s": 1, "retention_s": 3600, "max_command_timeout_s": 120}}}  # fmt: skip
-COUNTER = (
-    "python3 -c 'import secrets, time\nn, s = 0, secrets.token_hex(16)\nwhile True:\n"
-    '    n += 1\n    open("/tmp/state", "w").write(f"{n} {s}")\n    time.sleep(0.02)\''
-)
 
 
 CRIU_USABLE, CRIU_DETAIL = criu_status(Settings().criu_path)

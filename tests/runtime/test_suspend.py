@@ -15,14 +15,11 @@ from sandhold.errors import CheckpointFailed, Conflict
 from sandhold.runtime import checkpoint, mounts
 from sandhold.runtime.criu import criu_status
 from sandhold.runtime.runtime import Runtime
+from tests.counter import COUNTER as BARE_COUNTER
 from tests.runtime.helpers import sh
 
-# A process whose state lives only in its memory: a counter and a random secret.
-COUNTER = (
-    "(python3 -c 'import secrets, time\nn, s = 0, secrets.token_hex(16)\nwhile True:\n"
-    '    n += 1\n    open("/tmp/state", "w").write(f"{n} {s}")\n    time.sleep(0.02)\' '
-    "</dev/null >/dev/null 2>&1 &)"
-)
+# The counter (tests/counter.py), detached from the command that starts it.
+COUNTER = f"({BARE_COUNTER} </dev/null >/dev/null 2>&1 &)"
 
 
 @pytest.fixture(autouse=True)
