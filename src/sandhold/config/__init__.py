@@ -64,6 +64,7 @@ from sandhold.config.logs import LogSettings
 from sandhold.config.runtime import RuntimeSettings
 from sandhold.config.server import ServerSettings, is_loopback
 from sandhold.config.toml import read_file
+from sandhold.config.worker import WorkerSettings
 from sandhold.errors import ConfigError
 
 __all__ = [
@@ -74,6 +75,7 @@ __all__ = [
     "RuntimeSettings",
     "ServerSettings",
     "Settings",
+    "WorkerSettings",
     "describe",
     "get_settings",
     "is_loopback",
@@ -81,13 +83,14 @@ __all__ = [
 ]
 
 LAYERS: tuple[type[Layer], ...] = (
-    RuntimeSettings, ServerSettings, EgressSettings, GatewaySettings, LogSettings
+    RuntimeSettings, ServerSettings, EgressSettings, GatewaySettings, LogSettings, WorkerSettings
 )  # fmt: skip
 
 
 class Settings(
-    RuntimeSettings, ServerSettings, EgressSettings, GatewaySettings, LogSettings, BaseSettings
-):
+    RuntimeSettings, ServerSettings, EgressSettings, GatewaySettings, LogSettings, WorkerSettings,
+    BaseSettings,
+):  # fmt: skip
     model_config = SettingsConfigDict(env_prefix="SANDHOLD_", extra="forbid")
 
     # -- defaults that combine layers --
