@@ -200,6 +200,7 @@ class ControlPlane:
 
     def item_of(self, session_id: str) -> WorkItem:
         with self.lock:
+            self.expire()  # leases are judged whenever the state is looked at
             return next(i for i in self.items.values() if i.session_id == session_id)
 
     # -- the server -----------------------------------------------------------------------------
