@@ -61,6 +61,22 @@ ROWS: dict[str, dict[str, Any]] = {
         "bytes_in": 10, "bytes_out": 20, "error": "boom", "reason": "keep-alive",
         "provider_state": {"state": "running"}, "replica": "r0",
     },
+    "tunnels": {
+        "id": "tunnel_" + "0" * 32, "tenant_id": "acme", "name": "corp", "description": "d",
+        "token_sha256": "ef" * 32, "token_sealed": {"key": "k", "nonce": "n", "data": "x"},
+        "created_at": 7.0, "updated_at": 7.5,
+    },
+    "tunnel_connectors": {
+        "tunnel_id": "tunnel_" + "0" * 32, "instance_id": "i1", "client_name": "sandhold",
+        "client_version": "0.1.0", "channels": ["main"], "replica": "r0",
+        "first_seen_at": 8.0, "last_seen_at": 8.5,
+    },
+    "tunnel_requests": {
+        "id": "treq_1", "tunnel_id": "tunnel_" + "0" * 32, "channel": "main",
+        "method": "tools/call", "payload": "{}", "state": "done", "shard_token": "s1",
+        "created_at": 9.0, "expires_at": 9.5, "delivered_to": "i1", "delivered_at": 9.1,
+        "response": "{}", "responded_at": 9.2,
+    },
 }  # fmt: skip
 
 

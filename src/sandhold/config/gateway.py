@@ -145,6 +145,39 @@ class GatewaySettings(Layer):
         "empty allows none. The e2b provider's server needs them in its host_mount_roots.",
     )
 
+    # MCP tunnels (docs/tunnel.md)
+    gateway_tunnel_poll_max_s: float = Field(
+        25.0, gt=0, le=300, description="Longest a connector's long-poll is held (204 after)."
+    )
+    gateway_tunnel_call_timeout_s: float = Field(
+        60.0, gt=0, description="Longest a tunnel tool call waits for its connector's answer."
+    )
+    gateway_tunnel_pickup_timeout_s: float = Field(
+        10.0, gt=0, description="Longest a tunnel request waits for a connector to take it."
+    )
+    gateway_tunnel_stale_s: float = Field(
+        10.0,
+        gt=0,
+        description="A connector not seen polling for this long is gone: no calls are queued "
+        "for it, and a call it holds fails at once.",
+    )
+    gateway_tunnel_max_request_bytes: int = Field(
+        1024 * 1024, ge=1024, description="Largest MCP request (JSON) sent through a tunnel."
+    )
+    gateway_tunnel_max_response_bytes: int = Field(
+        4 * 1024 * 1024, ge=1024, description="Largest response a connector may post."
+    )
+    gateway_tunnel_tools_ttl_s: float = Field(
+        30.0, ge=0, description="How long a replica keeps a tunnel's tool list before asking again."
+    )
+    gateway_tunnel_relay_interval_s: float = Field(
+        0.2,
+        gt=0,
+        le=5,
+        description="How often a replica reads the store for tunnel requests and answers other "
+        "replicas queued (its own wake it at once).",
+    )
+
     @model_validator(mode="after")
     def _check_gateway(self) -> GatewaySettings:
         """Refuse what no process can use: a provider or deliverables store chosen without the

@@ -16,6 +16,7 @@ from sandhold.gateway.providers import make_provider
 from sandhold.gateway.timeline import Timeline
 from sandhold.gateway.views import view_mounts
 from sandhold.store.db import Store
+from sandhold.tunnel.tools import TunnelTools
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,7 @@ class Gateway:
         self.manager.timeline = self.timeline
         self.reclaimer = m.reclaimer(self.manager)
         self.tools = m.tools(self.manager, self.deliverables, self.timeline)
+        self.tunnels = TunnelTools(settings, self.store, self.timeline, self.manager.replica)
 
     def bootstrap(self) -> None:
         """Schema migrations, then the tenants of the configuration (validated first)."""

@@ -60,7 +60,7 @@ def _tool(tools: Tools, name: str, identity: Identity) -> Callable[..., Any]:
     return call
 
 
-def build_mcp(tools: Tools, identity: Identity) -> MCPServer[Any]:
+def build_mcp(tools: Tools, identity: Identity, tunnels: Any = None) -> MCPServer[Any]:
     server: MCPServer[Any] = MCPServer(
         name="sandhold-gateway",
         instructions="Code execution in a per-session sandbox: files under /workspace persist "
@@ -69,4 +69,6 @@ def build_mcp(tools: Tools, identity: Identity) -> MCPServer[Any]:
     for name in MODELS:
         server.add_tool(_tool(tools, name, identity), name=name, description=DESCRIPTIONS[name],
                         structured_output=False)  # fmt: skip
+    if tunnels is not None:  # the tenant's tunnel tools beside these (sandhold.tunnel.tools)
+        tunnels.attach(server, identity)
     return server

@@ -39,6 +39,7 @@ from sandhold.gateway.prom import CONTENT_TYPE
 from sandhold.gateway.timeline import event_json
 from sandhold.gateway.tool_args import DESCRIPTIONS, MODELS, tool_schemas
 from sandhold.gateway.views import view_mounts
+from sandhold.tunnel.routes import routes as tunnel_routes
 
 MAX_JSON_OVERHEAD = 64 * 1024
 
@@ -88,12 +89,15 @@ class Api:
         tenant, policy = await self.gw.tenant_and_policy(bearer(request.headers))
         scenario.from_headers(request.headers)
         tool = request.path_params["tool"]
-        if tool not in MODELS:
+        tunnel_tool = self.gw.tunnels.is_tunnel_tool(tool)  # <tunnel>__<tool> (docs/tunnel.md)
+        if tool not in MODELS and not tunnel_tool:
             raise NotFound(f"unknown tool {tool!r}; tools: {', '.join(MODELS)}")
         body = await self.json_body(request)
         if "session_id" in body:
             raise InvalidRequest("the session is the path's; do not pass session_id in the body")
         session_id = request.path_params["session_id"]
+        if tunnel_tool:
+            return JSONResponse(await self.gw.tunnels.call(tenant, session_id, tool, body))
         result = await self.gw.tools.call(tenant, tool, body, session_id, policy)
         return JSONResponse(result)
 
@@ -152,7 +156,10 @@ class Api:
                                  "X-Sandhold-Sha256": d.sha256})  # fmt: skip
 
     async def tools(self, request: Request) -> Response:
-        return JSONResponse(tool_schemas())
+        if bearer(request.headers) is None:
+            return JSONResponse(tool_schemas())
+        tenant = await self.tenant(request)  # with a tenant's key: its tunnel tools too
+        return JSONResponse([*tool_schemas(), *await self.gw.tunnels.schemas(tenant)])
 
     async def health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok", "replica": self.gw.manager.replica,
@@ -235,7 +242,7 @@ def build_app(gw: Gateway) -> Starlette:
         scenario.from_headers(headers)
         return tenant, headers.get(SESSION_HEADER)
 
-    mcp = build_mcp(gw.tools, identity)
+    mcp = build_mcp(gw.tools, identity, gw.tunnels)
     # Stateless: any replica behind a load balancer can answer any MCP request.
     mcp_app = mcp.streamable_http_app(
         stateless_http=True,
@@ -249,7 +256,7 @@ def build_app(gw: Gateway) -> Starlette:
             yield
 
     return Starlette(
-        routes=[*routes(api), *console.routes(gw), *mcp_app.routes],
+        routes=[*routes(api), *tunnel_routes(gw), *console.routes(gw), *mcp_app.routes],
         lifespan=lifespan,
         exception_handlers={
             SandholdError: _sandhold_error,

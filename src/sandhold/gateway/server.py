@@ -80,6 +80,6 @@ def serve_stdio(settings: Settings, tenant_id: str, session_id: str | None) -> N
         async with gw.running():
             if await anyio.to_thread.run_sync(gw.store.get_tenant, tenant_id) is None:
                 raise NotFound(f"tenant {tenant_id!r} does not exist")
-            await build_mcp(gw.tools, identity).run_stdio_async()
+            await build_mcp(gw.tools, identity, gw.tunnels).run_stdio_async()
 
     anyio.run(main)

@@ -2,8 +2,10 @@
 
 Event kinds: ``session_opened``, ``session_closed``, ``sandbox_created``, ``sandbox_adopted``,
 ``sandbox_paused``, ``sandbox_failed``, ``sandbox_resumed``, ``sandbox_reclaimed``,
-``sandbox_orphan_killed``, ``sandbox_network_updated``, ``sandbox_replaced``, ``tool_call`` and
-``failure``. Writing is best effort: a store hiccup must not fail a tool call that already ran.
+``sandbox_orphan_killed``, ``sandbox_network_updated``, ``sandbox_replaced``, ``tool_call``,
+``tunnel_call`` (a tool of a tenant's MCP tunnel: ``reason`` names tunnel, channel, tool and
+outcome; docs/tunnel.md) and ``failure``. Writing is best effort: a store hiccup must not fail
+a tool call that already ran.
 """
 
 from __future__ import annotations

@@ -111,3 +111,65 @@ class Event(Base):
     reason: Mapped[str | None] = mapped_column(Text)
     provider_state: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     replica: Mapped[str | None] = mapped_column(String(64))
+
+
+class Tunnel(Base):
+    """An MCP tunnel of a tenant (docs/tunnel.md): a connector inside a private network polls
+    for the MCP requests of its tools. Its token is kept as a sha256 (what authenticates) and
+    sealed under the secrets key ring (what ``reveal`` opens), never in the clear."""
+
+    __tablename__ = "tunnels"
+    __table_args__ = (UniqueConstraint("tenant_id", "name", name="uq_tunnel_tenant_name"),)
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)  # tunnel_<32 hex>
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), index=True)
+    name: Mapped[str] = mapped_column(String(32))
+    description: Mapped[str] = mapped_column(Text, default="")
+    token_sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    token_sealed: Mapped[dict[str, Any]] = mapped_column(JSON)  # {key, nonce, data}
+    created_at: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float)
+
+
+class TunnelConnector(Base):
+    """A connector process (its instance id) seen polling a tunnel, and when it last was: a
+    request held by one that stopped polling fails instead of waiting for its deadline."""
+
+    __tablename__ = "tunnel_connectors"
+
+    tunnel_id: Mapped[str] = mapped_column(
+        ForeignKey("tunnels.id", ondelete="CASCADE"), primary_key=True
+    )
+    instance_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    client_name: Mapped[str | None] = mapped_column(String(64))
+    client_version: Mapped[str | None] = mapped_column(String(64))
+    channels: Mapped[list[str] | None] = mapped_column(JSON)
+    replica: Mapped[str | None] = mapped_column(String(64))
+    first_seen_at: Mapped[float] = mapped_column(Float)
+    last_seen_at: Mapped[float] = mapped_column(Float)
+
+
+class TunnelRequest(Base):
+    """An MCP request relayed through a tunnel: queued by the replica a tool call reached,
+    claimed by the replica a connector polls, answered through any replica (the store carries
+    it between them). ``state``: pending | delivered | done | failed."""
+
+    __tablename__ = "tunnel_requests"
+    __table_args__ = (
+        Index("ix_tunnel_requests_queue", "tunnel_id", "state", "created_at"),
+        Index("ix_tunnel_requests_expires", "expires_at"),
+    )
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    tunnel_id: Mapped[str] = mapped_column(ForeignKey("tunnels.id", ondelete="CASCADE"))
+    channel: Mapped[str] = mapped_column(String(64))
+    method: Mapped[str] = mapped_column(String(64))
+    payload: Mapped[str] = mapped_column(Text)  # {"jsonrpc": ..., "headers": ...}
+    state: Mapped[str] = mapped_column(String(16))
+    shard_token: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    expires_at: Mapped[float] = mapped_column(Float)
+    delivered_to: Mapped[str | None] = mapped_column(String(64))
+    delivered_at: Mapped[float | None] = mapped_column(Float)
+    response: Mapped[str | None] = mapped_column(Text)  # the connector's response body
+    responded_at: Mapped[float | None] = mapped_column(Float)

@@ -1,0 +1,258 @@
+"""The gateway as an MCP client of the servers behind a tunnel: the initialize handshake per
+channel (its ``Mcp-Session-Id`` kept per replica), ``tools/list`` cached briefly, ``tools/call``.
+
+The messages are plain JSON-RPC, as MCP's streamable HTTP transport carries them, because the
+connector forwards them verbatim (ours, and OpenAI's tunnel-client alike).
+
+Tool names: a tunnel ``corp`` offers the tool ``lookup`` of its ``main`` channel as
+``corp__lookup``, and that of another channel ``hr`` as ``corp__hr__lookup``. A tunnel's name has
+no ``_`` and no built-in tool has ``__``, so no tunnel tool can take a built-in's name or another
+tunnel's; a name that would still collide (``a__b`` of main vs ``b`` of channel ``a``), or that
+is not ``[A-Za-z0-9_-]{1,64}`` (what model APIs accept), is refused and logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from sandhold.errors import InvalidRequest, NotFound, PayloadTooLarge, ProviderError, Unavailable
+from sandhold.gateway.tool_args import MODELS
+from sandhold.tunnel.registry import Registry, TunnelInfo
+from sandhold.tunnel.relay import Relay
+
+log = logging.getLogger(__name__)
+
+PROTOCOL_VERSION = "2025-11-25"
+TOOL_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+MAX_PAGES = 20
+SEP = "__"
+
+
+def exposed_name(tunnel: str, channel: str, tool: str) -> str:
+    return f"{tunnel}{SEP}{tool}" if channel == "main" else f"{tunnel}{SEP}{channel}{SEP}{tool}"
+
+
+def is_tunnel_tool(name: str) -> bool:
+    return SEP in name and name not in MODELS
+
+
+@dataclass
+class Listing:
+    expires: float
+    tools: dict[str, dict[str, Any]] = field(default_factory=dict)  # exposed name -> entry
+    refused: list[str] = field(default_factory=list)
+
+
+class TunnelClient:
+    def __init__(self, relay: Relay, registry: Registry) -> None:
+        self.relay = relay
+        self.registry = registry
+        self.settings = relay.settings
+        self._sessions: dict[tuple[str, str], dict[str, str]] = {}
+        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self._listings: dict[str, Listing] = {}
+
+    # -- JSON-RPC through the tunnel -----------------------------------------------------------
+    async def _send(
+        self,
+        tunnel: TunnelInfo,
+        channel: str,
+        method: str,
+        params: dict[str, Any] | None,
+        timeout_s: float,
+        notify: bool = False,
+    ) -> dict[str, Any]:
+        message: dict[str, Any] = {"jsonrpc": "2.0", "method": method}
+        if params is not None:
+            message["params"] = params
+        if not notify:
+            message["id"] = f"sh-{uuid.uuid4().hex[:16]}"
+        headers: dict[str, list[str]] = {}
+        session = self._sessions.get((tunnel.id, channel), {})
+        if session.get("session_id"):
+            headers["Mcp-Session-Id"] = [session["session_id"]]
+        if session.get("protocol"):
+            headers["Mcp-Protocol-Version"] = [session["protocol"]]
+        return await self.relay.request(tunnel.id, channel, message, headers, timeout_s)
+
+    async def _session(self, tunnel: TunnelInfo, channel: str, timeout_s: float) -> None:
+        key = (tunnel.id, channel)
+        async with self._locks.setdefault(key, asyncio.Lock()):
+            if key in self._sessions:
+                return
+            self._sessions.pop(key, None)
+            params = {
+                "protocolVersion": PROTOCOL_VERSION,
+                "capabilities": {},
+                "clientInfo": {"name": "sandhold-gateway", "version": "0.1.0"},
+            }
+            resp = await self._send(tunnel, channel, "initialize", params, timeout_s)
+            result = _result(tunnel, channel, "initialize", resp)
+            headers = {k.lower(): v for k, v in (resp.get("resp_headers") or {}).items()}
+            sid = (headers.get("mcp-session-id") or [""])[0]
+            self._sessions[key] = {
+                "session_id": sid,
+                "protocol": str(result.get("protocolVersion") or ""),
+            }
+            await self._send(
+                tunnel, channel, "notifications/initialized", None, timeout_s, notify=True
+            )
+
+    async def rpc(
+        self,
+        tunnel: TunnelInfo,
+        channel: str,
+        method: str,
+        params: dict[str, Any],
+        timeout_s: float,
+    ) -> dict[str, Any]:
+        """``method``'s result, after the handshake; once more with a new session when the
+        server forgot ours (HTTP 404, as MCP's streamable HTTP transport says)."""
+        for attempt in (1, 2):
+            await self._session(tunnel, channel, timeout_s)
+            resp = await self._send(tunnel, channel, method, params, timeout_s)
+            if resp.get("resp_code") == 404 and attempt == 1:
+                self._sessions.pop((tunnel.id, channel), None)
+                continue
+            return _result(tunnel, channel, method, resp)
+        raise AssertionError("unreachable")
+
+    # -- tools ---------------------------------------------------------------------------------
+    async def listing(self, tunnel: TunnelInfo, force: bool = False) -> Listing:
+        cached = self._listings.get(tunnel.id)
+        if cached is not None and not force and cached.expires > time.monotonic():
+            return cached
+        s = self.settings
+        channels = await asyncio.to_thread(
+            self.registry.live_channels, tunnel.id, s.gateway_tunnel_stale_s
+        )
+        timeout = min(s.gateway_tunnel_call_timeout_s, 15.0)
+        found: list[tuple[str, dict[str, Any]]] = []
+        for channel in channels:
+            try:
+                found += [(channel, t) for t in await self._list(tunnel, channel, timeout)]
+            except Exception as e:  # a channel that does not answer offers nothing for now
+                log.warning(
+                    "tunnel %s channel %s: tools/list failed: %s",
+                    tunnel.name,
+                    channel,
+                    getattr(e, "message", e),
+                )
+                if cached is not None:
+                    found += [
+                        (v["channel"], v["tool"])
+                        for v in cached.tools.values()
+                        if v["channel"] == channel
+                    ]
+        listing = _name(tunnel, found)
+        listing.expires = time.monotonic() + s.gateway_tunnel_tools_ttl_s
+        for why in listing.refused:
+            log.warning("tunnel %s: %s", tunnel.name, why)
+        self._listings[tunnel.id] = listing
+        return listing
+
+    async def _list(self, tunnel: TunnelInfo, channel: str, timeout: float) -> list[dict[str, Any]]:
+        tools: list[dict[str, Any]] = []
+        params: dict[str, Any] = {}
+        for _page in range(MAX_PAGES):
+            result = await self.rpc(tunnel, channel, "tools/list", params, timeout)
+            tools += [t for t in result.get("tools") or [] if isinstance(t, dict)]
+            cursor = result.get("nextCursor")
+            if not cursor:
+                break
+            params = {"cursor": cursor}
+        return tools
+
+    async def tools_of(self, tunnels: list[TunnelInfo]) -> dict[str, dict[str, Any]]:
+        """Every tool the tenant's tunnels offer now, by exposed name."""
+        listings = await asyncio.gather(*(self.listing(t) for t in tunnels))
+        return {name: entry for lst in listings for name, entry in lst.tools.items()}
+
+    async def call(
+        self, tunnel: TunnelInfo, name: str, arguments: dict[str, Any]
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The ``tools/call`` result of the exposed tool ``name``, and its listing entry."""
+        s = self.settings
+        channels = await asyncio.to_thread(
+            self.registry.live_channels, tunnel.id, s.gateway_tunnel_stale_s
+        )
+        if not channels:
+            raise Unavailable(
+                f"tunnel {tunnel.name!r} is down: no connector has polled it in the last "
+                f"{s.gateway_tunnel_stale_s:g} s (start `sandhold tunnel connect` in the private "
+                "network, or check it with `sandhold tunnel doctor`)"
+            )
+        entry = (await self.listing(tunnel)).tools.get(name)
+        if entry is None:
+            entry = (await self.listing(tunnel, force=True)).tools.get(name)
+        if entry is None:
+            raise NotFound(
+                f"tunnel {tunnel.name!r} offers no tool {name!r} (tools are "
+                "<tunnel>__<tool>; see tools/list)"
+            )
+        params = {"name": entry["tool"]["name"], "arguments": arguments}
+        result = await self.rpc(
+            tunnel, entry["channel"], "tools/call", params, s.gateway_tunnel_call_timeout_s
+        )
+        return result, entry
+
+
+def _name(tunnel: TunnelInfo, found: list[tuple[str, dict[str, Any]]]) -> Listing:
+    listing = Listing(expires=0)
+    owners: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+    for channel, tool in found:
+        raw = tool.get("name")
+        if not isinstance(raw, str):
+            listing.refused.append(f"channel {channel}: a tool without a name")
+            continue
+        owners.setdefault(exposed_name(tunnel.name, channel, raw), []).append((channel, tool))
+    for name, owned in owners.items():
+        if name in MODELS:
+            listing.refused.append(f"tool {name!r} would shadow the built-in tool: refused")
+        elif not TOOL_NAME_RE.match(name):
+            listing.refused.append(f"tool {name[:80]!r} is not [A-Za-z0-9_-]{{1,64}}: refused")
+        elif len(owned) > 1:
+            listing.refused.append(
+                f"tool {name!r} is offered twice (channels "
+                f"{', '.join(c for c, _ in owned)}): refused"
+            )
+        else:
+            channel, tool = owned[0]
+            listing.tools[name] = {"channel": channel, "tool": tool}
+    return listing
+
+
+def _result(tunnel: TunnelInfo, channel: str, method: str, resp: dict[str, Any]) -> dict[str, Any]:
+    """The JSON-RPC result in a connector's response, or the error it carries, as ours."""
+    where = f"tunnel {tunnel.name!r} (channel {channel}), {method}"
+    body = resp.get("resp_json")
+    if not isinstance(body, dict):
+        raise ProviderError(
+            f"{where}: the connector answered HTTP {resp.get('resp_code')} "
+            "without a JSON-RPC response"
+        )
+    if isinstance(body.get("result"), dict):
+        return dict(body["result"])
+    err = body.get("error")
+    if not isinstance(err, dict):
+        raise ProviderError(f"{where}: not a JSON-RPC response")
+    code, message = err.get("code"), str(err.get("message", ""))[:500]
+    failure = (
+        (err.get("data") or {}).get("tunnel_failure") if isinstance(err.get("data"), dict) else None
+    )
+    if isinstance(failure, dict):
+        kind = failure.get("transport_error_kind") or failure.get("source")
+        if kind == "response_body_too_large":
+            raise PayloadTooLarge(f"{where}: {message}")
+        raise Unavailable(
+            f"{where}: the connector could not reach the internal MCP server ({kind}): {message}"
+        )
+    if code in (-32600, -32601, -32602):
+        raise InvalidRequest(f"{where}: the internal MCP server refused it ({code}): {message}")
+    raise ProviderError(f"{where}: the internal MCP server failed ({code}): {message}")
