@@ -61,6 +61,14 @@ def test_built_in_tools_in_the_sessions_sandbox(
     ok(cp.call(sid, "bash", command="printf '\\x00\\xff' > blob.bin"))
     assert "not valid UTF-8" in failed(cp.call(sid, "read", file_path="blob.bin"))
     assert "Invalid arguments" in failed(cp.call(sid, "read"))
+    # an image comes back as an image block; a text file over 256 KiB only by view_range
+    ok(cp.call(sid, "bash", command="printf '\\x89PNG\\r\\n\\x1a\\n' > dot.png"))
+    image = cp.call(sid, "read", file_path="dot.png")
+    assert image["is_error"] is False and image["content"] == [{"type": "image", "source": {
+        "type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}]  # fmt: skip
+    ok(cp.call(sid, "bash", command="yes line | head -n 60000 > big.txt"))
+    assert "Use the view_range parameter" in failed(cp.call(sid, "read", file_path="big.txt"))
+    assert ok(cp.call(sid, "read", file_path="big.txt", view_range=[59999, 0])) == "line\nline\n"
 
     # edit: a unique match, none, several, all of them
     assert ok(cp.call(sid, "edit", file_path="notes/plan.txt", old_string="two",

@@ -29,9 +29,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from anthropic import AsyncAnthropic
-from anthropic.lib.environments import EnvironmentWorker
+from anthropic.lib.environments import BetaAnyRunnableTool, EnvironmentWorker
 from anthropic.lib.environments._worker import _Lease, _LeaseEndReason
-from anthropic.lib.tools._beta_session_runner import BetaAnyRunnableTool
 
 from sandhold.worker.gateway import Gateway
 from sandhold.worker.tools import SandboxTools, unhandled_custom_tools

@@ -26,8 +26,8 @@ from collections.abc import Sequence
 from pathlib import PurePosixPath
 from typing import Any
 
-from anthropic.lib.tools import ToolError, beta_async_tool
-from anthropic.lib.tools._beta_session_runner import BetaAnyRunnableTool
+from anthropic.lib.environments import BetaAnyRunnableTool
+from anthropic.lib.tools import BetaFunctionToolResultType, ToolError, beta_async_tool
 from anthropic.types.beta import (
     BetaManagedAgentsAgentToolset20260401BashInput,
     BetaManagedAgentsAgentToolset20260401EditInput,
@@ -36,6 +36,7 @@ from anthropic.types.beta import (
     BetaManagedAgentsAgentToolset20260401ReadInput,
     BetaManagedAgentsAgentToolset20260401WriteInput,
 )
+from pydantic import BaseModel
 
 from sandhold.gateway.views import READ_ROOTS
 from sandhold.worker import sandbox_search
@@ -94,7 +95,9 @@ class SandboxTools:
         return out.text
 
     # -- files ----------------------------------------------------------------------------------
-    async def read(self, file_path: str, view_range: list[int] | None = None) -> Any:
+    async def read(
+        self, file_path: str, view_range: list[int] | None = None
+    ) -> BetaFunctionToolResultType:
         """Read a file of the session's sandbox."""
         if view_range and len(view_range) != 2:
             raise ToolError("read: view_range must be [start_line, end_line]")
@@ -135,7 +138,7 @@ class SandboxTools:
             raise ToolError(f"{op}: {e.message or e.code}") from None
         return str(r["content"]), int(r["size"])
 
-    async def _binary_block(self, file_path: str, media_type: str) -> dict[str, Any]:
+    async def _binary_block(self, file_path: str, media_type: str) -> Any:
         r = await self._call("read", "read_file", path=file_path, encoding="base64")
         data, size = str(r["content"]), int(r["size"])
         pdf = media_type == "application/pdf"
@@ -210,7 +213,7 @@ class SandboxTools:
 
     def toolset(self) -> list[BetaAnyRunnableTool]:
         """The six tools, named and typed as ``agent_toolset_20260401``'s."""
-        schemas = {
+        schemas: dict[str, type[BaseModel]] = {
             "bash": BetaManagedAgentsAgentToolset20260401BashInput,
             "read": BetaManagedAgentsAgentToolset20260401ReadInput,
             "write": BetaManagedAgentsAgentToolset20260401WriteInput,
