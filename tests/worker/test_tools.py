@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from tests.gateway.conftest import Gateway, wait_for
+from tests.gateway.conftest import TENANT_KEY, Gateway, wait_for
 from tests.worker.conftest import Worker, sandbox_of, text_of, workspace
 from tests.worker.control_plane import ControlPlane
 
@@ -30,6 +30,10 @@ def test_built_in_tools_in_the_sessions_sandbox(
 
     # bash: one persistent shell: cwd, exported variables and functions survive between calls
     assert ok(cp.call(sid, "bash", command="pwd")) == "/workspace"
+    # the worker's credentials never reach the sandbox: it gets commands, not the worker's env
+    sandbox_env = ok(cp.call(sid, "bash", command="env; cat /proc/1/environ | tr '\\0' '\\n'"))
+    assert cp.environment_key not in sandbox_env and TENANT_KEY not in sandbox_env
+    assert "ANTHROPIC_" not in sandbox_env
     ok(cp.call(sid, "bash", command="mkdir -p /tmp/proj/src && cd /tmp/proj && export STAGE=two"))
     ok(cp.call(sid, "bash", command='greet() { echo "hello $1"; }; LOCAL_ONLY=1'))
     assert ok(cp.call(sid, "bash", command='echo "$PWD $STAGE"; greet you')) == (
