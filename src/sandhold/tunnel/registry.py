@@ -8,6 +8,7 @@ an operator reveal it again. Neither the store nor a log line ever holds it in t
 from __future__ import annotations
 
 import base64
+import builtins
 import functools
 import hashlib
 import re
@@ -227,7 +228,7 @@ class Registry:
             )
         return _info(row, conns)
 
-    def list(self, tenant_id: str | None = None) -> list[TunnelInfo]:
+    def list(self, tenant_id: str | None = None) -> builtins.list[TunnelInfo]:
         q = select(Tunnel).order_by(Tunnel.tenant_id, Tunnel.name)
         if tenant_id is not None:
             q = q.where(Tunnel.tenant_id == tenant_id)
@@ -240,7 +241,7 @@ class Registry:
                     )
                 )
             )
-        by_tunnel: dict[str, list[TunnelConnector]] = {}
+        by_tunnel: dict[str, builtins.list[TunnelConnector]] = {}
         for c in conns:
             by_tunnel.setdefault(c.tunnel_id, []).append(c)
         return [_info(r, by_tunnel.get(r.id)) for r in rows]
@@ -262,7 +263,7 @@ class Registry:
             ).first()
         return None if row is None else _info(row)
 
-    def live_channels(self, tunnel_id: str, stale_s: float) -> list[str]:
+    def live_channels(self, tunnel_id: str, stale_s: float) -> builtins.list[str]:
         """The channels that the connectors seen within ``stale_s`` serve ([] if none is)."""
         since = time.time() - stale_s
         with self.store.db() as db:
@@ -289,7 +290,7 @@ class Registry:
         instance_id: str,
         name: str | None,
         version: str | None,
-        channels: list[str] | None,
+        channels: builtins.list[str] | None,
         replica: str,
     ) -> None:
         """Record that a connector polls now (an upsert that starts with its write)."""

@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import Table, delete, insert, select, update
 
 from sandhold.config import Settings
 from sandhold.errors import NotFound, PayloadTooLarge, Unavailable
@@ -33,7 +33,7 @@ from sandhold.store.db import Store
 from sandhold.store.models import TunnelRequest
 from sandhold.tunnel.registry import Registry
 
-T = TunnelRequest.__table__
+T: Table = TunnelRequest.__table__  # type: ignore[assignment]
 
 
 def rfc3339(at: float) -> str:

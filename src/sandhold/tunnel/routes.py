@@ -37,7 +37,7 @@ from sandhold.errors import (
 )
 from sandhold.gateway.errors import rest_status
 from sandhold.gateway.policy import ID_RE, check_id
-from sandhold.tunnel.registry import TunnelInfo, check_tunnel_id
+from sandhold.tunnel.registry import TunnelInfo, check_name, check_tunnel_id
 
 if TYPE_CHECKING:
     from sandhold.gateway.app import Gateway
@@ -224,7 +224,10 @@ class TunnelRoutes:
         if not isinstance(body, dict) or set(body) - {"name", "description"}:
             raise InvalidRequest('the body is {"name": ..., "description": ...}')
         info, token = await asyncio.to_thread(
-            self.t.registry.create, tenant_id, body.get("name"), body.get("description") or ""
+            self.t.registry.create,
+            tenant_id,
+            check_name(body.get("name")),
+            str(body.get("description") or ""),
         )
         return JSONResponse({**info.public(), "token": token}, status_code=201)
 

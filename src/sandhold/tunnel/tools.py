@@ -72,13 +72,14 @@ class TunnelTools:
         row = await asyncio.to_thread(self.store.get_session, tenant_id, session_id)
         if row is None:
             ttl = self.settings.gateway_lock_ttl_s
-            row, token, created = await asyncio.to_thread(
+            opened, token, created = await asyncio.to_thread(
                 self.store.open_and_lock, tenant_id, session_id, ttl
             )
             if token is not None:
-                await asyncio.to_thread(self.store.unlock, row.pk, token)
+                await asyncio.to_thread(self.store.unlock, opened.pk, token)
             if created:
                 await self.timeline.record(tenant_id, session_id, "session_opened")
+            row = opened
         if row.state == "closed":
             raise SessionClosed(f"session {session_id!r} is closed")
 
