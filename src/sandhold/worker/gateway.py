@@ -12,6 +12,7 @@ import logging
 from typing import Any
 
 import httpx
+from anthropic.lib.tools import ToolError
 
 log = logging.getLogger("sandhold.worker")
 
@@ -19,16 +20,6 @@ log = logging.getLogger("sandhold.worker")
 # call being set up (another worker's, say), or the provider failed for a moment.
 RETRYABLE = {"session_busy", "provider_error"}
 RETRY_DELAYS_S = (0.2, 0.5, 1.0, 2.0)
-
-
-class GatewayError(Exception):
-    """A tool call the gateway refused or could not run: its ``{code, message}``."""
-
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(f"{code}: {message}")
-        self.status = status
-        self.code = code
-        self.message = message
 
 
 class Gateway:
@@ -46,10 +37,12 @@ class Gateway:
         await self.http.aclose()
 
     async def call(
-        self, session_id: str, tool: str, budget_s: float = 0.0, **arguments: Any
+        self, name: str, session_id: str, tool: str, budget_s: float = 0.0, **arguments: Any
     ) -> dict[str, Any]:
-        """One tool call (``POST /v1/sessions/{id}/tools/{tool}``); ``budget_s``: how long the
-        tool itself may run, on top of the HTTP timeout. Raises ``GatewayError``."""
+        """One tool call (``POST /v1/sessions/{id}/tools/{tool}``) for the agent's tool ``name``;
+        ``budget_s``: how long the tool itself may run, on top of the HTTP timeout. A refusal or
+        failure raises the SDK's ``ToolError`` with the gateway's message (``name: message``),
+        which the SDK's runner posts as an ``is_error`` result."""
         timeout = httpx.Timeout(self.timeout_s + budget_s, connect=10.0)
         for attempt, delay in enumerate((*RETRY_DELAYS_S, None)):
             try:
@@ -57,7 +50,7 @@ class Gateway:
                     f"/v1/sessions/{session_id}/tools/{tool}", json=arguments, timeout=timeout
                 )
             except httpx.TransportError as e:
-                raise GatewayError(502, "gateway_unreachable", f"{type(e).__name__}: {e}") from e
+                raise ToolError(f"{name}: the gateway is unreachable: {type(e).__name__}") from e
             if r.status_code == 200:
                 result: dict[str, Any] = r.json()
                 return result
@@ -66,7 +59,7 @@ class Gateway:
                 log.info("gateway %s for %s, retry %d: %s", code, tool, attempt + 1, message)
                 await asyncio.sleep(delay)
                 continue
-            raise GatewayError(r.status_code, code, message)
+            raise ToolError(f"{name}: {message or code}")
         raise AssertionError("unreachable")
 
     async def prepare(self, session_id: str) -> None:

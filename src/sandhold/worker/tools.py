@@ -40,7 +40,7 @@ from pydantic import BaseModel
 
 from sandhold.gateway.views import READ_ROOTS
 from sandhold.worker import sandbox_search
-from sandhold.worker.gateway import Gateway, GatewayError
+from sandhold.worker.gateway import Gateway
 from sandhold.worker.shell import RESET_SCRIPT, command_script, shell_output
 
 WORKSPACE = "/workspace"
@@ -67,10 +67,7 @@ class SandboxTools:
         self.bash_timeout_s = bash_timeout_s
 
     async def _call(self, name: str, tool: str, budget_s: float = 0.0, **args: Any) -> Any:
-        try:
-            return await self.gw.call(self.session_id, tool, budget_s, **args)
-        except GatewayError as e:
-            raise ToolError(f"{name}: {e.message or e.code}") from None
+        return await self.gw.call(name, self.session_id, tool, budget_s, **args)
 
     # -- bash -----------------------------------------------------------------------------------
     async def bash(
@@ -128,14 +125,14 @@ class SandboxTools:
 
     async def _text(self, file_path: str, op: str) -> tuple[str, int]:
         try:
-            r = await self.gw.call(self.session_id, "read_file", path=file_path)
-        except GatewayError as e:
-            if "not UTF-8" in e.message:
+            r = await self._call(op, "read_file", path=file_path)
+        except ToolError as e:
+            if "not UTF-8" in str(e):
                 raise ToolError(
                     f"{op}: {file_path}: not valid UTF-8 text (binary files are only supported "
                     "for image/PDF extensions)"
                 ) from None
-            raise ToolError(f"{op}: {e.message or e.code}") from None
+            raise
         return str(r["content"]), int(r["size"])
 
     async def _binary_block(self, file_path: str, media_type: str) -> Any:
