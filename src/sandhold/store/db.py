@@ -8,6 +8,7 @@ provider call.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import time
 import uuid
@@ -16,25 +17,26 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import (
+    Connection,
     Engine,
-    and_,
     create_engine,
-    delete,
     event,
     func,
-    insert,
     or_,
     select,
     update,
 )
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DisconnectionError, IntegrityError
 from sqlalchemy.orm import sessionmaker
 
 from sandhold.errors import LockLost
+from sandhold.store import statements as q
 from sandhold.store.batch import BatchQueries
-from sandhold.store.batch import lock_free as _lock_free
-from sandhold.store.models import Deliverable, Event, Session, SessionUse, Tenant
+from sandhold.store.models import Deliverable, Event, Session, Tenant
 from sandhold.store.schema import run_migrations
+from sandhold.store.statements import ROW_COLUMNS as _ROW_COLUMNS
+
+PING_IDLE_S = 5.0  # a pooled PostgreSQL connection idle for longer is pinged before use
 
 
 def key_digest(api_key: str) -> str:
@@ -65,15 +67,14 @@ class SessionRow:
         )  # fmt: skip
 
 
-# SessionRow's fields, as columns of the sessions table, in its order
-_ROW_COLUMNS = ("id", "tenant_id", "session_id", "state", "sandbox_id", "sandbox_handle",
-                "generation", "recorded_pause_end_at", "lock_owner", "lock_until", "created_at",
-                "closed_at")  # fmt: skip
-
-
 def _row(m: Any) -> SessionRow:
     fields = {f: m[f] for f in _ROW_COLUMNS}
     return SessionRow(pk=fields.pop("id"), **{**fields, "generation": fields["generation"] or 0})
+
+
+def _tenant(r: Any) -> Tenant | None:
+    """A tenant read as columns (a detached Tenant: nobody writes through it)."""
+    return None if r is None else Tenant(**r._mapping)
 
 
 def make_engine(url: str) -> Engine:
@@ -93,7 +94,29 @@ def make_engine(url: str) -> Engine:
             cur.close()
 
         return engine
-    return create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
+    engine = create_engine(url, pool_size=10, max_overflow=20)
+
+    # Pessimistic disconnect handling only for a connection idle for a while (a server restart
+    # or an idle timeout closes those): pool_pre_ping's round trip on every checkout cost a
+    # warm tool call five of its round trips. Raising DisconnectionError makes the pool drop
+    # the connection and check out another (SQLAlchemy's documented checkout-event recipe).
+    @event.listens_for(engine, "connect")
+    @event.listens_for(engine, "checkin")
+    def _idle(_dbapi: Any, record: Any) -> None:
+        record.info["idle_since"] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _checked_out(dbapi: Any, record: Any, _proxy: Any) -> None:
+        if time.monotonic() - record.info.get("idle_since", 0.0) < PING_IDLE_S:
+            return
+        try:
+            cur = dbapi.cursor()
+            cur.execute("SELECT 1")
+            cur.close()
+        except Exception as e:
+            raise DisconnectionError(f"pooled connection is dead: {e}") from e
+
+    return engine
 
 
 class Store(BatchQueries):
@@ -101,6 +124,20 @@ class Store(BatchQueries):
         self.url = url
         self.engine = make_engine(url)
         self.db = sessionmaker(self.engine, expire_on_commit=False)
+        # PostgreSQL: each statement its own transaction (autocommit), with no BEGIN or
+        # COMMIT round trip; see the hot path below. (SQLite has no round trips, but a commit
+        # per statement, and switching a pooled connection to autocommit costs a PRAGMA.)
+        self.auto = self.engine.execution_options(isolation_level="AUTOCOMMIT")
+        self.sqlite = self.engine.dialect.name == "sqlite"
+
+    def _hot(self) -> contextlib.AbstractContextManager[Connection]:
+        """A connection whose statements are each durable once done (PostgreSQL: autocommit),
+        or all at the end of the block (SQLite: one transaction)."""
+        return self.engine.begin() if self.sqlite else self.auto.connect()
+
+    def _read(self) -> Connection:
+        """A connection for one read (PostgreSQL: no BEGIN and ROLLBACK around it)."""
+        return self.engine.connect() if self.sqlite else self.auto.connect()
 
     def close(self) -> None:
         self.engine.dispose()
@@ -130,14 +167,13 @@ class Store(BatchQueries):
         raise AssertionError("unreachable: the tenant row exists after an IntegrityError")
 
     def get_tenant(self, tenant_id: str) -> Tenant | None:
-        with self.db() as db:
-            return db.get(Tenant, tenant_id)
+        with self._read() as conn:
+            return _tenant(conn.execute(q.TENANT_BY_ID, {"tenant": tenant_id}).first())
 
     def tenant_by_key(self, api_key: str) -> Tenant | None:
-        with self.db() as db:
-            return db.scalars(
-                select(Tenant).where(Tenant.api_key_sha256 == key_digest(api_key))
-            ).first()
+        with self._read() as conn:
+            digest = key_digest(api_key)
+            return _tenant(conn.execute(q.TENANT_BY_KEY, {"digest": digest}).first())
 
     def tenants(self) -> list[Tenant]:
         with self.db() as db:
@@ -145,18 +181,14 @@ class Store(BatchQueries):
 
     # -- sessions -------------------------------------------------------------------------------
     def get_session(self, tenant_id: str, session_id: str) -> SessionRow | None:
-        with self.db() as db:
-            s = db.scalars(
-                select(Session).where(
-                    Session.tenant_id == tenant_id, Session.session_id == session_id
-                )
-            ).first()
-            return SessionRow.of(s) if s else None
+        with self._read() as conn:
+            r = conn.execute(q.ROW_BY_NAME, {"tenant": tenant_id, "session": session_id}).first()
+            return _row(r._mapping) if r else None
 
     def session_by_pk(self, pk: int) -> SessionRow | None:
-        with self.db() as db:
-            s = db.get(Session, pk)
-            return SessionRow.of(s) if s else None
+        with self._read() as conn:
+            r = conn.execute(q.ROW_BY_PK, {"pk": pk}).first()
+            return _row(r._mapping) if r else None
 
     def sessions(self, tenant_id: str | None = None, limit: int = 1000) -> list[SessionRow]:
         q = select(Session).order_by(Session.id).limit(limit)
@@ -218,47 +250,45 @@ class Store(BatchQueries):
                 raise LockLost("lost the session lock before reserving a create")
             return None
 
+    # -- a tool call's hot path ----------------------------------------------------------------
+    # On PostgreSQL in autocommit, one round trip per statement: the lease lock and the uses are
+    # rows that each statement changes atomically, and the order of the statements keeps the
+    # rules (a use is committed before the lock is released; the lock is held before the uses
+    # are read). On SQLite the same statements, in that order, in one transaction.
     def try_lock(self, pk: int, ttl_s: float) -> str | None:
         """Take the session's lease lock if it is free or expired; returns the token or None."""
         token = uuid.uuid4().hex
         now = time.time()
-        with self.db.begin() as db:
-            res = db.execute(
-                update(Session)
-                .where(Session.id == pk, _lock_free(now))
-                .values(lock_owner=token, lock_until=now + ttl_s)
-            )
-            return token if res.rowcount == 1 else None  # type: ignore[attr-defined]
+        with self._hot() as conn:
+            res = conn.execute(q.LOCK_BY_PK, {"pk": pk, "now": now, "token": token,
+                                              "until": now + ttl_s})  # fmt: skip
+            return token if res.rowcount == 1 else None
 
     def open_and_lock(
         self, tenant_id: str, session_id: str, ttl_s: float
     ) -> tuple[SessionRow, str | None, bool]:
-        """A tool call's first transaction: the session's row (inserted if new) with its lease
-        lock taken if free or expired. Returns (row, token or None, whether this created it).
-        It starts with a write, so that SQLite takes its write lock (waiting for it) before any
-        read: upgrading a read transaction fails at once when another writer got in between."""
+        """A tool call's first statement: the session's row with its lease lock taken if free or
+        expired (one UPDATE ... RETURNING); a new session's row is inserted, locked. Returns
+        (row, token or None, whether this created it)."""
         token = uuid.uuid4().hex
-        where = (Session.tenant_id == tenant_id, Session.session_id == session_id)
+        name = {"tenant": tenant_id, "session": session_id}
         for _attempt in range(2):
             try:
-                with self.db.begin() as db:
+                with self._hot() as conn:
                     now = time.time()
-                    res = db.execute(
-                        update(Session).where(*where, _lock_free(now))
-                        .values(lock_owner=token, lock_until=now + ttl_s)
-                        .execution_options(synchronize_session=False)
-                    )  # fmt: skip
-                    got = res.rowcount == 1  # type: ignore[attr-defined]
-                    s = db.scalars(select(Session).where(*where)).first()
-                    created = s is None
-                    if s is None:
-                        s = Session(tenant_id=tenant_id, session_id=session_id, state="open",
-                                    generation=0, created_at=now, lock_owner=token,
-                                    lock_until=now + ttl_s)  # fmt: skip
-                        db.add(s)
-                        db.flush()
-                        got = True
-                    return SessionRow.of(s), token if got else None, created
+                    lock = {"now": now, "token": token, "until": now + ttl_s}
+                    r = conn.execute(q.LOCK_BY_NAME, {**name, **lock}).first()
+                    if r is not None:
+                        return _row(r._mapping), token, False
+                    r = conn.execute(q.ROW_BY_NAME, name).first()
+                    if r is not None:
+                        return _row(r._mapping), None, False  # locked by someone else
+                    r = conn.execute(q.INSERT_SESSION, {
+                        "tenant_id": tenant_id, "session_id": session_id, "state": "open",
+                        "generation": 0, "created_at": now, "lock_owner": token,
+                        "lock_until": now + ttl_s,
+                    }).one()  # fmt: skip
+                    return _row(r._mapping), token, True
             except IntegrityError:
                 pass  # another replica inserted it at the same moment: lock theirs
         raise AssertionError("unreachable: the session row exists after an IntegrityError")
@@ -266,85 +296,65 @@ class Store(BatchQueries):
     def add_use_and_unlock(
         self, pk: int, token: str, sandbox_id: str, replica: str, tool: str, ttl_s: float
     ) -> str:
-        """Register a tool call in flight and release the lease lock, in one transaction."""
+        """Register a tool call in flight, then release the lease lock: whoever takes the lock
+        next sees the use."""
         use_id = uuid.uuid4().hex
         now = time.time()
-        with self.db.begin() as db:
-            db.add(SessionUse(id=use_id, session_pk=pk, sandbox_id=sandbox_id, replica=replica,
-                              tool=tool, started_at=now, expires_at=now + ttl_s))  # fmt: skip
-            db.execute(
-                update(Session)
-                .where(Session.id == pk, Session.lock_owner == token)
-                .values(lock_owner=None, lock_until=None)
-            )
+        with self._hot() as conn:
+            conn.execute(q.ADD_USE, {"id": use_id, "session_pk": pk, "sandbox_id": sandbox_id,
+                                     "replica": replica, "tool": tool, "started_at": now,
+                                     "expires_at": now + ttl_s})  # fmt: skip
+            conn.execute(q.UNLOCK, {"pk": pk, "token": token})
         return use_id
 
     def end_use_and_lock(
         self, use_id: str, pk: int, ttl_s: float
     ) -> tuple[str | None, list[float]]:
-        """A tool call ended: forget it, and take the lease lock if free (no waiting) to set the
-        keep-alive. Returns (token or None, expiry times of the calls still in flight)."""
+        """A tool call ended: forget it (and the session's expired uses, debris of a replica
+        that died mid-call), then take the lease lock if free (no waiting) to set the
+        keep-alive. Returns (token or None, expiry times of the calls still in flight, read
+        with the lock held)."""
         token = uuid.uuid4().hex
         now = time.time()
-        with self.db.begin() as db:
-            db.execute(delete(SessionUse).where(SessionUse.id == use_id))
-            res = db.execute(
-                update(Session)
-                .where(Session.id == pk, _lock_free(now))
-                .values(lock_owner=token, lock_until=now + ttl_s)
-            )  # fmt: skip
-            if res.rowcount != 1:  # type: ignore[attr-defined]
+        with self._hot() as conn:
+            conn.execute(q.END_USES, {"use_id": use_id, "pk": pk, "now": now})
+            res = conn.execute(q.LOCK_BY_PK, {"pk": pk, "now": now, "token": token,
+                                              "until": now + ttl_s})  # fmt: skip
+            if res.rowcount != 1:
                 return None, []
-            db.execute(  # expired uses are debris of a replica that died mid-call
-                delete(SessionUse).where(SessionUse.session_pk == pk, SessionUse.expires_at < now)
-            )
-            live = db.scalars(
-                select(SessionUse.expires_at).where(
-                    SessionUse.session_pk == pk, SessionUse.expires_at >= now
-                )
-            )
-            return token, list(live)
+            return token, list(conn.scalars(q.LIVE_USES, {"pk": pk, "now": now}))
 
     def unlock(self, pk: int, token: str, events: Sequence[dict[str, Any]] = ()) -> None:
-        """Release the lease lock, and write ``events`` (timeline rows) in the same transaction:
-        a tool call's end costs one round trip less."""
-        with self.db.begin() as db:
-            db.execute(
-                update(Session)
-                .where(Session.id == pk, Session.lock_owner == token)
-                .values(lock_owner=None, lock_until=None)
-            )
+        """Write ``events`` (timeline rows: a tool call's, with its end), then release the lease
+        lock (were it released first, a crash in between would lose them)."""
+        with self._hot() as conn:
             if events:
-                db.execute(insert(Event), list(events))
+                conn.execute(q.ADD_EVENT, q.event_rows(events))
+            conn.execute(q.UNLOCK, {"pk": pk, "token": token})
 
     def set_sandbox(
         self, pk: int, token: str, sandbox_id: str | None, handle: dict[str, Any] | None
     ) -> bool:
         """Record the session's sandbox, only while ``token`` still holds the lock (fencing):
         False means the lock expired and someone else may have changed the session."""
-        with self.db.begin() as db:
-            res = db.execute(
-                update(Session)
-                .where(Session.id == pk, Session.lock_owner == token)
-                .values(
-                    sandbox_id=sandbox_id,
-                    sandbox_handle=handle,
-                    recorded_pause_end_at=None,
-                    create_reserved_until=None,
-                    generation=Session.generation + (1 if sandbox_id else 0),
-                )
+        with self._hot() as conn:
+            res = conn.execute(
+                q.SET_SANDBOX,
+                {
+                    "pk": pk,
+                    "token": token,
+                    "sandbox": sandbox_id,
+                    "handle": handle,
+                    "bump": 1 if sandbox_id else 0,
+                },
             )
-            return res.rowcount == 1  # type: ignore[attr-defined]
+            return res.rowcount == 1  # fmt: skip
 
     def set_handle(self, pk: int, token: str, handle: dict[str, Any]) -> bool:
         """Update what is remembered of the session's sandbox (same fencing as set_sandbox)."""
-        with self.db.begin() as db:
-            res = db.execute(
-                update(Session)
-                .where(Session.id == pk, Session.lock_owner == token)
-                .values(sandbox_handle=handle)
-            )
-            return res.rowcount == 1  # type: ignore[attr-defined]
+        with self._hot() as conn:
+            res = conn.execute(q.SET_HANDLE, {"pk": pk, "token": token, "handle": handle})
+            return res.rowcount == 1
 
     def mark_closed(self, pk: int, token: str) -> bool:
         with self.db.begin() as db:
@@ -357,39 +367,17 @@ class Store(BatchQueries):
 
     def record_pause_once(self, pk: int, sandbox_id: str, end_at: float) -> bool:
         """True for exactly one caller per pause (identified by the provider's endAt)."""
-        with self.db.begin() as db:
-            res = db.execute(
-                update(Session)
-                .where(
-                    Session.id == pk,
-                    Session.sandbox_id == sandbox_id,
-                    or_(
-                        Session.recorded_pause_end_at.is_(None),
-                        Session.recorded_pause_end_at != end_at,
-                    ),
-                )
-                .values(recorded_pause_end_at=end_at)
-            )
-            return res.rowcount == 1  # type: ignore[attr-defined]
+        with self._hot() as conn:
+            res = conn.execute(q.RECORD_PAUSE, {"pk": pk, "sandbox": sandbox_id, "end_at": end_at})
+            return res.rowcount == 1
 
     # -- uses -----------------------------------------------------------------------------------
     def live_uses(self, pk: int) -> list[float]:
         """Expiry times of the session's tool calls still in flight."""
         now = time.time()
-        with self.db.begin() as db:
-            # expired uses are debris of a replica that died mid-call
-            db.execute(
-                delete(SessionUse).where(
-                    and_(SessionUse.session_pk == pk, SessionUse.expires_at < now)
-                )
-            )
-            return list(
-                db.scalars(
-                    select(SessionUse.expires_at).where(
-                        SessionUse.session_pk == pk, SessionUse.expires_at >= now
-                    )
-                )
-            )
+        with self.engine.begin() as conn:
+            conn.execute(q.EXPIRED_USES, {"pk": pk, "now": now})  # debris of a dead replica
+            return list(conn.scalars(q.LIVE_USES, {"pk": pk, "now": now}))
 
     # -- deliverables ---------------------------------------------------------------------------
     def add_deliverable(self, **fields: Any) -> Deliverable:
@@ -416,13 +404,13 @@ class Store(BatchQueries):
     # -- timeline -------------------------------------------------------------------------------
     def add_event(self, **fields: Any) -> None:
         fields.setdefault("at", time.time())
-        with self.db.begin() as db:
-            db.add(Event(**fields))
+        with self._hot() as conn:
+            conn.execute(q.ADD_EVENT, q.event_rows([fields]))
 
     def add_events(self, events: Sequence[dict[str, Any]]) -> None:
         if events:
-            with self.db.begin() as db:
-                db.execute(insert(Event), list(events))
+            with self.engine.begin() as conn:
+                conn.execute(q.ADD_EVENT, q.event_rows(events))
 
     def timeline(self, tenant_id: str, session_id: str, limit: int = 1000) -> list[Event]:
         with self.db() as db:
