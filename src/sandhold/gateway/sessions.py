@@ -230,22 +230,28 @@ class SandboxSessionManager:
         timeout = policy.keep_alive_s + budget
         if row.sandbox_id:
             sandbox_id = row.sandbox_id
-            before = await self.provider.get(sandbox_id)
-            if before is not None:
+            # Running for sure (the provider set its end moments ago): no read before connect.
+            known = self.provider.known_running(sandbox_id)
+            before = None if known else await self.provider.get(sandbox_id)
+            if known or before is not None:
                 try:
                     t0 = time.monotonic()
                     resumed, fresh = await self.provider.connect(sandbox_id, timeout)
-                    if resumed or before.state != "running":
-                        await self.record_stop(row, before)
+                    if resumed or (before is not None and before.state != "running"):
+                        if before is not None:  # (else paused by someone else: when, unknown)
+                            await self.record_stop(row, before)
                         await self.timeline.record(
                             row.tenant_id, row.session_id, "sandbox_resumed",
                             sandbox_id=sandbox_id, duration_ms=_ms(t0),
-                            reason=f"{cause} on a paused sandbox", provider_state=before.public(),
+                            reason=f"{cause} on a paused sandbox",
+                            provider_state=before.public() if before else None,
                         )  # fmt: skip
                     handle = {**self._opened(row), **fresh}
                     return sandbox_id, await self._apply_network(row, token, policy, handle)
                 except SandboxGone:
-                    if before.failure is not None:
+                    if known:  # what it is now: failed (kept until killed) or gone
+                        before = await self.provider.get(sandbox_id)
+                    if before is not None and before.failure is not None:
                         await self.record_stop(row, before)
                 except NeedsNewSandbox as e:
                     await self.provider.kill(sandbox_id)

@@ -119,6 +119,12 @@ class Provider(abc.ABC):
     async def get(self, sandbox_id: str) -> ProviderSandbox | None:
         """The sandbox's current state, or None if it does not exist."""
 
+    def known_running(self, sandbox_id: str) -> bool:
+        """Whether the provider knows, without asking anyone, that the sandbox runs now (it set
+        its end itself, moments ago): the manager then connects without reading its state
+        first. False unless the provider can be sure (the local one: see local.py)."""
+        return False
+
     @abc.abstractmethod
     async def list(self, metadata: dict[str, str]) -> list[ProviderSandbox]:
         """Every sandbox (running and paused) whose metadata has all the given pairs."""

@@ -3,19 +3,28 @@
 Timeouts, auto-pause, connect and metadata mean exactly what they mean behind ``sandhold serve``
 (it is the same service); only the HTTP hop is gone. Requests are the service's own types: host
 mounts, the file view and the tenant's egress go in as fields, nothing through metadata. The
-data plane is the agent's unix socket (envd), and its CONNECT tunnel for other ports.
+data plane is the agent's unix socket (envd), and its CONNECT tunnel for other ports, through one
+pooled client per sandbox and port (``channels.py``).
+
+A sandbox this provider created, connected or timed out moments ago is known to be running
+until the end it set (``known_running``): the service pauses a running sandbox only once its
+end has passed, and only this provider (the owner ``gateway``) moves that end. The session
+manager then skips its status read before ``connect``, and ``channel`` its read before
+connecting. The hint is the service's own state as its only writer last set it, never a decision
+of the gateway's: ``connect`` still says whether it resumed, and a gone agent still fails.
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from sandhold.config import Settings
 from sandhold.egress.policy import EgressPolicy
-from sandhold.envd.transports import agent_channel
 from sandhold.errors import Conflict, NeedsNewSandbox, SandboxGone, SandboxNotFound
 from sandhold.gateway.providers.base import (
     Capabilities,
@@ -24,11 +33,15 @@ from sandhold.gateway.providers.base import (
     Provider,
     ProviderSandbox,
 )
+from sandhold.gateway.providers.channels import Channels
 from sandhold.runtime.runtime import Runtime
 from sandhold.runtime.spec import NetworkPolicy
 from sandhold.service import CreateSandbox, Mount, Sandbox, SandboxService
 
 OWNER = "gateway"
+# A sandbox counts as running until this long before the end this provider set: the service
+# takes the end from its own clock a moment after ours.
+HINT_MARGIN_S = 0.25
 
 
 def _listed(sbx: Sandbox) -> ProviderSandbox:
@@ -65,6 +78,24 @@ class LocalProvider(Provider):
         self.settings = settings
         self.runtime = Runtime(settings)
         self.service = SandboxService(self.runtime, settings)
+        self.channels = Channels()
+        # sandbox id -> (wall-clock time until which it surely runs, its agent's socket)
+        self._running: dict[str, tuple[float, Path]] = {}
+
+    def known_running(self, sandbox_id: str) -> bool:
+        seen = self._running.get(sandbox_id)
+        return seen is not None and time.time() < seen[0]
+
+    def _runs(self, sbx: Sandbox, timeout_s: int, t0: float) -> None:
+        """``sbx`` runs until ``t0 + timeout_s`` at least (``t0``: before the service was asked)."""
+        if len(self._running) > 4096:  # sandboxes paused or gone by other paths: forget them
+            now = time.time()
+            self._running = {k: v for k, v in self._running.items() if v[0] > now}
+        self._running[sbx.id] = (t0 + timeout_s - HINT_MARGIN_S, sbx.info.agent_socket)
+
+    async def _forget(self, sandbox_id: str) -> None:
+        self._running.pop(sandbox_id, None)
+        await self.channels.drop(sandbox_id)
 
     async def start(self) -> None:
         await self.service.open()
@@ -72,9 +103,11 @@ class LocalProvider(Provider):
         self.capabilities = replace(self.capabilities, suspends_to_disk=suspends)
 
     async def close(self) -> None:
+        await self.channels.close()
         await self.service.close()
 
     async def create(self, req: CreateRequest) -> tuple[ProviderSandbox, dict[str, Any]]:
+        t0 = time.time()
         sbx = await self.service.create(
             CreateSandbox(
                 owner=OWNER,
@@ -94,18 +127,28 @@ class LocalProvider(Provider):
                 network=_network(req.tenant, req.network),
             )
         )
+        self._runs(sbx, req.timeout_s, t0)
         return _listed(sbx), {}
 
     async def connect(self, sandbox_id: str, timeout_s: int) -> tuple[bool, dict[str, Any]]:
+        t0 = time.time()
         try:
-            _sbx, resumed = await self.service.connect(OWNER, sandbox_id, timeout_s)
+            sbx, resumed = await self.service.connect(OWNER, sandbox_id, timeout_s)
         except SandboxNotFound:
+            await self._forget(sandbox_id)
             raise _gone(sandbox_id) from None
+        self._runs(sbx, timeout_s, t0)
         return resumed, {}
 
     async def set_timeout(self, sandbox_id: str, timeout_s: int) -> None:
-        with contextlib.suppress(SandboxNotFound):
+        t0 = time.time()
+        seen = self._running.pop(sandbox_id, None)  # no hint while its end changes
+        try:
             await self.service.set_timeout(OWNER, sandbox_id, timeout_s)
+        except SandboxNotFound:
+            return  # gone, or paused: nothing runs
+        if seen is not None:
+            self._running[sandbox_id] = (t0 + timeout_s - HINT_MARGIN_S, seen[1])
 
     async def update_network(self, sandbox_id: str, tenant: str, network: EgressPolicy) -> None:
         try:
@@ -117,7 +160,11 @@ class LocalProvider(Provider):
 
     async def get(self, sandbox_id: str) -> ProviderSandbox | None:
         sbx = await self.service.get(sandbox_id)
-        return _listed(sbx) if sbx is not None and sbx.owner == OWNER else None
+        if sbx is None or sbx.owner != OWNER:
+            return None
+        if not sbx.running:
+            self._running.pop(sandbox_id, None)
+        return _listed(sbx)
 
     async def list(self, metadata: dict[str, str]) -> list[ProviderSandbox]:
         return [_listed(s) for s in await self.service.query(OWNER, metadata=metadata)]
@@ -129,20 +176,31 @@ class LocalProvider(Provider):
         try:
             await self.service.kill(OWNER, sandbox_id, **cond)
         except SandboxNotFound:
+            await self._forget(sandbox_id)
             return False
+        await self._forget(sandbox_id)  # (not when a condition refused it: it may be in use)
         return True
 
     @contextlib.asynccontextmanager
     async def channel(
         self, sandbox_id: str, handle: dict[str, Any], port: int
     ) -> AsyncIterator[Channel]:
-        sbx = await self.service.get(sandbox_id)
-        if sbx is not None and not sbx.running:  # traffic resumes it, as on the E2B surface
-            sbx = await self.service.auto_resume(sandbox_id)
-        if sbx is None or sbx.owner != OWNER:
-            raise _gone(sandbox_id)
-        async with agent_channel(sbx.info.agent_socket, port) as ch:
-            yield ch
+        seen = self._running.get(sandbox_id)
+        if seen is not None and time.time() < seen[0]:
+            socket_path = seen[1]
+        else:
+            sbx = await self.service.get(sandbox_id)
+            if sbx is not None and not sbx.running:  # traffic resumes it, as on the E2B surface
+                sbx = await self.service.auto_resume(sandbox_id)
+            if sbx is None or sbx.owner != OWNER:
+                raise _gone(sandbox_id)
+            socket_path = sbx.info.agent_socket
+        try:
+            with self.channels.get(sandbox_id, socket_path, port) as ch:
+                yield ch
+        except SandboxGone:
+            await self._forget(sandbox_id)  # its agent is gone: the next call reads its state
+            raise
 
 
 def _network(tenant: str, network: EgressPolicy) -> NetworkPolicy:
