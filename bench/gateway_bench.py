@@ -1,7 +1,8 @@
 """Session gateway benchmarks, on this host, with the ``local`` provider.
 
-    .venv/bin/python bench/gateway_bench.py [--n 30] [--stores sqlite,postgresql]
+    .venv/bin/python bench/gateway_bench.py [--n 30] [--warm N] [--stores sqlite,postgresql]
         [--paused 1000] [--scale 10000 --sample 20] [--only rest,reclaim,scale] [--out FILE]
+        [--before-src DIR --rounds 3]
 
 Measures, through a real `sandhold gateway serve` process over REST (milliseconds), once per
 store of ``--stores`` (PostgreSQL: a throw-away server on a unix socket, tests/gateway/postgres.py):
@@ -18,6 +19,12 @@ and in-process, with the store on SQLite:
   the in-memory decisions, the batched store writes, the bounded parallel kills) at that scale
   over a real SQLite store; a real local kill's cost is in ``reclaim_pass``.
 Prints one JSON document and writes it to --out.
+
+With ``--before-src DIR`` (another tree's ``src/``, e.g. from ``git worktree add``), the same
+steps run ``--rounds`` times on each side, interleaved (before, after, after, before, ...), each
+run a process of its own with its side's ``src/`` on ``PYTHONPATH``: the JSON then has every
+run of each side, the median over the rounds of each side's figures and their ratios
+(after / before, < 1 is faster), so that the shared host's noise falls on both alike.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import os
 import platform
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -60,7 +68,9 @@ def env_for(data_dir: Path, keep_alive: int, retention: int) -> dict[str, str]:
     }
 
 
-def rest_latencies(data_dir: Path, n: int, store_url: str | None = None) -> dict[str, object]:
+def rest_latencies(
+    data_dir: Path, n: int, warm_n: int, store_url: str | None = None
+) -> dict[str, object]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SANDHOLD_")}
     env.update(env_for(data_dir, keep_alive=1, retention=3600), NO_PROXY="127.0.0.1")
     if store_url is not None:
@@ -96,7 +106,7 @@ def rest_latencies(data_dir: Path, n: int, store_url: str | None = None) -> dict
 
         first = [call(f"first-{i}") for i in range(n)]
         call("warm")
-        warm = [call("warm") for _ in range(n)]
+        warm = [call("warm") for _ in range(warm_n)]
         resume = []
         for i in range(min(n, 10)):
             sid = f"first-{i}"
@@ -242,13 +252,19 @@ async def reclaim_pass_scaled(data_dir: Path, sessions: int, sample: int) -> dic
 def main() -> dict[str, object]:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=30, help="samples per latency measurement")
+    ap.add_argument("--warm", type=int, default=None, help="warm tool calls (default: --n)")
     ap.add_argument("--stores", default="sqlite,postgresql", help="stores of the REST latencies")
     ap.add_argument("--paused", type=int, default=1000, help="real paused sandboxes to reclaim")
     ap.add_argument("--scale", type=int, default=10000, help="sessions of the scaled pass")
     ap.add_argument("--sample", type=int, default=20, help="real sandboxes among them")
     ap.add_argument("--only", default="rest,reclaim,scale", help="steps to run")
     ap.add_argument("--out", default="bench/results/gateway.json")
+    ap.add_argument("--before-src", type=Path, help="compare with this src/ (interleaved runs)")
+    ap.add_argument("--rounds", type=int, default=3, help="runs per side with --before-src")
     args = ap.parse_args()
+    if args.before_src is not None:
+        return compare_sides(args)
+    warm_n = args.warm or args.n
     result: dict[str, object] = {
         "host": {"kernel": platform.release(), "cpus": os.cpu_count(),
                  "loadavg_1m_at_start": round(os.getloadavg()[0], 2)},
@@ -258,7 +274,7 @@ def main() -> dict[str, object]:
     only = args.only.split(",")
     steps = []
     for store in args.stores.split(",") if "rest" in only else []:
-        steps.append((f"rest_{store}", lambda d, st=store: rest_on(d, args.n, st)))
+        steps.append((f"rest_{store}", lambda d, st=store: rest_on(d, args.n, warm_n, st)))
     if "reclaim" in only:
         steps.append(("reclaim_pass", lambda d: asyncio.run(reclaim_pass(d, args.paused))))
     if "scale" in only:
@@ -280,16 +296,81 @@ def main() -> dict[str, object]:
     return result
 
 
-def rest_on(data_dir: Path, n: int, store: str) -> dict[str, object]:
+def rest_on(data_dir: Path, n: int, warm_n: int, store: str) -> dict[str, object]:
     """The REST latencies with the gateway's store on SQLite (its data dir) or PostgreSQL."""
     if store == "sqlite":
-        return rest_latencies(data_dir, n)
+        return rest_latencies(data_dir, n, warm_n)
     pg = Postgres()
     pg.start()
     try:
-        return rest_latencies(data_dir, n, pg.database("gwbench"))
+        return rest_latencies(data_dir, n, warm_n, pg.database("gwbench"))
     finally:
         pg.stop()
+
+
+# The figures compared between the sides: (label, path in a run's JSON; a dict's p50 is taken).
+COMPARED = [
+    ("warm tool call, SQLite (ms)", ("tool_call_warm_ms",)),
+    ("warm tool call, PostgreSQL (ms)", ("rest_postgresql", "tool_call_warm_ms")),
+    ("first call, SQLite (ms)", ("first_call_ms",)),
+    ("first call, PostgreSQL (ms)", ("rest_postgresql", "first_call_ms")),
+    ("call after auto-pause, SQLite (ms)", ("resume_on_call_ms",)),
+    ("call after auto-pause, PostgreSQL (ms)", ("rest_postgresql", "resume_on_call_ms")),
+    ("reclaim pass, real sandboxes (s)", ("reclaim_pass", "pass_s")),
+    ("reclaim pass, scaled (s)", ("reclaim_pass_scaled", "pass_s")),
+]
+
+
+def _figure(run: dict[str, object], path: tuple[str, ...]) -> float | None:
+    value: object = run
+    for key in path:
+        value = value.get(key) if isinstance(value, dict) else None
+    if isinstance(value, dict):
+        value = value.get("p50")
+    return float(value) if isinstance(value, int | float) else None
+
+
+def compare_sides(args: argparse.Namespace) -> dict[str, object]:
+    """Run this bench (without --before-src) on both sides, interleaved, and compare them."""
+    here = Path(__file__).resolve()
+    sides = {"before": args.before_src.resolve(), "after": here.parents[1] / "src"}
+    skip = {"--before-src", "--rounds", "--out"}
+    argv, it = [], iter(sys.argv[1:])
+    for a in it:
+        name = a.split("=", 1)[0]
+        if name in skip:
+            if "=" not in a:
+                next(it, None)
+            continue
+        argv.append(a)
+    runs: dict[str, list[dict[str, object]]] = {"before": [], "after": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.rounds):
+            for side in ("before", "after") if r % 2 == 0 else ("after", "before"):
+                out = Path(tmp) / f"{side}-{r}.json"
+                env = {**os.environ, "PYTHONPATH": str(sides[side])}
+                subprocess.run([sys.executable, str(here), *argv, "--out", str(out)], env=env,
+                               check=True, stdout=subprocess.DEVNULL)  # fmt: skip
+                runs[side].append(json.loads(out.read_text()))
+                print(side, r, {k: _figure(runs[side][-1], p) for k, p in COMPARED}, flush=True)
+    figures = {}
+    for label, path in COMPARED:
+        per = {side: [v for run in runs[side] if (v := _figure(run, path)) is not None]
+               for side in runs}  # fmt: skip
+        if not per["before"] or not per["after"]:
+            continue
+        before, after = statistics.median(per["before"]), statistics.median(per["after"])
+        figures[label] = {"before": round(before, 4), "after": round(after, 4),
+                          "ratio": round(after / before, 3), "runs": per}  # fmt: skip
+    result: dict[str, object] = {
+        "host": {"kernel": platform.release(), "cpus": os.cpu_count(),
+                 "loadavg_1m_at_end": round(os.getloadavg()[0], 2)},
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "sides": {k: str(v) for k, v in sides.items()}, "rounds": args.rounds,
+        "figures": figures, "runs": runs,
+    }  # fmt: skip
+    write_result(args.out, result)
+    return result
 
 
 if __name__ == "__main__":
