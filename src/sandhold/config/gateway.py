@@ -167,6 +167,12 @@ class GatewaySettings(Layer):
     gateway_tunnel_max_response_bytes: int = Field(
         4 * 1024 * 1024, ge=1024, description="Largest response a connector may post."
     )
+    gateway_tunnel_max_pending: int = Field(
+        64,
+        ge=1,
+        description="Most requests of one tunnel queued or held by its connector at once (more "
+        "are refused with 429, so no tenant fills the store or the memory).",
+    )
     gateway_tunnel_tools_ttl_s: float = Field(
         30.0, ge=0, description="How long a replica keeps a tunnel's tool list before asking again."
     )

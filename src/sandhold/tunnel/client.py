@@ -8,18 +8,25 @@ Tool names: a tunnel ``corp`` offers the tool ``lookup`` of its ``main`` channel
 ``corp__lookup``, and that of another channel ``hr`` as ``corp__hr__lookup``. A tunnel's name has
 no ``_`` and no built-in tool has ``__``, so no tunnel tool can take a built-in's name or another
 tunnel's; a name that would still collide (``a__b`` of main vs ``b`` of channel ``a``), or that
-is not ``[A-Za-z0-9_-]{1,64}`` (what model APIs accept), is refused and logged.
+is not ``[A-Za-z0-9_-]{1,64}`` (what model APIs accept), is refused and logged. So is a tool
+that is not a valid MCP tool (a description that is not a string, a schema that is not an
+object: one such entry must not break the gateway's whole ``tools/list``), one larger than the
+bounds below, and every tool past ``MAX_TOOLS``: a tunnel's list is the connector's to write.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import re
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
+
+import mcp_types as types
+from pydantic import ValidationError
 
 from sandhold.errors import InvalidRequest, NotFound, PayloadTooLarge, ProviderError, Unavailable
 from sandhold.gateway.tool_args import MODELS
@@ -32,6 +39,10 @@ PROTOCOL_VERSION = "2025-11-25"
 TOOL_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MAX_PAGES = 20
 SEP = "__"
+MAX_TOOLS = 256  # offered per tunnel; the rest are refused
+MAX_DESCRIPTION = 16384  # characters of a tool's description
+MAX_SCHEMA_BYTES = 65536  # of a tool's input schema, as JSON
+MAX_REFUSED = 50  # reasons kept (and logged) per listing
 
 
 def exposed_name(tunnel: str, channel: str, tool: str) -> str:
@@ -162,9 +173,10 @@ class TunnelClient:
         params: dict[str, Any] = {}
         for _page in range(MAX_PAGES):
             result = await self.rpc(tunnel, channel, "tools/list", params, timeout)
-            tools += [t for t in result.get("tools") or [] if isinstance(t, dict)]
+            page = result.get("tools")
+            tools += [t for t in page if isinstance(t, dict)] if isinstance(page, list) else []
             cursor = result.get("nextCursor")
-            if not cursor:
+            if not cursor or len(tools) > 4 * MAX_TOOLS:
                 break
             params = {"cursor": cursor}
         return tools
@@ -200,32 +212,73 @@ class TunnelClient:
         result = await self.rpc(
             tunnel, entry["channel"], "tools/call", params, s.gateway_tunnel_call_timeout_s
         )
+        try:
+            types.CallToolResult.model_validate(result)
+        except ValidationError as e:
+            raise ProviderError(
+                f"tunnel {tunnel.name!r} (channel {entry['channel']}), tools/call: the internal "
+                f"MCP server's result is not a CallToolResult ({_first_problem(e)})"
+            ) from None
         return result, entry
 
 
 def _name(tunnel: TunnelInfo, found: list[tuple[str, dict[str, Any]]]) -> Listing:
     listing = Listing(expires=0)
+    refused: list[str] = []
     owners: dict[str, list[tuple[str, dict[str, Any]]]] = {}
     for channel, tool in found:
         raw = tool.get("name")
         if not isinstance(raw, str):
-            listing.refused.append(f"channel {channel}: a tool without a name")
+            refused.append(f"channel {channel}: a tool without a name")
             continue
         owners.setdefault(exposed_name(tunnel.name, channel, raw), []).append((channel, tool))
-    for name, owned in owners.items():
+    for name, owned in sorted(owners.items()):
         if name in MODELS:
-            listing.refused.append(f"tool {name!r} would shadow the built-in tool: refused")
+            refused.append(f"tool {name!r} would shadow the built-in tool: refused")
         elif not TOOL_NAME_RE.match(name):
-            listing.refused.append(f"tool {name[:80]!r} is not [A-Za-z0-9_-]{{1,64}}: refused")
+            refused.append(f"tool {name[:80]!r} is not [A-Za-z0-9_-]{{1,64}}: refused")
         elif len(owned) > 1:
-            listing.refused.append(
+            refused.append(
                 f"tool {name!r} is offered twice (channels "
                 f"{', '.join(c for c, _ in owned)}): refused"
             )
+        elif isinstance(clean := _clean(owned[0][1]), str):
+            refused.append(f"tool {name!r} {clean}: refused")
+        elif len(listing.tools) >= MAX_TOOLS:
+            refused.append(f"tool {name!r}: the tunnel offers more than {MAX_TOOLS} tools: refused")
         else:
-            channel, tool = owned[0]
-            listing.tools[name] = {"channel": channel, "tool": tool}
+            listing.tools[name] = {"channel": owned[0][0], "tool": clean}
+    listing.refused = refused[:MAX_REFUSED]
+    if len(refused) > MAX_REFUSED:
+        listing.refused.append(f"and {len(refused) - MAX_REFUSED} more tools refused")
     return listing
+
+
+def _clean(tool: dict[str, Any]) -> dict[str, Any] | str:
+    """What the gateway offers of a connector's tool (name, description, schema, annotations),
+    checked as an MCP ``Tool``; or why it is refused."""
+    offered = {
+        "name": tool["name"],
+        "description": tool.get("description"),
+        "inputSchema": tool.get("inputSchema") or {"type": "object"},
+        "annotations": tool.get("annotations"),
+    }
+    try:
+        types.Tool.model_validate(offered)
+    except ValidationError as e:
+        return f"is not a valid MCP tool ({_first_problem(e)})"
+    if len(offered["description"] or "") > MAX_DESCRIPTION:
+        return f"has a description of more than {MAX_DESCRIPTION} characters"
+    if offered["inputSchema"].get("type") != "object":
+        return 'has an input schema whose type is not "object"'
+    if len(json.dumps(offered["inputSchema"])) > MAX_SCHEMA_BYTES:
+        return f"has an input schema of more than {MAX_SCHEMA_BYTES} bytes"
+    return offered
+
+
+def _first_problem(e: ValidationError) -> str:
+    err = e.errors(include_url=False)[0]
+    return f"{'.'.join(map(str, err['loc'])) or 'value'}: {err['msg']}"[:200]
 
 
 def _result(tunnel: TunnelInfo, channel: str, method: str, resp: dict[str, Any]) -> dict[str, Any]:

@@ -34,6 +34,7 @@ NAME_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,30}[a-z0-9])?$")
 TUNNEL_ID_RE = re.compile(r"^tunnel_[0-9a-f]{32}$")  # tunnel-client's format
 TOKEN_PREFIX = "sht_"
 MAX_DESCRIPTION = 1024
+MAX_CONNECTORS = 32  # connector rows kept per tunnel (the most recently seen)
 
 
 def token_digest(token: str) -> str:
@@ -322,13 +323,27 @@ class Registry:
                                 **values,
                             )
                         )
-                        # connectors gone for a day are forgotten
+                        # connectors gone for a day are forgotten, and a token holder
+                        # inventing instance ids keeps only the most recent few rows
                         db.execute(
                             delete(TunnelConnector).where(
                                 TunnelConnector.tunnel_id == tunnel_id,
                                 TunnelConnector.last_seen_at < now - 86400,
                             )
                         )
+                        oldest = db.scalars(
+                            select(TunnelConnector.instance_id)
+                            .where(TunnelConnector.tunnel_id == tunnel_id)
+                            .order_by(TunnelConnector.last_seen_at.desc())
+                            .offset(MAX_CONNECTORS)
+                        ).all()
+                        if oldest:
+                            db.execute(
+                                delete(TunnelConnector).where(
+                                    TunnelConnector.tunnel_id == tunnel_id,
+                                    TunnelConnector.instance_id.in_(oldest),
+                                )
+                            )
                 return
             except IntegrityError:  # two replicas inserted the same connector at once
                 continue

@@ -9,7 +9,8 @@ PostgreSQL behave the same.
 
 A request is never handed out twice: a connector that dies holding one (it stops polling) makes
 its call fail after ``gateway_tunnel_stale_s``, since the internal server may or may not have run
-it (a tools/call need not be idempotent). Bounds: a request waits
+it (a tools/call need not be idempotent). Bounds: at most ``gateway_tunnel_max_pending``
+requests of a tunnel are queued or held at once (more are refused), a request waits
 ``gateway_tunnel_pickup_timeout_s`` for a connector to take it, and the call's own timeout for
 the answer.
 """
@@ -25,10 +26,10 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from sqlalchemy import Table, delete, insert, select, update
+from sqlalchemy import Table, delete, func, insert, select, update
 
 from sandhold.config import Settings
-from sandhold.errors import NotFound, PayloadTooLarge, Unavailable
+from sandhold.errors import NotFound, PayloadTooLarge, QuotaExceeded, Unavailable
 from sandhold.store.db import Store
 from sandhold.store.models import TunnelRequest
 from sandhold.tunnel.registry import Registry
@@ -97,10 +98,22 @@ class Relay:
                 await self._db(self._forget, rid)
 
     def _enqueue(self, row: dict[str, Any]) -> None:
+        limit = self.settings.gateway_tunnel_max_pending
         with self.store.engine.begin() as conn:
-            conn.execute(insert(T).values(**row))
             # what a replica that died left behind
             conn.execute(delete(T).where(T.c.expires_at < row["created_at"] - 600))
+            # (two replicas counting at once may overshoot by a request each: still bounded)
+            held = conn.execute(
+                select(func.count())
+                .select_from(T)
+                .where(T.c.tunnel_id == row["tunnel_id"], T.c.state.in_(("pending", "delivered")))
+            ).scalar_one()
+            if held >= limit:
+                raise QuotaExceeded(
+                    f"the tunnel has {held} requests in flight, the most it may "
+                    f"(gateway_tunnel_max_pending = {limit}); try again when some are answered"
+                )
+            conn.execute(insert(T).values(**row))
 
     def _forget(self, rid: str) -> None:
         with self.store.engine.begin() as conn:
@@ -162,7 +175,7 @@ class Relay:
     # -- the connector's side ------------------------------------------------------------------
     def _pending(self, tunnel_id: str, channels: list[str] | None) -> bool:
         q = select(T.c.id).where(T.c.tunnel_id == tunnel_id, T.c.state == "pending").limit(1)
-        if channels:
+        if channels is not None:  # ([]: none of them)
             q = q.where(T.c.channel.in_(channels))
         with self.store.engine.connect() as conn:
             return conn.execute(q).first() is not None
@@ -181,7 +194,7 @@ class Relay:
             .order_by(T.c.created_at)
             .limit(limit)
         )
-        if channels:
+        if channels is not None:
             pick = pick.where(T.c.channel.in_(channels))
         with self.store.engine.begin() as conn:  # starts with its write (SQLite: no upgrade)
             rows = conn.execute(

@@ -227,7 +227,7 @@ class TunnelRoutes:
             self.t.registry.create,
             tenant_id,
             check_name(body.get("name")),
-            str(body.get("description") or ""),
+            "" if body.get("description") is None else body["description"],  # (a str: checked)
         )
         return JSONResponse({**info.public(), "token": token}, status_code=201)
 
