@@ -183,3 +183,24 @@ async def test_operator_mounts_appear_at_new_paths_read_only(make_sandbox, runti
     shutil.rmtree(src)
     assert runtime.get(sbx.id).spec.mounts[0].target == "/skills/demo"
     assert sbx.id in [i.id for i in runtime.list()]
+
+
+async def test_peek_sees_only_a_running_sandbox_at_its_current_record(make_sandbox, runtime):
+    """``peek`` (the data plane's lookup without a thread) answers as ``get`` for a running
+    sandbox, and leaves every other case to ``get``: paused, unknown, invalid, a dead agent."""
+    sbx = await make_sandbox()
+    got = runtime.get(sbx.id)
+    peeked = runtime.peek(sbx.id)
+    assert peeked is not None and peeked.to_json() == got.to_json()
+    runtime.pause(sbx.id)
+    assert runtime.peek(sbx.id) is None
+    runtime.resume(sbx.id)
+    assert runtime.peek(sbx.id) is not None
+    assert runtime.peek("nosuchsandbox") is None and runtime.peek("../etc") is None
+    os.kill(got.init_pid, 9)
+    for _ in range(200):
+        if runtime.peek(sbx.id) is None:
+            break
+        await asyncio.sleep(0.01)
+    assert runtime.peek(sbx.id) is None
+    assert runtime.get(sbx.id).state == "failed"

@@ -161,6 +161,12 @@ class SandboxService:
     async def get(self, sandbox_id: str) -> Sandbox | None:
         return await self._run(self._get_now, sandbox_id)
 
+    def peek(self, sandbox_id: str) -> Sandbox | None:
+        """A running sandbox known at its current version, without a thread (``Runtime.peek``);
+        None: ask ``get``."""
+        info = self.runtime.peek(sandbox_id)
+        return view(info) if info is not None else None
+
     async def owned(self, owner: str, sandbox_id: str) -> Sandbox:
         sbx = await self.get(sandbox_id)
         if sbx is None or sbx.owner != owner:
