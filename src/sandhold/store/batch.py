@@ -1,5 +1,8 @@
 """Set-based queries of the reclaimer: a pass over thousands of sessions costs a handful of store
 transactions (each of a few statements over up to ``CHUNK`` rows), not several per session.
+They run on a Core connection with statements built once (``IN`` lists as expanding bound
+parameters) and write the timeline's rows in one executemany per transaction: 20,000 events
+through the ORM's bulk insert were most of a 10,000-sandbox pass (docs/benchmarks.md).
 
 The semantics are the per-session queries' of ``db.py``: a pause is recorded once per endAt by
 whoever writes it first (``record_pause_once``); a session's lease lock is taken only if free or
@@ -15,11 +18,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
-from sqlalchemy import ColumnElement, bindparam, delete, insert, or_, select, update
-from sqlalchemy.orm import Session as OrmSession
-from sqlalchemy.orm import sessionmaker
+from sqlalchemy import ColumnElement, Connection, Engine, bindparam, delete, or_, select, update
 
-from sandhold.store.models import Event, Session, SessionUse
+from sandhold.store import statements as q
+from sandhold.store.models import Session
+from sandhold.store.statements import RELEASE, S, U
 
 CHUNK = 500  # rows per statement: far below SQLite's (32766) and PostgreSQL's (65535) bind limits
 T = TypeVar("T")
@@ -48,47 +51,62 @@ class Stop:
     event: dict[str, Any]
 
 
+# Statements of the batches, built once; ``pks``: a chunk of session ids.
+IN_PKS = S.c.id.in_(bindparam("pks", expanding=True))
+MINE_IN = (IN_PKS, S.c.lock_owner == bindparam("token"))
+# a no-op write of one row: SQLite's write lock (the whole database's) held to the commit
+TOUCH = (
+    update(S)
+    .where(S.c.id == bindparam("pk"))
+    .values(recorded_pause_end_at=S.c.recorded_pause_end_at)
+)
+# PostgreSQL: the rows' locks (SQLite has no FOR UPDATE, and needs none under its write lock)
+STOP_STATE = (
+    select(S.c.id, S.c.sandbox_id, S.c.recorded_pause_end_at).where(IN_PKS).with_for_update()
+)
+RECORD_STOP = (
+    update(S).where(S.c.id == bindparam("pk")).values(recorded_pause_end_at=bindparam("end_at"))
+)
+LOCK_FREE_IN = update(S).where(IN_PKS, q.FREE).values(**q.TAKE)
+LOCKED_BY = select(S.c.id, S.c.sandbox_id).where(*MINE_IN)
+USES_IN = U.c.session_pk.in_(bindparam("pks", expanding=True))
+EXPIRED_IN = delete(U).where(USES_IN, U.c.expires_at < bindparam("now"))
+USED_IN = select(U.c.session_pk).where(USES_IN, U.c.expires_at >= bindparam("now")).distinct()
+UNLOCK_IN = update(S).where(*MINE_IN).values(**RELEASE)
+CLEAR_IN = (
+    update(S)
+    .where(*MINE_IN)
+    .values(sandbox_id=None, sandbox_handle=None, recorded_pause_end_at=None,
+            create_reserved_until=None, **RELEASE)
+)  # fmt: skip
+
+
 class BatchQueries:
-    db: sessionmaker[OrmSession]
+    engine: Engine
 
     def record_stops(self, stops: Sequence[Stop]) -> set[int]:
         """``record_pause_once`` for many sessions in one transaction, with their events: returns
         the sessions whose stop this call recorded (others recorded it already, or the session
-        has another sandbox now). Per chunk: the rows are write-locked first (a no-op update:
-        SQLite's write lock, PostgreSQL's row locks), read, and only those still to record are
-        written, so that two replicas recording together never both count one."""
+        has another sandbox now). The rows are write-locked as they are read (PostgreSQL: FOR
+        UPDATE; SQLite: its database-wide write lock, taken first by a no-op write of one row)
+        and only those still to record are written, so that two replicas recording together
+        never both count one."""
         done: set[int] = set()
         if not stops:
             return done
         by_pk = {s.pk: s for s in stops}
-        with self.db.begin() as db:
+        with self.engine.begin() as conn:
+            conn.execute(TOUCH, {"pk": stops[0].pk})
             for part in chunks(list(by_pk)):
-                db.execute(
-                    update(Session)
-                    .where(Session.id.in_(part))
-                    .values(recorded_pause_end_at=Session.recorded_pause_end_at)
-                    .execution_options(synchronize_session=False)
-                )
-                rows = db.execute(
-                    select(Session.id, Session.sandbox_id, Session.recorded_pause_end_at).where(
-                        Session.id.in_(part)
-                    )
-                )
                 todo = [
-                    pk for pk, sandbox, recorded in rows
+                    pk for pk, sandbox, recorded in conn.execute(STOP_STATE, {"pks": part})
                     if sandbox == by_pk[pk].sandbox_id and recorded != by_pk[pk].end_at
                 ]  # fmt: skip
                 if todo:
-                    db.connection().execute(
-                        update(Session)
-                        .where(Session.id == bindparam("pk"))
-                        .values(recorded_pause_end_at=bindparam("end_at")),
-                        [{"pk": pk, "end_at": by_pk[pk].end_at} for pk in todo],
-                    )
+                    conn.execute(RECORD_STOP, [{"pk": pk, "end_at": by_pk[pk].end_at}
+                                               for pk in todo])  # fmt: skip
                     done.update(todo)
-            events = [s.event for s in stops if s.pk in done]
-            if events:
-                db.execute(insert(Event), events)
+            q.add_events(conn, [s.event for s in stops if s.pk in done])
         return done
 
     def lock_for_reclaim(
@@ -106,37 +124,19 @@ class BatchQueries:
         token = uuid.uuid4().hex
         now = time.time()
         pks = list(wanted)
-        with self.db.begin() as db:
+        lock = {"token": token, "now": now, "until": now + ttl_s}
+        with self.engine.begin() as conn:
             for part in chunks(pks):
-                db.execute(
-                    update(Session)
-                    .where(Session.id.in_(part), lock_free(now))
-                    .values(lock_owner=token, lock_until=now + ttl_s)
-                    .execution_options(synchronize_session=False)
-                )
+                conn.execute(LOCK_FREE_IN, {"pks": part, **lock})
             mine: dict[int, str | None] = {}
             for part in chunks(pks):
-                rows = db.execute(
-                    select(Session.id, Session.sandbox_id).where(
-                        Session.id.in_(part), Session.lock_owner == token
-                    )
-                )
+                rows = conn.execute(LOCKED_BY, {"pks": part, "token": token})
                 mine.update((pk, sandbox_id) for pk, sandbox_id in rows)
             used: set[int] = set()
             for part in chunks(list(mine)):
                 # expired uses are debris of a replica that died mid-call
-                db.execute(
-                    delete(SessionUse)
-                    .where(SessionUse.session_pk.in_(part), SessionUse.expires_at < now)
-                    .execution_options(synchronize_session=False)
-                )
-                used.update(
-                    db.scalars(
-                        select(SessionUse.session_pk)
-                        .where(SessionUse.session_pk.in_(part), SessionUse.expires_at >= now)
-                        .distinct()
-                    )
-                )
+                conn.execute(EXPIRED_IN, {"pks": part, "now": now})
+                used.update(conn.scalars(USED_IN, {"pks": part, "now": now}))
             outcome: dict[int, Outcome] = {}
             for pk in pks:
                 if pk not in mine:
@@ -148,13 +148,7 @@ class BatchQueries:
                 else:
                     outcome[pk] = "locked"
             release = [pk for pk, o in outcome.items() if o in ("changed", "in_use")]
-            for part in chunks(release):
-                db.execute(
-                    update(Session)
-                    .where(Session.id.in_(part), Session.lock_owner == token)
-                    .values(lock_owner=None, lock_until=None)
-                    .execution_options(synchronize_session=False)
-                )
+            self._unlock_all(conn, token, release)
         return token, outcome
 
     def finish_reclaim(
@@ -168,31 +162,18 @@ class BatchQueries:
         any more (fenced by the token), every ``locked`` one is unlocked, the events are
         written; one transaction. Returns how many sessions were still ours to clear."""
         cleared = 0
-        with self.db.begin() as db:
+        with self.engine.begin() as conn:
             for part in chunks(reclaimed):
-                res = db.execute(
-                    update(Session)
-                    .where(Session.id.in_(part), Session.lock_owner == token)
-                    .values(sandbox_id=None, sandbox_handle=None, recorded_pause_end_at=None,
-                            create_reserved_until=None, lock_owner=None, lock_until=None)
-                    .execution_options(synchronize_session=False)
-                )  # fmt: skip
-                cleared += res.rowcount  # type: ignore[attr-defined]
-            self._unlock_all(db, token, locked)
-            if events:
-                db.execute(insert(Event), list(events))
+                cleared += conn.execute(CLEAR_IN, {"pks": part, "token": token}).rowcount
+            self._unlock_all(conn, token, locked)
+            q.add_events(conn, events)
         return cleared
 
     def unlock_many(self, token: str, locked: Sequence[int]) -> None:
-        with self.db.begin() as db:
-            self._unlock_all(db, token, locked)
+        with self.engine.begin() as conn:
+            self._unlock_all(conn, token, locked)
 
     @staticmethod
-    def _unlock_all(db: OrmSession, token: str, locked: Sequence[int]) -> None:
+    def _unlock_all(conn: Connection, token: str, locked: Sequence[int]) -> None:
         for part in chunks(locked):
-            db.execute(
-                update(Session)
-                .where(Session.id.in_(part), Session.lock_owner == token)
-                .values(lock_owner=None, lock_until=None)
-                .execution_options(synchronize_session=False)
-            )
+            conn.execute(UNLOCK_IN, {"pks": part, "token": token})

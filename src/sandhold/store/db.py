@@ -198,12 +198,15 @@ class Store(BatchQueries):
             return [SessionRow.of(s) for s in db.scalars(q)]
 
     def sessions_with_sandboxes(self) -> dict[str, SessionRow]:
-        """Every session that has a sandbox, by sandbox id (columns, not ORM objects: a reclaim
-        pass reads thousands)."""
-        cols = [Session.__table__.c[f] for f in _ROW_COLUMNS]
-        with self.db() as db:
-            rows = db.execute(select(*cols).where(Session.sandbox_id.is_not(None)))
-            return {r.sandbox_id: _row(r._mapping) for r in rows if r.sandbox_id}
+        """Every session that has a sandbox, by sandbox id, without its handle (None: a reclaim
+        pass reads thousands of rows and needs no handle; tuples, no ORM objects)."""
+        with self._read() as conn:
+            rows = conn.execute(q.WITH_SANDBOX).all()
+        return {  # the columns are in SessionRow's order
+            r[4]: SessionRow(r[0], r[1], r[2], r[3], r[4], None, r[6] or 0, r[7], r[8], r[9],
+                             r[10], r[11])
+            for r in rows if r[4]
+        }  # fmt: skip
 
     def label_session(self, tenant_id: str, session_id: str, scenario: str) -> bool:
         """Set a session's scenario (the console's grouping); False if there is no session."""
@@ -329,7 +332,7 @@ class Store(BatchQueries):
         lock (were it released first, a crash in between would lose them)."""
         with self._hot() as conn:
             if events:
-                conn.execute(q.ADD_EVENT, q.event_rows(events))
+                q.add_events(conn, events)
             conn.execute(q.UNLOCK, {"pk": pk, "token": token})
 
     def set_sandbox(
@@ -405,12 +408,12 @@ class Store(BatchQueries):
     def add_event(self, **fields: Any) -> None:
         fields.setdefault("at", time.time())
         with self._hot() as conn:
-            conn.execute(q.ADD_EVENT, q.event_rows([fields]))
+            q.add_events(conn, [fields])
 
     def add_events(self, events: Sequence[dict[str, Any]]) -> None:
         if events:
             with self.engine.begin() as conn:
-                conn.execute(q.ADD_EVENT, q.event_rows(events))
+                q.add_events(conn, events)
 
     def timeline(self, tenant_id: str, session_id: str, limit: int = 1000) -> list[Event]:
         with self.db() as db:
