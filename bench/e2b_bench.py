@@ -2,11 +2,16 @@
 real `sandhold serve` process on this host (started here on a throw-away data dir).
 
     .venv/bin/python bench/e2b_bench.py [--n 30] [--concurrency 10] [--out bench/results/e2b.json]
+    .venv/bin/python bench/e2b_bench.py --before-src DIR [--n 300]   (DIR: another tree's src/)
 
 Measures: `Sandbox.create()` to ready, `commands.run("true")` round trip (and, as its floor, the
 same command straight over the agent's socket), a fresh session (create -> run -> kill), creates
 per second with N concurrent async clients, and pause/resume round trips. Prints one JSON
 document (and writes it to --out). Times are milliseconds.
+
+With ``--before-src``, only ``commands.run("true")`` and create → first result, on a server run
+from that tree and on one from this tree, sample by sample alternately in one run (the host's
+noise then falls on both sides alike), with their ratios; written to bench/results/e2b-ab.json.
 """
 
 from __future__ import annotations
@@ -43,8 +48,13 @@ def timed(fn: Callable[[], object]) -> float:
     return (time.perf_counter() - t) * 1000
 
 
-def start_server(data_dir: Path, log: Path, **settings: str) -> tuple[subprocess.Popen[bytes], str]:
+def start_server(
+    data_dir: Path, log: Path, src: Path | None = None, **settings: str
+) -> tuple[subprocess.Popen[bytes], str]:
+    """A `sandhold serve` on ``data_dir`` (from the tree ``src`` if given, else this one)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SANDHOLD_")}
+    if src is not None:
+        env["PYTHONPATH"] = str(src)  # (ahead of the venv's editable install of this tree)
     env.update(
         SANDHOLD_DATA_DIR=str(data_dir),
         SANDHOLD_API_KEYS=json.dumps({API_KEY: "bench"}),
@@ -108,13 +118,57 @@ async def direct_agent_floor(data_dir: Path, sandbox_id: str, n: int) -> list[fl
     return out
 
 
+def compare(before_src: Path, n: int) -> dict[str, object]:
+    sides = {"before": before_src.resolve(), "after": Path(__file__).resolve().parents[1] / "src"}
+    servers: dict[str, tuple[subprocess.Popen[bytes], Path]] = {}
+    runs: dict[str, list[float]] = {side: [] for side in sides}
+    firsts: dict[str, list[float]] = {side: [] for side in sides}
+    try:
+        sandboxes, urls = {}, {}
+        for side, src in sides.items():
+            data = Path(tempfile.mkdtemp(prefix=f"sandhold-e2b-ab-{side}-", dir="/var/tmp"))
+            data.chmod(0o755)
+            log = Path(tempfile.gettempdir()) / f"sandhold-e2b-ab-{side}.log"
+            proc, urls[side] = start_server(data, log, src)
+            servers[side] = (proc, data)
+            sdk = {"api_url": urls[side], "sandbox_url": urls[side], "api_key": API_KEY}
+            sandboxes[side] = Sandbox.create(timeout=3600, **sdk)
+            sandboxes[side].commands.run("true")
+        for i in range(n):
+            for side, sbx in sandboxes.items():
+                runs[side].append(timed(lambda sbx=sbx: sbx.commands.run("true")))
+                if i % 10 == 0:
+                    sdk = {"api_url": urls[side], "sandbox_url": urls[side], "api_key": API_KEY}
+                    t = time.perf_counter()
+                    fresh = Sandbox.create(timeout=60, **sdk)
+                    fresh.commands.run("true")
+                    firsts[side].append((time.perf_counter() - t) * 1000)
+                    fresh.kill()
+    finally:
+        for proc, data in servers.values():
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(30)
+            destroy_data_dir(data)
+    out: dict[str, object] = {"sides": {k: str(v) for k, v in sides.items()}, "n": n}
+    for name, samples in (("command_run_true_ms", runs), ("create_to_first_result_ms", firsts)):
+        both = {side: summary(v) for side, v in samples.items()}
+        ratio = both["after"]["p50"] / both["before"]["p50"]
+        out[name] = {**both, "after_over_before_p50": round(ratio, 3)}
+    return out
+
+
 def main() -> dict[str, object]:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=30, help="samples per latency measurement")
     ap.add_argument("--concurrency", type=int, default=10, help="clients creating at once")
     ap.add_argument("--creates", type=int, default=0, help="total concurrent creates [3*conc]")
     ap.add_argument("--out", default="bench/results/e2b.json")
+    ap.add_argument("--before-src", type=Path, help="compare with this src/ (see above)")
     args = ap.parse_args()
+    if args.before_src is not None:
+        ab = compare(args.before_src, args.n)
+        write_result(args.out.replace("e2b.json", "e2b-ab.json"), ab)
+        return ab
 
     data = Path(tempfile.mkdtemp(prefix="sandhold-e2b-bench-", dir="/var/tmp"))
     data.chmod(0o755)
