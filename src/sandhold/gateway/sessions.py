@@ -8,9 +8,11 @@ Lifecycle (the three stages):
   and gateway tags, the session's workspace bound at ``/workspace``, ``timeout`` = keep-alive,
   ``on_timeout=pause`` and ``auto_resume``;
 - **keep-alive, then auto-pause**: each call extends the timeout (keep-alive + the call's own
-  budget while it runs, the keep-alive again when the last call ends); the provider pauses the
-  sandbox when it expires, and the next call resumes it;
+  budget while it runs, the keep-alive again when the last call ends, set right after the call
+  answers); the provider pauses the sandbox when it expires, and the next call resumes it;
 - **reclaim**: see ``lifecycle.Reclaimer``.
+
+Creating or adopting a sandbox is ``creates.py`` (this class's base).
 
 Multi-replica safety rests on two things in the store: the per-session lease lock, held around
 every change of a session's sandbox (create, adopt, resume, reclaim, close), with every write
@@ -31,23 +33,21 @@ import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TypeVar
 
 from sandhold.config import Settings
 from sandhold.egress.policy import EgressPolicy
 from sandhold.errors import (
     NotFound,
-    QuotaExceeded,
     SandholdError,
     SessionBusy,
     SessionClosed,
     SessionNotFound,
 )
+from sandhold.gateway.creates import SessionsBase, ms_since, traversable
 from sandhold.gateway.handles import HandleSealer
 from sandhold.gateway.policy import SESSION_ID_RE, TenantPolicy, check_id
 from sandhold.gateway.providers.base import (
-    CreateRequest,
     NeedsNewSandbox,
     Provider,
     ProviderError,
@@ -55,9 +55,8 @@ from sandhold.gateway.providers.base import (
     SandboxGone,
 )
 from sandhold.gateway.timeline import Timeline
-from sandhold.gateway.views import READ_ROOTS, WRITE_ROOTS, view_mounts
 from sandhold.service.locks import KeyedLocks
-from sandhold.store.db import LockLost, SessionRow, Store
+from sandhold.store.db import SessionRow, Store
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -65,6 +64,11 @@ log = logging.getLogger(__name__)
 USE_MARGIN_S = 30  # a use outlives its call's budget by this much before it counts as debris
 LOCK_POLL_S = (0.01, 0.2)  # first and longest wait between attempts at a taken session lock
 PREPARE = "prepare"  # the tool name a prepare's use and events carry
+# The keep-alive is set this much longer (of itself, whole seconds: 9 s of 15 min, none under
+# 100 s), and a call that ends while the sandbox surely runs a keep-alive longer leaves it be:
+# calls in a row make no provider write each, and a sandbox pauses between the keep-alive and
+# the keep-alive + this after its last call, never sooner.
+KEEP_ALIVE_SLACK = 0.01
 
 
 @dataclass
@@ -81,7 +85,7 @@ class Lease:
     events: list[dict[str, Any]] = field(default_factory=list)
 
 
-class SandboxSessionManager:
+class SandboxSessionManager(SessionsBase):
     def __init__(
         self, settings: Settings, store: Store, provider: Provider, timeline: Timeline
     ) -> None:
@@ -97,15 +101,13 @@ class SandboxSessionManager:
         self.workspace_root = settings.gateway_workspace_root_path
         self._local = KeyedLocks()  # fewer DB round trips when one replica gets a burst
         self._background: set[asyncio.Task[None]] = set()
+        self._releases: set[asyncio.Task[None]] = set()  # keep-alives being restored
         self.handles = HandleSealer(settings)
-
-    async def db(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.to_thread(fn, *args)
 
     async def start(self) -> None:
         # a provider without workspace mounts was refused at start-up (check_gateway_serve)
         self.workspace_root.mkdir(parents=True, exist_ok=True)
-        _traversable(self.workspace_root)
+        traversable(self.workspace_root)
         await self.provider.start()
 
     # -- tenants and sessions -------------------------------------------------------------------
@@ -114,12 +116,6 @@ class SandboxSessionManager:
         if tenant is None:
             raise NotFound(f"tenant {tenant_id!r} does not exist")
         return TenantPolicy.model_validate(tenant.policy or {})
-
-    def gateway_tags(self) -> dict[str, str]:
-        return {self.tag_gateway: self.settings.gateway_name}
-
-    def workspace_dir(self, tenant_id: str, session_id: str) -> Path:
-        return self.workspace_root / tenant_id / session_id
 
     async def session(self, tenant_id: str, session_id: str) -> SessionRow:
         check_id(session_id, "session id", SESSION_ID_RE)
@@ -140,8 +136,9 @@ class SandboxSessionManager:
                 await self.db(self.store.unlock, pk, token)
 
     # -- a tool call's lease --------------------------------------------------------------------
-    # A warm call costs three store transactions: open-and-lock, add-use-and-unlock, and
-    # end-use-and-lock (+ unlock) around the keep-alive; each round trip counts on PostgreSQL.
+    # A warm call's store work before its answer: open-and-lock, add-use-and-unlock, end-use
+    # (with its events); after it, lock, set the keep-alive, unlock. (PostgreSQL: one round
+    # trip per statement, in autocommit; see store/db.py.)
     async def _open_locked(self, tenant_id: str, session_id: str) -> tuple[SessionRow, str]:
         """The session's row (created on first use) with its lease lock held."""
         check_id(session_id, "session id", SESSION_ID_RE)
@@ -192,37 +189,50 @@ class SandboxSessionManager:
         try:
             yield lease
         finally:
-            await self._restore_keep_alive(use_id, row.pk, sandbox_id, policy, lease.events)
+            # Before the answer: the call's events are durable and its use is gone. After it
+            # (the caller does not wait for the provider): the keep-alive restored.
+            await self.db(self.store.end_use, use_id, row.pk, lease.events)
+            self._restore_keep_alive_soon((tenant_id, session_id), row.pk, sandbox_id, policy)
 
-    async def _restore_keep_alive(
-        self, use_id: str, pk: int, sandbox_id: str, policy: TenantPolicy,
-        events: list[dict[str, Any]],
-    ) -> None:  # fmt: skip
-        """The call is over: idle time counts from now. Under the lock, so that no other call's
+    def _restore_keep_alive_soon(
+        self, key: tuple[str, str], pk: int, sandbox_id: str, policy: TenantPolicy
+    ) -> None:
+        """``_restore_keep_alive`` in the background, holding the session's local lock: this
+        replica's next call on the session waits for it in memory rather than polling the
+        store's lock. Stopping the manager waits for these. Nothing to do when the sandbox
+        surely ends between a keep-alive and a keep-alive + slack from now (KEEP_ALIVE_SLACK):
+        every live use ends before that (each call saw to it that the sandbox runs past its
+        use's end), and a call that extended it for its own run leaves it longer than that."""
+        keep = policy.keep_alive_s
+        if keep <= self.provider.known_running_for(sandbox_id) <= _with_slack(keep):
+            return
+
+        async def run() -> None:
+            async with self._local(key):
+                try:
+                    await self._restore_keep_alive(pk, sandbox_id, policy)
+                except Exception:
+                    log.exception("could not restore the keep-alive of session %s", pk)
+
+        task = asyncio.create_task(run())
+        self._releases.add(task)
+        task.add_done_callback(self._releases.discard)
+
+    async def _restore_keep_alive(self, pk: int, sandbox_id: str, policy: TenantPolicy) -> None:
+        """A call is over: idle time counts from now. Under the lock, so that no other call's
         connect (which extends the timeout for its own run) slips between reading the uses and
         setting the timeout. If the lock is taken, the holder sets the timeout after us:
-        leaving the longer one is the safe side. The lease's events are written with the
-        unlock (or alone when the lock was not ours), best effort as the timeline's are."""
+        leaving the longer one is the safe side."""
         ttl = self.settings.gateway_lock_ttl_s
-        token, live = await self.db(self.store.end_use_and_lock, use_id, pk, ttl)
+        token, live = await self.db(self.store.lock_for_keep_alive, pk, ttl)
         if token is None:
-            await self._write_events(events)
             return
         try:
             remaining = [math.ceil(t - time.time()) for t in live]
-            await self.provider.set_timeout(sandbox_id, max([policy.keep_alive_s, *remaining]))
+            keep = _with_slack(policy.keep_alive_s)
+            await self.provider.set_timeout(sandbox_id, max([keep, *remaining]))
         finally:
-            try:
-                await self.db(self.store.unlock, pk, token, events)
-            except Exception:
-                log.exception("could not unlock session %s with its events; unlocking alone", pk)
-                await self.db(self.store.unlock, pk, token)
-
-    async def _write_events(self, events: list[dict[str, Any]]) -> None:
-        try:
-            await self.db(self.store.add_events, events)
-        except Exception:
-            log.exception("could not record %d events", len(events))
+            await self.db(self.store.unlock, pk, token)
 
     async def _ensure(
         self, row: SessionRow, token: str, policy: TenantPolicy, budget: int, cause: str
@@ -230,19 +240,24 @@ class SandboxSessionManager:
         timeout = policy.keep_alive_s + budget
         if row.sandbox_id:
             sandbox_id = row.sandbox_id
-            # Running for sure (the provider set its end moments ago): no read before connect.
-            known = self.provider.known_running(sandbox_id)
+            # Running for sure (the provider set its end itself): no read before connect, and no
+            # connect when it runs past the use's end anyway (no other call's end shortens it
+            # below a live use's: see _restore_keep_alive).
+            left = self.provider.known_running_for(sandbox_id)
+            known = left > 0
             before = None if known else await self.provider.get(sandbox_id)
             if known or before is not None:
                 try:
                     t0 = time.monotonic()
-                    resumed, fresh = await self.provider.connect(sandbox_id, timeout)
+                    resumed, fresh = False, dict[str, Any]()
+                    if left < budget:
+                        resumed, fresh = await self.provider.connect(sandbox_id, timeout)
                     if resumed or (before is not None and before.state != "running"):
                         if before is not None:  # (else paused by someone else: when, unknown)
                             await self.record_stop(row, before)
                         await self.timeline.record(
                             row.tenant_id, row.session_id, "sandbox_resumed",
-                            sandbox_id=sandbox_id, duration_ms=_ms(t0),
+                            sandbox_id=sandbox_id, duration_ms=ms_since(t0),
                             reason=f"{cause} on a paused sandbox",
                             provider_state=before.public() if before else None,
                         )  # fmt: skip
@@ -292,35 +307,9 @@ class SandboxSessionManager:
             raise SessionBusy("lost the session lock; retry")
         await self.timeline.record(
             row.tenant_id, row.session_id, "sandbox_network_updated", sandbox_id=row.sandbox_id,
-            duration_ms=_ms(t0), reason=f"the tenant's network policy is now {wanted}",
+            duration_ms=ms_since(t0), reason=f"the tenant's network policy is now {wanted}",
         )  # fmt: skip
         return handle
-
-    async def _provider_create(
-        self, row: SessionRow, policy: TenantPolicy, timeout: int, tags: dict[str, str]
-    ) -> tuple[ProviderSandbox, dict[str, Any]]:
-        # The view is checked against the host again: it may have changed since the policy was.
-        views = await self.db(view_mounts, policy.skills, policy.references, self.settings)
-        workspace = None
-        if self.provider.capabilities.mount_workspace:
-            workspace = self.workspace_dir(row.tenant_id, row.session_id)
-            await self.db(_make_workspace, workspace)
-        return await self.provider.create(
-            CreateRequest(
-                template=policy.template, timeout_s=timeout, metadata=tags, env=policy.env,
-                workspace_dir=workspace, memory_mb=policy.memory_mb, cpu=policy.cpu,
-                pids=policy.pids, views=[(v.source, v.target) for v in views],
-                tenant=row.tenant_id, network=policy.network,
-                file_view={"read": list(READ_ROOTS), "write": list(WRITE_ROOTS)},
-                workspace_disk_mb=policy.workspace_disk_mb,
-            )
-        )  # fmt: skip
-
-    def _opened(self, row: SessionRow) -> dict[str, Any]:
-        return self.handles.unseal(row.sandbox_handle or {}, row.tenant_id, row.session_id)
-
-    def _sealed(self, row: SessionRow, handle: dict[str, Any]) -> dict[str, Any]:
-        return self.handles.seal(handle, row.tenant_id, row.session_id)
 
     async def record_stop(self, row: SessionRow, sbx: ProviderSandbox) -> bool:
         """Record, once per stop (its endAt) by whichever replica sees it first, that the
@@ -337,69 +326,6 @@ class SandboxSessionManager:
             reason=reason, provider_state=sbx.public(),
         )  # fmt: skip
         return True
-
-    async def _create(
-        self, row: SessionRow, token: str, policy: TenantPolicy, timeout: int, cause: str
-    ) -> tuple[str, dict[str, Any]]:
-        tags = {
-            **self.gateway_tags(),
-            self.tag_tenant: row.tenant_id,
-            self.tag_session: row.session_id,
-        }
-        # A sandbox created by a replica that died before recording it: adopt it rather than
-        # create a second one for the session.
-        existing = sorted(
-            await self.provider.list(tags), key=lambda s: (s.state == "running", s.started_at)
-        )
-        if existing:
-            keep = existing.pop()
-            for extra in existing:
-                await self.provider.kill(extra.id)
-            try:
-                await self.provider.connect(keep.id, timeout)
-                # Created moments ago by a replica that read the same policy.
-                handle = {"network": policy.network.model_dump()}
-                if not await self.db(self.store.set_sandbox, row.pk, token, keep.id, handle):
-                    raise SessionBusy("lost the session lock; retry")
-                await self.timeline.record(
-                    row.tenant_id, row.session_id, "sandbox_adopted", sandbox_id=keep.id,
-                    reason="found at the provider with the session's tags but not in the store",
-                    provider_state=keep.public(),
-                )  # fmt: skip
-                return keep.id, handle
-            except SandboxGone:
-                pass
-        quota, ttl = policy.max_live_sandboxes, self.settings.gateway_lock_ttl_s
-        try:
-            taken = await self.db(self.store.reserve_create, row.tenant_id, row.pk, token,
-                                  quota, ttl)  # fmt: skip
-        except LockLost:
-            raise SessionBusy("lost the session lock; retry") from None
-        if taken is not None:
-            raise QuotaExceeded(
-                f"tenant {row.tenant_id!r} already has {taken} live sandboxes or creates in "
-                f"flight (max_live_sandboxes={policy.max_live_sandboxes}); close or wait for "
-                "idle ones"
-            )
-        t0 = time.monotonic()
-        try:
-            sbx, handle = await self._provider_create(row, policy, timeout, tags)
-        except BaseException:
-            await self.db(self.store.set_sandbox, row.pk, token, None, None)  # free the slot
-            raise
-        handle = {**handle, "network": policy.network.model_dump()}
-        if not await self.db(self.store.set_sandbox, row.pk, token, sbx.id,
-                             self._sealed(row, handle)):  # fmt: skip
-            # Our lease ran out mid-create and another replica may have acted: do not leak.
-            await self.provider.kill(sbx.id)
-            raise SessionBusy("lost the session lock while creating its sandbox; retry")
-        await self.timeline.record(
-            row.tenant_id, row.session_id, "sandbox_created", sandbox_id=sbx.id,
-            duration_ms=_ms(t0), reason=f"first {cause} of the session" if row.generation == 0
-            else f"{cause} after the previous sandbox was reclaimed or lost (same workspace)",
-            provider_state=sbx.public(),
-        )  # fmt: skip
-        return sbx.id, handle
 
     # -- prepare ----------------------------------------------------------------------------------
     async def prepare(self, tenant_id: str, session_id: str) -> dict[str, Any]:
@@ -427,10 +353,11 @@ class SandboxSessionManager:
         task.add_done_callback(self._background.discard)
 
     async def stop(self) -> None:
-        """Cancel background prepares (a half-done one is finished by the next call)."""
+        """Cancel background prepares (a half-done one is finished by the next call); let the
+        keep-alives being restored finish (each is two store writes and a provider call)."""
         for task in list(self._background):
             task.cancel()
-        await asyncio.gather(*self._background, return_exceptions=True)
+        await asyncio.gather(*self._background, *self._releases, return_exceptions=True)
 
     # -- status and close -----------------------------------------------------------------------
     async def status(self, tenant_id: str, session_id: str) -> dict[str, Any]:
@@ -477,17 +404,5 @@ class SandboxSessionManager:
                 "workspace_deleted": deleted}  # fmt: skip
 
 
-def _ms(t0: float) -> float:
-    return round((time.monotonic() - t0) * 1000, 2)
-
-
-def _make_workspace(path: Path) -> None:
-    path.mkdir(parents=True, exist_ok=True)
-    _traversable(path.parent)
-
-
-def _traversable(path: Path) -> None:
-    """Sandboxes bind the workspace as an unprivileged user, which must traverse its parents."""
-    mode = path.stat().st_mode
-    if mode & 0o001 == 0:
-        path.chmod(mode | 0o711)
+def _with_slack(keep_alive_s: int) -> int:
+    return keep_alive_s + int(keep_alive_s * KEEP_ALIVE_SLACK)

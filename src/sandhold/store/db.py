@@ -310,17 +310,19 @@ class Store(BatchQueries):
             conn.execute(q.UNLOCK, {"pk": pk, "token": token})
         return use_id
 
-    def end_use_and_lock(
-        self, use_id: str, pk: int, ttl_s: float
-    ) -> tuple[str | None, list[float]]:
-        """A tool call ended: forget it (and the session's expired uses, debris of a replica
-        that died mid-call), then take the lease lock if free (no waiting) to set the
-        keep-alive. Returns (token or None, expiry times of the calls still in flight, read
-        with the lock held)."""
+    def end_use(self, use_id: str, pk: int, events: Sequence[dict[str, Any]] = ()) -> None:
+        """A tool call ended: its ``events`` (timeline rows) written, then its use forgotten (and
+        the session's expired ones, debris of a replica that died mid-call)."""
+        with self._hot() as conn:
+            q.add_events(conn, events)
+            conn.execute(q.END_USES, {"use_id": use_id, "pk": pk, "now": time.time()})
+
+    def lock_for_keep_alive(self, pk: int, ttl_s: float) -> tuple[str | None, list[float]]:
+        """Take the lease lock if free (no waiting) to set the keep-alive after a call. Returns
+        (token or None, expiry times of the calls still in flight, read with the lock held)."""
         token = uuid.uuid4().hex
         now = time.time()
         with self._hot() as conn:
-            conn.execute(q.END_USES, {"use_id": use_id, "pk": pk, "now": now})
             res = conn.execute(q.LOCK_BY_PK, {"pk": pk, "now": now, "token": token,
                                               "until": now + ttl_s})  # fmt: skip
             if res.rowcount != 1:

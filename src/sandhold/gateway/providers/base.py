@@ -119,11 +119,12 @@ class Provider(abc.ABC):
     async def get(self, sandbox_id: str) -> ProviderSandbox | None:
         """The sandbox's current state, or None if it does not exist."""
 
-    def known_running(self, sandbox_id: str) -> bool:
-        """Whether the provider knows, without asking anyone, that the sandbox runs now (it set
-        its end itself, moments ago): the manager then connects without reading its state
-        first. False unless the provider can be sure (the local one: see local.py)."""
-        return False
+    def known_running_for(self, sandbox_id: str) -> float:
+        """For how many more seconds the provider knows, without asking anyone, that the sandbox
+        runs (it set its end itself); 0: it does not know. The manager then connects without
+        reading its state first, or not at all when that outlasts the call. 0 unless the
+        provider can be sure (the local one: see local.py)."""
+        return 0.0
 
     @abc.abstractmethod
     async def list(self, metadata: dict[str, str]) -> list[ProviderSandbox]:

@@ -6,12 +6,13 @@ mounts, the file view and the tenant's egress go in as fields, nothing through m
 data plane is the agent's unix socket (envd), and its CONNECT tunnel for other ports, through one
 pooled client per sandbox and port (``channels.py``).
 
-A sandbox this provider created, connected or timed out moments ago is known to be running
-until the end it set (``known_running``): the service pauses a running sandbox only once its
-end has passed, and only this provider (the owner ``gateway``) moves that end. The session
-manager then skips its status read before ``connect``, and ``channel`` its read before
-connecting. The hint is the service's own state as its only writer last set it, never a decision
-of the gateway's: ``connect`` still says whether it resumed, and a gone agent still fails.
+A sandbox this provider created, connected or timed out is known to be running until the end
+it set (``known_running_for``): the service pauses a running sandbox only once its end has
+passed, and only this provider (the owner ``gateway``) moves that end. The session manager
+then skips its status read before ``connect`` (and the connect, when that end outlasts the
+call), and ``channel`` its read before connecting. The hint is the service's own state as its
+only writer last set it, never a decision of the gateway's: ``connect`` still says whether it
+resumed, and a gone agent still fails the call.
 """
 
 from __future__ import annotations
@@ -82,9 +83,9 @@ class LocalProvider(Provider):
         # sandbox id -> (wall-clock time until which it surely runs, its agent's socket)
         self._running: dict[str, tuple[float, Path]] = {}
 
-    def known_running(self, sandbox_id: str) -> bool:
+    def known_running_for(self, sandbox_id: str) -> float:
         seen = self._running.get(sandbox_id)
-        return seen is not None and time.time() < seen[0]
+        return 0.0 if seen is None else max(0.0, seen[0] - time.time())
 
     def _runs(self, sbx: Sandbox, timeout_s: int, t0: float) -> None:
         """``sbx`` runs until ``t0 + timeout_s`` at least (``t0``: before the service was asked)."""
