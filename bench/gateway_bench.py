@@ -6,7 +6,12 @@
 
 Measures, through a real `sandhold gateway serve` process over REST (milliseconds), once per
 store of ``--stores`` (PostgreSQL: a throw-away server on a unix socket, tests/gateway/postgres.py):
-- ``tool_call_warm_ms``: a ``run_command("true")`` round trip on a session whose sandbox runs;
+- ``tool_call_warm_ms``: a ``run_command("true")`` round trip on a session whose sandbox runs
+  (the default keep-alive, 15 min), calls back to back;
+- ``tool_call_warm_spaced_ms``: the same, 50 ms between calls (as an agent loop's come: the
+  end of a call, restoring the keep-alive, is then done before the next one);
+- ``tool_call_warm_short_keep_alive_ms``: back to back with a 1 s keep-alive (shorter than a
+  call's budget, so that every call extends the sandbox's end at the provider first);
 - ``first_call_ms``: the first call of a new session (create + run);
 - ``resume_on_call_ms``: the first call after the sandbox auto-paused (resume + run);
 and in-process, with the store on SQLite:
@@ -55,13 +60,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.gateway.postgres import Postgres
 
 KEY = "bench-tenant-key-0123456789"
+# A tenant with the default keep-alive (15 min), for the warm calls: "bench" pauses its
+# sandboxes a second after each call (the resume measure needs that).
+WARM_KEY = "bench-warm-tenant-key-012345"
+SPACED_S = 0.05  # between the spaced warm calls: an agent loop's model thinks in between
 
 
 def env_for(data_dir: Path, keep_alive: int, retention: int) -> dict[str, str]:
     policy = {"keep_alive_s": keep_alive, "retention_s": retention, "max_live_sandboxes": 5000}
+    warm = {"api_key": WARM_KEY, "policy": {"retention_s": retention}}
+    tenants = {"bench": {"api_key": KEY, "policy": policy}, "bench-warm": warm}
     return {
         "SANDHOLD_DATA_DIR": str(data_dir),
-        "SANDHOLD_GATEWAY_TENANTS": json.dumps({"bench": {"api_key": KEY, "policy": policy}}),
+        "SANDHOLD_GATEWAY_TENANTS": json.dumps(tenants),
         "SANDHOLD_LIFECYCLE_INTERVAL_S": "0.2",
         "SANDHOLD_GATEWAY_RECLAIM_INTERVAL_S": "3600",
         "SANDHOLD_PREBUILD_TEMPLATES": "[]",
@@ -98,15 +109,26 @@ def rest_latencies(
             time.sleep(0.05)
         c = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
 
-        def call(session: str) -> float:
+        warm_c = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {WARM_KEY}"},
+                              timeout=60)  # fmt: skip
+
+        def call(session: str, client: httpx.Client = c) -> float:
             t = time.perf_counter()
-            r = c.post(f"/v1/sessions/{session}/tools/run_command", json={"command": "true"})
+            path = f"/v1/sessions/{session}/tools/run_command"
+            r = client.post(path, json={"command": "true"})
             assert r.status_code == 200 and r.json()["exit_code"] == 0, r.text
             return (time.perf_counter() - t) * 1000
 
+        def spaced(session: str, client: httpx.Client) -> float:
+            time.sleep(SPACED_S)
+            return call(session, client)
+
         first = [call(f"first-{i}") for i in range(n)]
-        call("warm")
-        warm = [call("warm") for _ in range(warm_n)]
+        call("warm", warm_c)
+        warm = [call("warm", warm_c) for _ in range(warm_n)]
+        warm_spaced = [spaced("warm", warm_c) for _ in range(warm_n)]
+        call("warm-short")
+        warm_short = [call("warm-short") for _ in range(warm_n)]
         resume = []
         for i in range(min(n, 10)):
             sid = f"first-{i}"
@@ -115,9 +137,12 @@ def rest_latencies(
             resume.append(call(sid))
         for i in range(n):
             c.delete(f"/v1/sessions/first-{i}")
-        c.delete("/v1/sessions/warm")
-        return {"tool_call_warm_ms": summary(warm), "first_call_ms": summary(first),
-                "resume_on_call_ms": summary(resume)}  # fmt: skip
+        warm_c.delete("/v1/sessions/warm")
+        c.delete("/v1/sessions/warm-short")
+        return {"tool_call_warm_ms": summary(warm),
+                "tool_call_warm_spaced_ms": summary(warm_spaced),
+                "tool_call_warm_short_keep_alive_ms": summary(warm_short),
+                "first_call_ms": summary(first), "resume_on_call_ms": summary(resume)}  # fmt: skip
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
@@ -312,6 +337,16 @@ def rest_on(data_dir: Path, n: int, warm_n: int, store: str) -> dict[str, object
 COMPARED = [
     ("warm tool call, SQLite (ms)", ("tool_call_warm_ms",)),
     ("warm tool call, PostgreSQL (ms)", ("rest_postgresql", "tool_call_warm_ms")),
+    ("warm tool call 50 ms apart, SQLite (ms)", ("tool_call_warm_spaced_ms",)),
+    (
+        "warm tool call 50 ms apart, PostgreSQL (ms)",
+        ("rest_postgresql", "tool_call_warm_spaced_ms"),
+    ),
+    ("warm tool call, 1 s keep-alive, SQLite (ms)", ("tool_call_warm_short_keep_alive_ms",)),
+    (
+        "warm tool call, 1 s keep-alive, PostgreSQL (ms)",
+        ("rest_postgresql", "tool_call_warm_short_keep_alive_ms"),
+    ),
     ("first call, SQLite (ms)", ("first_call_ms",)),
     ("first call, PostgreSQL (ms)", ("rest_postgresql", "first_call_ms")),
     ("call after auto-pause, SQLite (ms)", ("resume_on_call_ms",)),
