@@ -29,6 +29,7 @@ from urllib.parse import parse_qsl
 import h11
 
 from sandhold.config import Settings
+from sandhold.e2b.agent_conns import AgentConnections
 from sandhold.e2b.auth import EXPIRED, check_envd_access, check_traffic_access, signature_error
 from sandhold.e2b.errors import e2b_status
 from sandhold.e2b.file_audit import FileAudit, FileOpRecord, file_op
@@ -184,6 +185,7 @@ class DataPlane:
         self.service = service
         self.settings = settings
         self.file_audit = FileAudit(settings.data_dir)
+        self.agents = AgentConnections(READ_CHUNK)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, target: Target) -> None:
         try:
@@ -278,21 +280,27 @@ class DataPlane:
     async def _forward(
         self, scope: Scope, receive: Receive, send: Send, sbx: Sandbox, port: int
     ) -> None:
+        path = str(sbx.info.agent_socket)
         try:
-            reader, writer = await asyncio.open_unix_connection(
-                str(sbx.info.agent_socket), limit=READ_CHUNK
-            )
+            if port == ENVD_PORT:
+                reader, writer = await self.agents.checkout(path)
+            else:  # (a tunnel's connection is the tunnel's)
+                reader, writer = await asyncio.open_unix_connection(path, limit=READ_CHUNK)
         except OSError:
             raise gone(sbx.id) from None
+        clean = False
         try:
             if port != ENVD_PORT:
                 try:
                     await open_tunnel(reader, writer, port)
                 except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
                     raise gone(sbx.id) from None
-            await self._exchange(scope, receive, send, reader, writer, sbx, port)
+            clean = await self._exchange(scope, receive, send, reader, writer, sbx, port)
         finally:
-            writer.close()
+            if clean and port == ENVD_PORT:
+                self.agents.checkin(path, (reader, writer))
+            else:
+                writer.close()
 
     async def _exchange(
         self,
@@ -303,7 +311,9 @@ class DataPlane:
         writer: asyncio.StreamWriter,
         sbx: Sandbox,
         port: int,
-    ) -> None:
+    ) -> bool:
+        """Pass one request and its response on; True if both ended whole and the connection
+        may carry another (HTTP/1.1 keep-alive)."""
         conn = h11.Connection(h11.CLIENT)
 
         async def send_event(event: Any) -> None:
@@ -373,27 +383,27 @@ class DataPlane:
                 elif isinstance(event, h11.EndOfMessage):
                     rest = bytes(stream.buf) if stream else b""  # (a stream that ends whole: b"")
                     await send({"type": "http.response.body", "body": rest, "more_body": False})
-                    return
+                    return conn.our_state is h11.DONE and conn.their_state is h11.DONE
                 elif isinstance(event, h11.ConnectionClosed):
                     raise ConnectionResetError("the agent closed the connection")
                 # InformationalResponse (1xx): nothing to pass on
         except (OSError, h11.RemoteProtocolError):
             if client_gone.is_set():
-                return
+                return False
             if not started:
                 raise gone(sbx.id) from None
             # Mid-response: the sandbox was killed (or its agent died) under an open stream.
             if stream is not None:  # a Connect stream ends with an error envelope, as E2B's
                 end = b"" if stream.ended else ended_early(sbx.id)
                 await send({"type": "http.response.body", "body": end, "more_body": False})
-                return
+                return False
             # Any other body can only be cut off: returning without completing the response
             # makes the server close the client's connection, which is how the SDK learns that
             # the response broke (it then probes /health, which answers 502 for a gone sandbox).
             log.info("sandbox %s: its side of %s %s ended mid-response; closing the client's "
                      "connection", sbx.id, scope["method"], scope["path"])  # fmt: skip
             aborted.set(True)
-            return
+            return False
         finally:
             pump.cancel()
             with contextlib.suppress(BaseException):
