@@ -56,6 +56,11 @@ def stdio_server() -> MCPServer:
     def echo(text: str) -> str:
         return f"stdio echo: {text} from {netns()}"
 
+    @server.tool(description="Take a while, from the stdio server.")
+    async def nap(seconds: float) -> str:
+        await asyncio.sleep(seconds)
+        return f"napped {seconds}"
+
     @server.tool(description="Collides with main's a__b.")
     def b() -> str:
         return "channel a's b"

@@ -110,6 +110,8 @@ class Connector:
         self.stop = asyncio.Event()
         self.finished = asyncio.Event()
         self.tasks: set[asyncio.Task[None]] = set()
+        # what is relayed at once, however many commands one poll brings
+        self.slots = asyncio.Semaphore(g.max_concurrency)
         self.health_url: str | None = None
 
     def _client(self, timeout: float) -> httpx.AsyncClient:
@@ -186,7 +188,8 @@ class Connector:
                 if r.status_code in (200, 204):
                     self._polled(True, "")
                     backoff = g.backoff_initial_s
-                    # (more than asked for: every one is run all the same, as the protocol says)
+                    # (more than asked for: every one is run all the same, as the protocol says,
+                    # max_concurrency of them at a time)
                     for cmd in r.json().get("commands", []) if r.status_code == 200 else []:
                         self._spawn(cmd, received)
                 else:
@@ -259,10 +262,13 @@ class Connector:
                     f"this connector has no upstream for channel {channel!r}",
                 )
             else:
+
+                async def relay(up: HttpUpstream | StdioUpstream = up) -> dict[str, Any]:
+                    async with self.slots:
+                        return await up.forward(message, cmd.get("headers") or {})
+
                 try:
-                    body = await asyncio.wait_for(
-                        up.forward(message, cmd.get("headers") or {}), left
-                    )
+                    body = await asyncio.wait_for(relay(), left)
                 except TimeoutError:
                     self.metrics.commands.labels(channel, "expired").inc()
                     return

@@ -17,6 +17,7 @@ import contextlib
 import itertools
 import json
 import logging
+import re
 from typing import Any
 
 import anyio
@@ -31,6 +32,8 @@ from sandhold.tunnel.connector_config import UpstreamConfig, resolve
 log = logging.getLogger(__name__)
 
 PASSED_HEADERS = ("mcp-session-id", "mcp-protocol-version", "last-event-id")
+# a value passed on is visible ASCII (no CR/LF to split the request, nothing httpx cannot send)
+HEADER_VALUE_RE = re.compile(r"^[\x21-\x7e][\x20-\x7e]{0,1023}$")
 RETURNED_HEADERS = ("Content-Type", "Mcp-Session-Id", "Mcp-Protocol-Version")
 CLIENT_INFO = {"name": "sandhold-tunnel-connector", "version": "0.1.0"}
 
@@ -86,9 +89,16 @@ class HttpUpstream:
             "Accept": "application/json, text/event-stream",
             **self.headers,
         }
-        for name, values in headers.items():
-            if name.lower() in PASSED_HEADERS and values:
-                out[name] = values[0]
+        for name, values in headers.items() if isinstance(headers, dict) else ():
+            if (
+                isinstance(name, str)
+                and name.lower() in PASSED_HEADERS
+                and isinstance(values, list)
+                and values
+                and isinstance(values[0], str)
+                and HEADER_VALUE_RE.match(values[0])
+            ):
+                out[name.lower()] = values[0]
         try:
             async with self.http.stream(
                 "POST", self.url, content=json.dumps(message), headers=out
@@ -149,13 +159,24 @@ class HttpUpstream:
             return None
         return body if isinstance(body, dict) else None
 
-    async def _from_events(self, r: httpx.Response, rid: Any) -> dict[str, Any] | None:
-        """The answer to ``rid`` in an SSE stream (notifications before it are dropped)."""
-        size, data_lines = 0, []
-        async for line in r.aiter_lines():
-            size += len(line) + 1
+    async def _lines(self, r: httpx.Response) -> Any:
+        """The stream's lines, counting bytes as they arrive: a line that never ends must not
+        grow past the bound in memory."""
+        size, pending = 0, b""
+        async for chunk in r.aiter_bytes():
+            size += len(chunk)
             if size > self.max_bytes:
                 raise PayloadTooLarge("answer too large")
+            *lines, pending = (pending + chunk).replace(b"\r\n", b"\n").split(b"\n")
+            for line in lines:
+                yield line.rstrip(b"\r").decode(errors="replace")
+        if pending:
+            yield pending.rstrip(b"\r").decode(errors="replace")
+
+    async def _from_events(self, r: httpx.Response, rid: Any) -> dict[str, Any] | None:
+        """The answer to ``rid`` in an SSE stream (notifications before it are dropped)."""
+        data_lines: list[str] = []
+        async for line in self._lines(r):
             if line.startswith("data:"):
                 data_lines.append(line[5:].lstrip())
             elif line == "" and data_lines:
@@ -222,7 +243,7 @@ class StdioUpstream:
             rid = msg.get("id")
             if isinstance(rid, int) and rid in self._waiting and "method" not in msg:
                 self._answers[rid] = msg
-                self._waiting.pop(rid).set()
+                self._waiting[rid].set()
         self.reachable = False  # the server's stdout closed: it exited
         for event in self._waiting.values():
             event.set()
@@ -234,9 +255,15 @@ class StdioUpstream:
     async def _request(self, message: dict[str, Any]) -> dict[str, Any]:
         ours = next(self._ids)
         event = self._waiting[ours] = anyio.Event()
-        await self._send({**message, "id": ours})
-        with anyio.fail_after(self.timeout_s):
-            await event.wait()
+        try:
+            await self._send({**message, "id": ours})
+            with anyio.fail_after(self.timeout_s):
+                await event.wait()
+        except BaseException:  # timed out or cancelled: nothing of it is kept, not a late answer
+            self._answers.pop(ours, None)
+            raise
+        finally:
+            self._waiting.pop(ours, None)
         answer = self._answers.pop(ours, None)
         if answer is None:
             raise ConnectionError("the stdio MCP server exited")
