@@ -24,6 +24,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from sandhold.config import Settings
 from sandhold.egress.policy import EgressPolicy
 from sandhold.errors import Conflict, NeedsNewSandbox, SandboxGone, SandboxNotFound
@@ -201,6 +203,10 @@ class LocalProvider(Provider):
                 yield ch
         except SandboxGone:
             await self._forget(sandbox_id)  # its agent is gone: the next call reads its state
+            raise
+        except httpx.TransportError:
+            # Cut off mid-request (its agent may have just died): the next call reads its state.
+            self._running.pop(sandbox_id, None)
             raise
 
 
