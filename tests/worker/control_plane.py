@@ -120,6 +120,7 @@ class ControlPlane:
         self.environment_key = f"sk-ant-oat01-{secrets.token_urlsafe(24)}"
         self.items: dict[str, WorkItem] = {}
         self.sessions: dict[str, Session] = {}
+        self.misreported: dict[str, str] = {}  # session id -> the id its body says (a bug)
         self.lock = threading.Lock()
         self.sock = listen()
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
@@ -332,7 +333,9 @@ class ControlPlane:
 
     async def get_session(self, request: Request) -> Response:
         s = self.session(request)
-        return s if isinstance(s, Response) else JSONResponse(s.public())
+        if isinstance(s, Response):
+            return s
+        return JSONResponse({**s.public(), "id": self.misreported.get(s.id, s.id)})
 
     async def list_events(self, request: Request) -> Response:
         s = self.session(request)

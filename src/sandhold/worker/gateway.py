@@ -14,6 +14,8 @@ from typing import Any
 import httpx
 from anthropic.lib.tools import ToolError
 
+from sandhold.gateway.policy import SESSION_ID_RE
+
 log = logging.getLogger("sandhold.worker")
 
 # The gateway's answers that the same call may get past by waiting: the session is locked by a
@@ -43,6 +45,7 @@ class Gateway:
         ``budget_s``: how long the tool itself may run, on top of the HTTP timeout. A refusal or
         failure raises the SDK's ``ToolError`` with the gateway's message (``name: message``),
         which the SDK's runner posts as an ``is_error`` result."""
+        _check_session(name, session_id)
         timeout = httpx.Timeout(self.timeout_s + budget_s, connect=10.0)
         for attempt, delay in enumerate((*RETRY_DELAYS_S, None)):
             try:
@@ -66,12 +69,24 @@ class Gateway:
         """Ask for the session's sandbox now (created or resumed in the background), so the
         first tool call finds it ready. Best effort: the first call would make it anyway."""
         try:
+            _check_session("prepare", session_id)
+        except ToolError as e:
+            log.warning("%s", e)
+            return
+        try:
             r = await self.http.post(f"/v1/sessions/{session_id}/prepare", params={"wait": "false"})
         except httpx.TransportError as e:
             log.warning("prepare of session %s failed: %s", session_id, e)
             return
         if r.status_code != 202:
             log.warning("prepare of session %s: %s %s", session_id, *_error_of(r))
+
+
+def _check_session(name: str, session_id: str) -> None:
+    """The control plane's session id goes into the gateway's URL path: it must be one of the
+    gateway's ids (no ``/``, ``..``, ``?`` or ``#`` to take the call to another path)."""
+    if not SESSION_ID_RE.match(session_id):
+        raise ToolError(f"{name}: session id {session_id[:80]!r} is not a valid gateway session id")
 
 
 def _error_of(r: httpx.Response) -> tuple[str, str]:

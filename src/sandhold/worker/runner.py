@@ -67,6 +67,7 @@ class SandboxWorker(EnvironmentWorker):
         self.gateway = gateway
         self.settings = settings
         self.lease: _Lease | None = None  # the current item's, while one is served
+        self.session_id: str | None = None  # and its session's id
         self.draining = False
         self.idle = asyncio.Event()  # set while no item is served
         self.idle.set()
@@ -76,8 +77,14 @@ class SandboxWorker(EnvironmentWorker):
         session = ctx.session
         assert session is not None  # the SDK's worker always passes the fetched session
         s = self.settings
+        # The sandbox is the work item's session's, whose events the SDK's runner serves: not
+        # the id in the fetched session's body, which a control plane could get wrong.
+        session_id = self.session_id or session.id
+        if session.id != session_id:
+            log.warning("session %s: the control plane's session body says %r; its tools run "
+                        "in the work item's session", session_id, session.id)  # fmt: skip
         tools = SandboxTools(
-            self.gateway, session.id,
+            self.gateway, session_id,
             max_file_bytes=s.worker_max_file_bytes, bash_timeout_s=s.worker_bash_timeout_s,
         ).toolset()  # fmt: skip
         if s.worker_custom_tools == "error":
@@ -92,6 +99,7 @@ class SandboxWorker(EnvironmentWorker):
     ) -> None:  # fmt: skip
         lease = lease or _Lease()
         self.lease = lease
+        self.session_id = work_item.data.id if work_item.data.type == "session" else None
         self.idle.clear()
         try:
             if work_item.data.type == "session" and not self.draining:
@@ -101,6 +109,7 @@ class SandboxWorker(EnvironmentWorker):
                 await super()._handle_item(work_item, environment_key, lease)
         finally:
             self.lease = None
+            self.session_id = None
             self.idle.set()
         if self.draining:
             # Never poll again: the serving task is cancelled once it is here.

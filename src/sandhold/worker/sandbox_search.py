@@ -129,7 +129,11 @@ def main() -> int:
     view = [Path(p) for p in env["SANDHOLD_VIEW"].split(":") if p]
     root = search_root(env["SANDHOLD_ROOT"], view)
     search = glob if env["SANDHOLD_SEARCH"] == "glob" else grep
-    return search(root, env["SANDHOLD_PATTERN"])
+    try:
+        return search(root, env["SANDHOLD_PATTERN"])
+    except Exception as e:  # exit 2 with why, not Python's 1 ("no matches")
+        fail(f"{type(e).__name__}: {e}")
+        raise
 
 
 if __name__ == "__main__":

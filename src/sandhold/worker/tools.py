@@ -194,18 +194,21 @@ class SandboxTools:
         root = posixpath.normpath(posixpath.join(WORKSPACE, path or "."))
         env = {"SANDHOLD_SEARCH": kind, "SANDHOLD_PATTERN": pattern, "SANDHOLD_ROOT": root,
                "SANDHOLD_VIEW": ":".join(READ_ROOTS)}  # fmt: skip
+        # (-I: neither the working directory nor PYTHON* variables steer what it imports)
         result = await self._call(
             kind, "run_command", SEARCH_TIMEOUT_S, timeout_s=SEARCH_TIMEOUT_S, env=env,
-            command=f"exec python3 -c {shlex.quote(SEARCH_PROGRAM)}",
+            command=f"exec python3 -I -c {shlex.quote(SEARCH_PROGRAM)}",
         )  # fmt: skip
         code = result.get("exit_code")
+        # What runs is the sandbox's python3, which code in the sandbox can replace: its
+        # output is bounded here, not only by the program.
         if code == 0:
-            return str(result["stdout"]).rstrip("\n")
+            return _bounded(str(result["stdout"]).rstrip("\n"))
         if code == 1:
             return "no matches"
         if code is None:
             raise ToolError(f"{kind}: timed out after {SEARCH_TIMEOUT_S:g}s")
-        why = str(result.get("stderr") or result.get("stdout") or "").strip()
+        why = _bounded(str(result.get("stderr") or result.get("stdout") or "").strip(), 4096)
         raise ToolError(f"{kind}: {why or f'failed with exit status {code}'}")
 
     def toolset(self) -> list[BetaAnyRunnableTool]:
@@ -220,6 +223,14 @@ class SandboxTools:
         }
         return [beta_async_tool(getattr(self, name), name=name, input_schema=schema)
                 for name, schema in schemas.items()]  # fmt: skip
+
+
+def _bounded(text: str, limit: int = sandbox_search.GREP_LIMIT) -> str:
+    """``text`` cut to ``limit`` bytes (UTF-8), saying so."""
+    data = text.encode()
+    if len(data) <= limit:
+        return text
+    return data[:limit].decode(errors="ignore") + f"\n[output truncated at {limit} bytes]"
 
 
 def unhandled_custom_tools(names: Sequence[str]) -> list[BetaAnyRunnableTool]:
