@@ -37,6 +37,9 @@ def kernel_argv() -> list[str]:
         "--HistoryManager.enabled=False",
         # Tracebacks are read by models and people in logs, not by terminals.
         "--InteractiveShell.colors=nocolor",
+        # ipykernel sleeps 0.5 ms after each execution, before its reply, in case output still
+        # trails on IOPub; executions here end on the IOPub idle status, which comes after it.
+        "--IPythonKernel._execute_sleep=0",
     ]  # fmt: skip
 
 

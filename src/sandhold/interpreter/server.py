@@ -25,7 +25,7 @@ from typing import Any
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from sandhold.interpreter import outputs
@@ -92,21 +92,51 @@ class Execution:
         else:
             self.job.abandoned.set()
 
-    async def stream(self) -> AsyncIterator[bytes]:
+    async def next_lines(self) -> tuple[bytes, bool]:
+        """The NDJSON lines of every event ready now (waiting for one first, a keepalive line
+        after KEEPALIVE_S without), and whether the execution has ended with them."""
         try:
-            while True:
-                try:
-                    event = await asyncio.wait_for(self.queue.get(), KEEPALIVE_S)
-                except TimeoutError:
-                    yield outputs.line(outputs.KEEPALIVE)
-                    continue
-                yield outputs.line(event)
-                if event is outputs.END_OF_EXECUTION:
-                    return
+            events = [await asyncio.wait_for(self.queue.get(), KEEPALIVE_S)]
+        except TimeoutError:
+            return outputs.line(outputs.KEEPALIVE), False
+        while events[-1] is not outputs.END_OF_EXECUTION and not self.queue.empty():
+            events.append(self.queue.get_nowait())
+        return b"".join(map(outputs.line, events)), events[-1] is outputs.END_OF_EXECUTION
+
+
+class ExecutionResponse:
+    """The NDJSON stream of one execution, as an ASGI response. What is ready is sent in one
+    write: an execution whose events are all ready by its first one (a short cell) is answered
+    in one body (headers, then that body) instead of one chunk per event; a longer one streams
+    (chunked), as it runs. A client that goes away abandons the execution (it is interrupted)."""
+
+    media_type = "application/x-ndjson"
+
+    def __init__(self, execution: Execution) -> None:
+        self.execution = execution
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        watcher = asyncio.create_task(self._abandon_on_disconnect(receive))
+        try:
+            body, ended = await self.execution.next_lines()
+            headers = [(b"content-type", self.media_type.encode())]
+            if ended:
+                headers.append((b"content-length", str(len(body)).encode()))
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            await send({"type": "http.response.body", "body": body, "more_body": not ended})
+            while not ended:
+                body, ended = await self.execution.next_lines()
+                await send({"type": "http.response.body", "body": body, "more_body": not ended})
         finally:
-            # Reached on normal end too, where this is a no-op; on a client disconnect
-            # (timeout, kill, ctrl-c) this is what stops the code.
-            self.abandon()
+            # A no-op once the execution ended; on a client disconnect (timeout, kill, ctrl-c)
+            # or a failed send this is what stops the code.
+            watcher.cancel()
+            self.execution.abandon()
+
+    async def _abandon_on_disconnect(self, receive: Any) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        self.execution.abandon()
 
 
 def _manager(request: Request) -> ContextManager:
@@ -157,7 +187,7 @@ async def execute(request: Request) -> Response:
     except ContextError as e:
         return _error(e.status, str(e))
     execution = Execution(ctx, code, env_vars)
-    return StreamingResponse(execution.stream(), media_type="application/x-ndjson")
+    return ExecutionResponse(execution)  # type: ignore[return-value]
 
 
 async def create_context(request: Request) -> Response:
