@@ -6,6 +6,12 @@
 
 Prints one JSON document (and writes it to --out). Times are milliseconds.
 
+``--baseline REV`` adds ``hops``: in one more (cold) sandbox, the interpreter service of git
+revision REV runs next to the template's own (port 49998, the same packages), and a client
+inside the sandbox alternates, in blocks, ``POST /execute 1+1`` on each, a bare execute on each
+one's kernel (jupyter_client's Session over ZMQ, to the reply and to the IOPub idle status:
+the kernel's own share) and ``GET /health`` (the HTTP floor): before and after in one run.
+
 Three ways a sandbox starts are timed, interleaved in one run: ``cold`` (booted: agent, service,
 kernel start), ``warm`` (restored from the template's checkpoint, runtime/warm.py; made first,
 its build time and size reported) and ``pool`` (booted ahead, runtime/pool.py, and taken by the
@@ -25,6 +31,7 @@ import asyncio
 import json
 import os
 import platform
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -32,6 +39,9 @@ from pathlib import Path
 from benchstats import destroy_data_dir, pss_kib, summary, write_result
 from sandhold.config import Settings
 from sandhold.interpreter.template import (
+    SANDBOX_CODE,
+    SANDBOX_HOME,
+    SERVICE,
     SERVICE_PORT,
     TEMPLATE_NAME,
     build_code_interpreter_template,
@@ -70,6 +80,141 @@ for _ in range(iterations):
     rtts.append((time.perf_counter() - t) * 1000)
 print(json.dumps({"first_result_at": first, "rtt_ms": rtts}))
 """
+
+
+# Runs inside the sandbox (as root, which owns the kernels' connection files): alternates blocks
+# of HTTP executions and bare kernel executions over the services on the given ports.
+HOPS_CLIENT = r"""
+import glob, http.client, json, sys, time
+import zmq
+from jupyter_client.session import Session
+iterations, block = int(sys.argv[1]), 25
+services = json.loads(sys.argv[2])  # name -> [port, directory of its kernel's runtime dir]
+body = json.dumps({"code": "1+1", "context_id": None, "language": None, "env_vars": None})
+
+def execute(conn):
+    conn.request("POST", "/execute", body, {"Content-Type": "application/json"})
+    r = conn.getresponse()
+    text = r.read().decode()
+    assert r.status == 200 and '"text": "2"' in text, text
+
+def health(conn):
+    conn.request("GET", "/health")
+    conn.getresponse().read()
+
+class Bare:
+    def __init__(self, tmp):
+        info = json.load(open(glob.glob(tmp + "/sandhold-kernel-*/kernel.json")[0]))
+        self.session = Session(key=info["key"].encode(), signature_scheme=info["signature_scheme"])
+        addr = lambda ch: f"{info['transport']}://{info['ip']}-{info[ch + '_port']}"
+        self.shell = zmq.Context.instance().socket(zmq.DEALER)
+        self.shell.connect(addr("shell"))
+        self.iopub = zmq.Context.instance().socket(zmq.SUB)
+        self.iopub.setsockopt(zmq.SUBSCRIBE, b"")
+        self.iopub.connect(addr("iopub"))
+        self.poller = zmq.Poller()
+        self.poller.register(self.shell, zmq.POLLIN)
+        self.poller.register(self.iopub, zmq.POLLIN)
+
+    def execute(self):
+        t0 = time.perf_counter()
+        content = {"code": "1+1", "silent": False, "store_history": True, "user_expressions": {},
+                   "allow_stdin": False, "stop_on_error": False}
+        msg_id = self.session.send(self.shell, "execute_request", content)["header"]["msg_id"]
+        reply = idle = None
+        while reply is None or idle is None:
+            ready = dict(self.poller.poll(10000))
+            assert ready, "the kernel did not answer"
+            for sock in ready:
+                m = self.session.recv(sock)[1]
+                if m["parent_header"].get("msg_id") != msg_id:
+                    continue
+                if sock is self.shell:
+                    reply = (time.perf_counter() - t0) * 1000
+                elif m["msg_type"] == "status" and m["content"]["execution_state"] == "idle":
+                    idle = (time.perf_counter() - t0) * 1000
+        return reply, idle
+
+conns, bares = {}, {}
+for name, (port, tmp) in services.items():
+    while True:
+        try:
+            conns[name] = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+            execute(conns[name])
+            break
+        except (ConnectionRefusedError, OSError):
+            time.sleep(0.05)
+    bares[name] = Bare(tmp)
+time.sleep(0.3)  # the SUB sockets' subscriptions reach the kernels
+kinds = ("http_execute", "bare_reply", "bare_idle", "health")
+out = {f"{n}_{k}": [] for n in services for k in kinds}
+names = list(services)
+for _ in range(50):
+    for n in names:
+        execute(conns[n]); bares[n].execute()
+for i in range(iterations // block):
+    for n in (names if i % 2 == 0 else names[::-1]):
+        for _ in range(block):
+            t = time.perf_counter(); execute(conns[n])
+            out[n + "_http_execute"].append((time.perf_counter() - t) * 1000)
+            t = time.perf_counter(); health(conns[n])
+            out[n + "_health"].append((time.perf_counter() - t) * 1000)
+            reply, idle = bares[n].execute()
+            out[n + "_bare_reply"].append(reply); out[n + "_bare_idle"].append(idle)
+print(json.dumps(out))
+"""
+BASELINE_PORT = 49998
+
+
+def baseline_files(rev: str) -> dict[str, bytes]:
+    """The interpreter package of git revision ``rev``: path below the package -> content."""
+    root = Path(__file__).resolve().parents[1]
+    listing = subprocess.run(
+        ["git", "-C", str(root), "ls-tree", "--name-only", rev, "src/sandhold/interpreter/"],
+        capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    return {
+        Path(f).name: subprocess.run(
+            ["git", "-C", str(root), "show", f"{rev}:{f}"], capture_output=True, check=True
+        ).stdout
+        for f in listing
+        if Path(f).suffix in (".py", ".js", ".java")
+    }
+
+
+async def hops(rt: Runtime, rev: str, iterations: int) -> dict[str, object]:
+    """Where a warm 1+1 goes, this tree against ``rev``, alternated in one sandbox."""
+    info = rt.create({"template": TEMPLATE_NAME, "limits": {"memory_mb": 1024}})
+    try:
+        async with AgentClient(info.agent_socket, timeout=300) as agent:
+            base = "/tmp/sandhold-baseline"
+            await agent.write_file(f"{base}/code/sandhold/__init__.py", b"")
+            for name, data in baseline_files(rev).items():
+                await agent.write_file(f"{base}/code/sandhold/interpreter/{name}", data)
+            env = {str(k): str(v) for k, v in SERVICE["env"].items()}  # type: ignore[attr-defined]
+            env["PYTHONPATH"] = env["PYTHONPATH"].replace(SANDBOX_CODE, f"{base}/code")
+            env["TMPDIR"] = f"{base}/tmp"  # where its kernel's connection file goes
+            argv = [str(a) for a in SERVICE["argv"]]  # type: ignore[attr-defined]
+            argv[argv.index(str(SERVICE_PORT))] = str(BASELINE_PORT)
+            await agent.sh(f"mkdir -p {base}/tmp")
+            await agent.run(argv, user="root", cwd=SANDBOX_HOME, env=env, background=True)
+            services = {"now": [SERVICE_PORT, "/tmp"], "baseline": [BASELINE_PORT, f"{base}/tmp"]}
+            r = await agent.run(
+                ["/usr/bin/python3", "-c", HOPS_CLIENT, str(iterations), json.dumps(services)],
+                user="root",
+            )
+            if r.exit_code != 0:
+                raise RuntimeError(f"hops client failed: {r.stderr.decode()[-2000:]}")
+            raw: dict[str, list[float]] = json.loads(r.stdout)
+    finally:
+        rt.kill(info.id)
+    out: dict[str, object] = {"baseline_rev": rev, "block": 25}
+    out.update({k: summary(v) for k, v in raw.items()})
+    out["ratio_p50"] = {
+        k: round(float(out[f"now_{k}"]["p50"]) / float(out[f"baseline_{k}"]["p50"]), 3)  # type: ignore[index]
+        for k in ("http_execute", "bare_reply", "bare_idle", "health")
+    }
+    return out
 
 
 async def one_sandbox(rt: Runtime, iterations: int, mode: str) -> dict[str, object]:
@@ -123,6 +268,8 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         modes["pool"] = Runtime(settings.model_copy(update={"pool_sizes": {TEMPLATE_NAME: 1}}))
         modes["pool"].open()
         runs: dict[str, list[dict[str, object]]] = {m: [] for m in modes}
+        if args.baseline:
+            hop_runtime = modes["cold"]
         for i in range(args.n):  # interleaved: the host's load falls on both alike
             for mode, r in modes.items():
                 if mode == "pool":
@@ -135,7 +282,11 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
             "template_build_note": "with the wheel/site cache in --cache already filled",
             "warm_checkpoint": warm,
         }
+        if args.baseline:
+            out["hops"] = await hops(hop_runtime, args.baseline, args.hop_iterations)
         for mode, rs in runs.items():
+            if not rs:  # --n 0: the hops only
+                continue
             out[mode] = {
                 "sandbox_create_ms": summary([r["create_ms"] for r in rs]),  # type: ignore[misc]
                 "fresh_sandbox_to_first_result_ms": summary(
@@ -168,6 +319,8 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--n", type=int, default=10, help="fresh sandboxes to time")
     parser.add_argument("--iterations", type=int, default=200, help="warm 1+1 round trips")
+    parser.add_argument("--baseline", help="git revision to time the warm 1+1 hops against")
+    parser.add_argument("--hop-iterations", type=int, default=1000)
     parser.add_argument("--cache", default="/var/tmp/sandhold-cache/interpreter")
     parser.add_argument("--out", default="bench/results/interpreter.json")
     args = parser.parse_args()
