@@ -13,6 +13,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from jupyter_client import session as jupyter_session
 from jupyter_client.asynchronous import AsyncKernelClient
 from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
 from jupyter_client.manager import AsyncKernelManager
@@ -21,6 +22,11 @@ from sandhold.interpreter import outputs
 from sandhold.interpreter.contexts import Context, Job
 
 log = logging.getLogger(__name__)
+
+# jupyter_client parses every date of every message's headers (dateutil, a regex walk of both
+# headers: ~0.1 ms a message pair here); the one this service reads, a stream's timestamp, is
+# parsed where it is read instead (_timestamp).
+jupyter_session.extract_dates = lambda obj: obj
 
 STARTUP_FILE = Path(__file__).with_name("kernel_startup.py")
 LAUNCHER_FILE = Path(__file__).with_name("kernel_launcher.py")
@@ -56,6 +62,11 @@ class _SpecManager(KernelSpecManager):
 
 def _timestamp(msg: dict[str, Any]) -> str:
     date = msg.get("header", {}).get("date")
+    if isinstance(date, str):
+        try:
+            return datetime.fromisoformat(date).isoformat()
+        except ValueError:
+            return date
     if isinstance(date, datetime):
         return date.isoformat()
     return str(date) if date else outputs.now_iso()
