@@ -140,11 +140,10 @@ class Reclaimer:
             report.failures_recorded += failed
             report.pauses_recorded += len(recorded) - failed
         killers = self.m.settings.gateway_reclaim_concurrency
-        sem = asyncio.Semaphore(killers)
         size, i = killers * FIRST_BATCH_PER_KILLER, 0
         while i < len(due):
             batch, t_batch = due[i : i + size], time.monotonic()
-            await self._reclaim_batch(batch, now, sem, report)
+            await self._reclaim_batch(batch, now, killers, report)
             i += len(batch)
             rate = len(batch) / max(time.monotonic() - t_batch, 1e-3)
             size = int(min(LOCK_BATCH, max(killers, rate * BATCH_S)))
@@ -185,7 +184,7 @@ class Reclaimer:
                            "keep-alive expired (on_timeout=pause)")  # fmt: skip
 
     async def _reclaim_batch(
-        self, batch: Sequence[_Due], now: float, sem: asyncio.Semaphore, report: PassReport
+        self, batch: Sequence[_Due], now: float, killers: int, report: PassReport
     ) -> None:
         ttl = self.m.settings.gateway_lock_ttl_s
         wanted = {d.owner.pk: d.sbx.id for d in batch}
@@ -203,31 +202,39 @@ class Reclaimer:
         reclaimed: list[int] = []
 
         async def one(d: _Due) -> None:
-            async with sem:
-                if time.monotonic() > start_by:
-                    report.skipped_locked += 1  # our lease is running out: the next pass
-                    return
-                try:
-                    duration_ms = await self._kill(d.sbx)
-                except Exception:
-                    report.errors += 1
-                    log.exception("reclaimer could not kill sandbox %s", d.sbx.id)
-                    return
-                if duration_ms is None:
-                    report.skipped_changed += 1
-                    return
-                assert d.sbx.end_at is not None
-                reclaimed.append(d.owner.pk)
-                state = "failed" if d.sbx.failure else "paused"
-                events.append(self._event(
-                    d.owner, d.sbx, "sandbox_reclaimed", time.time(),
-                    f"{state} for {now - d.sbx.end_at:.1f} s >= retention {d.retention:g} s",
-                    duration_ms,
-                ))  # fmt: skip
+            if time.monotonic() > start_by:
+                report.skipped_locked += 1  # our lease is running out: the next pass
+                return
+            try:
+                duration_ms = await self._kill(d.sbx)
+            except Exception:
+                report.errors += 1
+                log.exception("reclaimer could not kill sandbox %s", d.sbx.id)
+                return
+            if duration_ms is None:
+                report.skipped_changed += 1
+                return
+            assert d.sbx.end_at is not None
+            reclaimed.append(d.owner.pk)
+            state = "failed" if d.sbx.failure else "paused"
+            events.append(self._event(
+                d.owner, d.sbx, "sandbox_reclaimed", time.time(),
+                f"{state} for {now - d.sbx.end_at:.1f} s >= retention {d.retention:g} s",
+                duration_ms,
+            ))  # fmt: skip
+
+        # ``killers`` workers taking the next kill from one iterator: at most that many in
+        # flight, and a task per worker rather than per sandbox (10,000 tasks were a third of
+        # a 10,000-sandbox pass).
+        todo = iter(locked)
+
+        async def worker() -> None:
+            for d in todo:
+                await one(d)
 
         pks = [d.owner.pk for d in locked]
         try:
-            await asyncio.gather(*(one(d) for d in locked))
+            await asyncio.gather(*(worker() for _ in range(min(killers, len(locked)))))
         finally:
             report.reclaimed += len(reclaimed)
             try:
