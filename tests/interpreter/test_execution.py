@@ -185,3 +185,22 @@ def test_java_contexts_keep_declarations(sbx: Sandbox) -> None:
     assert boom.error is not None and boom.error.name.endswith("ArrayIndexOutOfBoundsException")
     bad = sbx.run_code("foo bar;", language="java")
     assert bad.error is not None and bad.error.name == "CompilationError", bad
+
+
+def test_output_written_just_before_a_cell_ends_belongs_to_it(sbx: Sandbox) -> None:
+    # The kernel skips flushes of streams that hold nothing and sleeps no more after a cell
+    # (kernel_launcher.py, python_kernel.py): whatever a cell writes last, unflushed, from a
+    # thread or at the file-descriptor level, still arrives with that cell, before its result.
+    code = (
+        "import os, sys, threading\n"
+        "print('a{i}', end='')\n"
+        "t = threading.Thread(target=print, args=('b{i}',)); t.start(); t.join()\n"
+        "print('e{i}', file=sys.stderr, end='')\n"
+        "{i}\n"
+    )
+    for i in range(12):
+        execution = sbx.run_code(code.format(i=i))
+        assert execution.error is None
+        assert "".join(execution.logs.stdout) == f"a{i}b{i}\n"
+        assert "".join(execution.logs.stderr) == f"e{i}"
+        assert execution.text == str(i)
