@@ -8,9 +8,10 @@ Prints one JSON document (and writes it to --out). Times are milliseconds.
 
 ``--baseline REV`` adds ``hops``: in one more (cold) sandbox, the interpreter service of git
 revision REV runs next to the template's own (port 49998, the same packages), and a client
-inside the sandbox alternates, in blocks, ``POST /execute 1+1`` on each, a bare execute on each
-one's kernel (jupyter_client's Session over ZMQ, to the reply and to the IOPub idle status:
-the kernel's own share) and ``GET /health`` (the HTTP floor): before and after in one run.
+inside the sandbox alternates between the two, in blocks of 25 calls back to back:
+``POST /execute 1+1``, a bare execute on the service's kernel (jupyter_client's Session over
+ZMQ, to the reply and to the IOPub idle status: the kernel's own share) and ``GET /health``
+(the HTTP floor). Before and after in one run.
 
 Three ways a sandbox starts are timed, interleaved in one run: ``cold`` (booted: agent, service,
 kernel start), ``warm`` (restored from the template's checkpoint, runtime/warm.py; made first,
@@ -154,11 +155,13 @@ for _ in range(50):
         execute(conns[n]); bares[n].execute()
 for i in range(iterations // block):
     for n in (names if i % 2 == 0 else names[::-1]):
-        for _ in range(block):
+        for _ in range(block):  # each kind back to back, as a client calls
             t = time.perf_counter(); execute(conns[n])
             out[n + "_http_execute"].append((time.perf_counter() - t) * 1000)
+        for _ in range(block):
             t = time.perf_counter(); health(conns[n])
             out[n + "_health"].append((time.perf_counter() - t) * 1000)
+        for _ in range(block):
             reply, idle = bares[n].execute()
             out[n + "_bare_reply"].append(reply); out[n + "_bare_idle"].append(idle)
 print(json.dumps(out))
