@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -14,6 +15,8 @@ from sandhold.config import Settings
 from sandhold.runtime import cgroups
 from sandhold.runtime.runtime import Runtime, SandboxInfo
 from sandhold.runtime.spec import SandboxSpec
+from sandhold.store.db import Store
+from tests.gateway.postgres import Postgres
 
 if os.geteuid() != 0:
     pytest.exit("the test suite creates namespaces, cgroups and mounts: run it as root", 2)
@@ -68,3 +71,27 @@ async def make_sandbox(runtime: Runtime) -> AsyncIterator[SandboxFactory]:
     factory = SandboxFactory(runtime)
     yield factory
     await factory.cleanup()
+
+
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[Postgres]:
+    """A throw-away PostgreSQL server (tests/gateway/postgres.py), one per module using it."""
+    pg = Postgres()
+    pg.start()
+    yield pg
+    pg.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    """A migrated gateway store holding tenant ``acme``, on SQLite and on PostgreSQL."""
+    name = f"s{uuid.uuid4().hex[:12]}"
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / name}.db"
+    else:
+        url = request.getfixturevalue("postgres").database(name)
+    s = Store(url)
+    s.migrate()
+    s.put_tenant("acme", {}, None)
+    yield s
+    s.close()

@@ -10,12 +10,8 @@ import asyncio
 import os
 import signal
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from sandhold.config import Settings
 from sandhold.gateway.app import Gateway
@@ -25,7 +21,6 @@ from sandhold.gateway.sessions import KEEP_ALIVE_SLACK
 from sandhold.store.db import Store
 from sandhold.store.models import SessionUse
 from tests.gateway.conftest import destroy_runtime_dir, scratch_dir
-from tests.gateway.postgres import Postgres
 
 KEEP_ALIVE = 300  # its slack: 3 s
 SLACK = int(KEEP_ALIVE * KEEP_ALIVE_SLACK)
@@ -177,28 +172,6 @@ def test_an_agent_dead_behind_a_pooled_connection_gets_the_session_a_new_sandbox
         asyncio.run(scenario())
     finally:
         assert not destroy_runtime_dir(data_dir)
-
-
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[Postgres]:
-    pg = Postgres()
-    pg.start()
-    yield pg
-    pg.stop()
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    name = f"w{uuid.uuid4().hex[:12]}"
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / name}.db"
-    else:
-        url = request.getfixturevalue("postgres").database(name)
-    s = Store(url)
-    s.migrate()
-    s.put_tenant("acme", {}, None)
-    yield s
-    s.close()
 
 
 def test_the_call_statements_keep_the_lock_and_use_rules(store: Store) -> None:

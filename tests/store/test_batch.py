@@ -5,39 +5,11 @@ over more rows than one statement takes (``CHUNK``)."""
 from __future__ import annotations
 
 import time
-import uuid
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
 
 from sandhold.store.batch import CHUNK, Stop
 from sandhold.store.db import Store
-from tests.gateway.postgres import Postgres
 
 N = CHUNK + 7  # two statements per step
-
-
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[Postgres]:
-    pg = Postgres()
-    pg.start()
-    yield pg
-    pg.stop()
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    name = f"b{uuid.uuid4().hex[:12]}"
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / name}.db"
-    else:
-        url = request.getfixturevalue("postgres").database(name)
-    s = Store(url)
-    s.migrate()
-    s.put_tenant("acme", {}, None)
-    yield s
-    s.close()
 
 
 def sessions_with_sandboxes(store: Store, n: int) -> dict[int, str]:

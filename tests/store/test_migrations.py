@@ -23,7 +23,6 @@ from sandhold.errors import SandholdError
 from sandhold.store.db import Store, make_engine
 from sandhold.store.models import Base
 from sandhold.store.schema import MIGRATIONS, run_migrations
-from tests.gateway.postgres import Postgres
 
 SCRIPTS = ScriptDirectory(str(MIGRATIONS))
 REVISIONS = [r.revision for r in reversed(list(SCRIPTS.walk_revisions()))]  # base first
@@ -78,14 +77,6 @@ ROWS: dict[str, dict[str, Any]] = {
         "response": "{}", "responded_at": 9.2,
     },
 }  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[Postgres]:
-    pg = Postgres()
-    pg.start()
-    yield pg
-    pg.stop()
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

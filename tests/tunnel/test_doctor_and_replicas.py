@@ -7,11 +7,9 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import pytest
 
 from tests.gateway.postgres import Postgres
 from tests.tunnel.conftest import MCP_PORT, REPO, TENANT_KEY, World, create_tunnel, stop
@@ -67,14 +65,6 @@ def test_doctor_explains_each_failure(world: World) -> None:
                      .replace("http://127.0.0.1", "http://gateway.example.test"))  # fmt: skip
     r = doctor(world, plain)
     assert r.returncode != 0 and "would cross the network in the clear" in r.stderr
-
-
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[Postgres]:
-    pg = Postgres()
-    pg.start()
-    yield pg
-    pg.stop()
 
 
 def test_a_tunnel_spans_replicas_on_postgresql(world: World, postgres: Postgres) -> None:
