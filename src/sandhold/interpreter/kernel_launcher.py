@@ -64,6 +64,12 @@ def _skip_empty_flushes() -> None:
 if __name__ == "__main__":
     _patch_iopub_pipe()
     _skip_empty_flushes()
-    from ipykernel.kernelapp import launch_new_instance
+    from ipykernel.kernelapp import IPKernelApp
 
-    launch_new_instance()
+    # As ipykernel's launch_new_instance, with one change: traitlets leaves the kernel's logger
+    # at DEBUG and filters at its handler (the app's log_level), so every message the kernel
+    # handles built debug records that were then dropped; they are not built now.
+    app = IPKernelApp.instance()
+    app.initialize()
+    app.log.setLevel(app.log_level)
+    app.start()
