@@ -14,7 +14,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +31,7 @@ from tests.gateway.conftest import (
     gateway_env,
     scratch_dir,
 )
+from tests.gateway.conftest import wait_for as wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 MCP_PORT = 3001
@@ -50,17 +50,6 @@ TUNNEL_SETTINGS = {
 
 def _run(*argv: str) -> None:
     subprocess.run(argv, check=True, capture_output=True)
-
-
-def wait_until(predicate: Any, timeout: float = 30, interval: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s")
-        time.sleep(interval)
 
 
 def stop(proc: subprocess.Popen[bytes] | None, sig: int = signal.SIGTERM) -> None:

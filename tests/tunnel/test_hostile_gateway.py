@@ -10,14 +10,12 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -26,36 +24,12 @@ from starlette.routing import Route
 from sandhold.tunnel.connector import Connector
 from sandhold.tunnel.connector_config import ConnectorConfig, UpstreamConfig
 from sandhold.tunnel.upstreams import StdioUpstream
-from tests.e2b.conftest import listen
+from tests.thread_server import ThreadServer
 from tests.tunnel.conftest import REPO
 
 TUNNEL_ID = "tunnel_" + "ab" * 16
 TOKEN = f"sht_{uuid.uuid4().hex}"
 CONCURRENCY = 2
-
-
-class ThreadServer:
-    """A Starlette app on a loopback socket, served by uvicorn in a thread."""
-
-    def __init__(self, routes: list[Route]) -> None:
-        self.sock = listen()
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        config = uvicorn.Config(Starlette(routes=routes), log_level="warning", lifespan="off")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]})
-
-    def __enter__(self) -> ThreadServer:
-        self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started:
-            assert time.monotonic() < deadline, "the server did not start"
-            time.sleep(0.02)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
-        self.sock.close()
 
 
 class Upstream:
@@ -127,7 +101,7 @@ def private_host() -> Iterator[tuple[ThreadServer, list[str]]]:
         return Response("private data")
 
     routes = [Route("/{path:path}", anything, methods=["GET", "POST", "PUT", "DELETE"])]
-    with ThreadServer(routes) as server:
+    with ThreadServer(Starlette(routes=routes)) as server:
         yield server, hits
 
 
@@ -157,7 +131,10 @@ async def test_a_compromised_gateway_cannot_steer_the_connector(
         Route(f"/v1/tunnels/{TUNNEL_ID}/response", gateway.response, methods=["POST"]),
     ]
     up_routes = [Route("/mcp", upstream.mcp, methods=["POST"])]
-    with ThreadServer(gw_routes) as gw, ThreadServer(up_routes) as up:
+    with (
+        ThreadServer(Starlette(routes=gw_routes)) as gw,
+        ThreadServer(Starlette(routes=up_routes)) as up,
+    ):
         cfg = ConnectorConfig.model_validate({
             "gateway": {"url": gw.url, "tunnel_id": TUNNEL_ID, "token": TOKEN,
                         "poll_timeout_ms": 200, "max_concurrency": CONCURRENCY},

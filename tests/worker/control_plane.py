@@ -32,13 +32,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from tests.e2b.conftest import listen
+from tests.thread_server import ThreadServer
 
 BETA = "managed-agents-2026-04-01"
 
@@ -122,25 +121,15 @@ class ControlPlane:
         self.sessions: dict[str, Session] = {}
         self.misreported: dict[str, str] = {}  # session id -> the id its body says (a bug)
         self.lock = threading.Lock()
-        self.sock = listen()
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(
-            uvicorn.Config(self.app(), log_level="warning", lifespan="off")
-        )
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]})
+        self.http = ThreadServer(self.app(), "the control plane")
+        self.url = self.http.url
 
     def __enter__(self) -> ControlPlane:
-        self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started:
-            assert time.monotonic() < deadline, "the control plane did not start"
-            time.sleep(0.02)
+        self.http.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
-        self.sock.close()
+        self.http.__exit__(*exc)
 
     # -- the brain's side -----------------------------------------------------------------------
     def create_session(self, custom_tools: list[str] | None = None) -> str:
