@@ -58,6 +58,10 @@ from sandhold.runtime.wsdisk import WorkspaceDisk
 log = logging.getLogger(__name__)
 
 
+def _version(st: os.stat_result) -> tuple[int, int, int, int]:  # (a record file's version)
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
 class Runtime:
     """Plain synchronous code: every call may block (flock, waits on processes, directory
     removal); the sandbox service is the one place that moves it off an event loop.
@@ -137,7 +141,7 @@ class Runtime:
         by inode, size and nanosecond times (``_save`` writes a new file each time)."""
         path = d / "state.json"
         st = os.stat(path)
-        version = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        version = _version(st)
         cached = self._records.get(d.name)
         if cached is None or cached[0] != version:
             cached = (version, SandboxInfo.from_json(json.loads(path.read_text()), d))
@@ -148,9 +152,8 @@ class Runtime:
         path = info.dir / "state.json"
         raw = info.to_json()
         atomic_write(path, json.dumps(raw))
-        st = os.stat(path)  # (cached as a load reads it: the next request's ``peek`` finds it)
-        version = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-        self._records[info.id] = (version, SandboxInfo.from_json(raw, info.dir))
+        # (cached as a load reads it: the next request's ``peek`` finds it)
+        self._records[info.id] = (_version(os.stat(path)), SandboxInfo.from_json(raw, info.dir))
 
     def agent_lib(self) -> Path:
         """The read-only copy of the agent's code that new sandboxes run (see agentlib)."""
@@ -395,8 +398,7 @@ class Runtime:
         except OSError:
             return None
         cached = self._records.get(sandbox_id)
-        version = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-        if cached is None or cached[0] != version:
+        if cached is None or cached[0] != _version(st):
             return None
         info = cached[1]
         if info.state != "running" or info.suspended or not self._alive(info):
