@@ -24,7 +24,9 @@ POOL = 2
 # What a sandbox's own view of itself shows; pooled and booted sandboxes must match in shape.
 PROBE = (
     "echo env; env | grep -v -e ^E2B_SANDBOX_ID= -e ^HOSTNAME= | sort; echo ps; "
-    "ps -eo user,comm --no-headers | sort; "
+    # (every process but this shell and its children: the pipeline's own are there or not,
+    # named bash or already ps or sort, as the scheduler goes)
+    "ps -eo pid=,ppid=,user=,comm= | awk -v me=$$ '$1 != me && $2 != me {print $3, $4}' | sort; "
     "echo files; ls -A /tmp /home/user; echo whoami; whoami; pwd"
 )
 
