@@ -124,23 +124,22 @@ def compare(before_src: Path, n: int) -> dict[str, object]:
     runs: dict[str, list[float]] = {side: [] for side in sides}
     firsts: dict[str, list[float]] = {side: [] for side in sides}
     try:
-        sandboxes, urls = {}, {}
+        sandboxes, sdks = {}, {}
         for side, src in sides.items():
             data = Path(tempfile.mkdtemp(prefix=f"sandhold-e2b-ab-{side}-", dir="/var/tmp"))
             data.chmod(0o755)
             log = Path(tempfile.gettempdir()) / f"sandhold-e2b-ab-{side}.log"
-            proc, urls[side] = start_server(data, log, src)
+            proc, url = start_server(data, log, src)
             servers[side] = (proc, data)
-            sdk = {"api_url": urls[side], "sandbox_url": urls[side], "api_key": API_KEY}
-            sandboxes[side] = Sandbox.create(timeout=3600, **sdk)
+            sdks[side] = {"api_url": url, "sandbox_url": url, "api_key": API_KEY}
+            sandboxes[side] = Sandbox.create(timeout=3600, **sdks[side])
             sandboxes[side].commands.run("true")
         for i in range(n):
             for side, sbx in sandboxes.items():
                 runs[side].append(timed(lambda sbx=sbx: sbx.commands.run("true")))
                 if i % 10 == 0:
-                    sdk = {"api_url": urls[side], "sandbox_url": urls[side], "api_key": API_KEY}
                     t = time.perf_counter()
-                    fresh = Sandbox.create(timeout=60, **sdk)
+                    fresh = Sandbox.create(timeout=60, **sdks[side])
                     fresh.commands.run("true")
                     firsts[side].append((time.perf_counter() - t) * 1000)
                     fresh.kill()

@@ -44,11 +44,12 @@ class AgentConnections:
     def checkin(self, socket_path: str, streams: Streams) -> None:
         """Keep a connection whose exchange ended cleanly for the next request."""
         reader, writer = streams
-        idle = self._idle.setdefault(socket_path, [])
-        self._idle.move_to_end(socket_path)
+        idle = self._idle.get(socket_path, [])
         if writer.is_closing() or reader.at_eof() or len(idle) >= PER_SOCKET:
-            writer.close()
+            writer.close()  # (and no entry made for it: a gone sandbox's would stay)
             return
+        self._idle[socket_path] = idle
+        self._idle.move_to_end(socket_path)
         idle.append(streams)
         self._count += 1
         while self._count > TOTAL:
