@@ -5,7 +5,7 @@
 Each step that changes files runs in a **build sandbox**: an ordinary sandbox (the same
 boundary: its own uid range, no host root, cgroups, seccomp) of the layers built so far, with
 egress only to the operator's build allow-list (``template_build_allow_out``) and no secrets.
-Once the step is done its processes are dropped and its writable layer (overlayfs' upper
+Once the step is done its processes are frozen and its writable layer (overlayfs' upper
 directory, whiteouts and opaque directories included) becomes a **layer** of the layer store
 (layers.py), its owners moved back to the canonical range. A template is its base's root plus
 its layers, stacked as overlay lower directories.
@@ -176,7 +176,9 @@ class Builder:
                 self._exec(info, ["mkdir", "-p", "--", path], "root", state, emit)
             else:
                 self._copy(info, step, state, emit)
-            self.rt.pause_filesystem(info.id)  # its processes gone, its files kept
+            # Frozen, nothing of it writes any more; its layer stays mounted while it is kept
+            # (a filesystem-only pause may let the layer's own filesystem go).
+            self.rt.pause(info.id)
             layer = info.dir / disk.MOUNT if info.spec.limits.disk_mb is not None else info.dir
             self.layers.commit(key, layer / "upper")
         finally:
