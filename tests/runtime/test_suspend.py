@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from sandhold.errors import CheckpointFailed, Conflict
-from sandhold.runtime import checkpoint, mounts
+from sandhold.runtime import checkpoint, disk, images, mounts
 from sandhold.runtime.criu import criu_status
 from sandhold.runtime.runtime import Runtime
 from tests.counter import COUNTER as BARE_COUNTER
@@ -132,14 +132,21 @@ async def test_a_dump_that_fails_leaves_the_sandbox_as_it_was(make_sandbox, runt
     assert secret1 == secret and n1 > n0  # the agent took its socket back, processes ran on
 
 
-async def test_a_damaged_image_is_a_clear_error_and_loses_nothing(make_sandbox, runtime):
+@pytest.mark.parametrize("damaged", ["compressed pages", "core"])
+async def test_a_damaged_image_is_a_clear_error_and_loses_nothing(make_sandbox, runtime, damaged):
     info = await _counting(make_sandbox)
     runtime.suspend(info.id)
     images = info.dir / checkpoint.IMAGES
-    for pages in images.glob("pages-*.img"):
-        pages.write_bytes(b"")
-    (images / "core-1.img").write_bytes(b"not an image")
-    with pytest.raises(CheckpointFailed, match="criu restore failed"):
+    compressed = list(images.glob("pages-*.img" + checkpoint.COMPRESSED))
+    assert compressed and not list(images.glob("pages-*.img"))  # (suspend_compress, the default)
+    if damaged == "core":
+        (images / "core-1.img").write_bytes(b"not an image")
+        expected = "criu restore failed"
+    else:
+        data = compressed[0].read_bytes()
+        compressed[0].write_bytes(data[: len(data) // 2])
+        expected = "cannot be read back"
+    with pytest.raises(CheckpointFailed, match=expected):
         runtime.resume(info.id)
     got = runtime.get(info.id)
     assert got.state == "paused" and got.suspended == "disk"  # kept, for the operator
@@ -293,3 +300,21 @@ async def test_a_boot_id_of_its_own_new_at_each_boot_kept_by_a_suspend(make_sand
     assert (await sh(runtime.resume(a.id), boot_id)).text == first  # the same boot, carried on
     runtime.pause_filesystem(a.id)
     assert (await sh(runtime.resume(a.id), boot_id)).text != first  # a cold boot: a new one
+
+
+@pytest.mark.parametrize("mode", ["disk", "filesystem"])
+async def test_a_suspended_sandbox_holds_no_mount_or_loop_device(make_sandbox, runtime, mode):
+    # Live sandboxes only in the host's mount table (every create copies it), and no loop device
+    # per suspended sandbox; resume mounts them again, its files and boot id as they were.
+    info = await _counting(make_sandbox)
+    await sh(info, "echo layer > /home/user/f")
+    boot_id = (await sh(info, "cat /proc/sys/kernel/random/boot_id")).text
+    device = (info.dir / disk.DEVICE).read_text().strip()
+    runtime.suspend(info.id) if mode == "disk" else runtime.pause_filesystem(info.id)
+    assert mounts.mounts_under(info.dir) == []
+    assert not images.attached(info.dir / disk.DEVICE, info.dir / disk.IMAGE), device
+    restored = runtime.resume(info.id)
+    assert (await sh(restored, "cat /home/user/f")).text == "layer\n"
+    again = (await sh(restored, "cat /proc/sys/kernel/random/boot_id")).text
+    assert (again == boot_id) == (mode == "disk")  # the same boot carried on, or a cold one
+    assert images.attached(info.dir / disk.DEVICE, info.dir / disk.IMAGE)

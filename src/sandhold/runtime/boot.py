@@ -14,9 +14,10 @@ from typing import TYPE_CHECKING
 from sandhold.egress.control import agent_config as egress_agent_config
 from sandhold.egress.control import sandbox_env as egress_sandbox_env
 from sandhold.envd import ENVD_VERSION
+from sandhold.errors import Unavailable
 from sandhold.runtime import checkpoint, disk, images, mounts
 from sandhold.runtime.agent.libc import CAPS
-from sandhold.runtime.launcher import RW_DIRS, Launch, new_boot, spawn
+from sandhold.runtime.launcher import BOOT_ID_FILE, IDENTITY_FILE, RW_DIRS, Launch, new_boot, spawn
 from sandhold.runtime.reaping import wait_ready
 from sandhold.runtime.records import session_of
 from sandhold.runtime.spec import SandboxSpec
@@ -82,6 +83,10 @@ def remount(rt: Runtime, d: Path, info: SandboxInfo, binds: bool) -> None:
     it binds); what is still mounted is left as it is."""
     assert info.host_uid is not None
     if info.spec.limits.disk_mb is not None and not mounts.is_mountpoint(d / disk.MOUNT):
+        if not images.release(d / disk.MOUNT, d / disk.DEVICE, d / disk.IMAGE):
+            # Its last filesystem is not gone yet (a copy of it in a mount namespace being torn
+            # down): mounting the image again now would put two filesystems on one image.
+            raise Unavailable(f"sandbox {info.id}'s layer is still attached; try again")
         images.mount_image(d / disk.IMAGE, d / disk.MOUNT, b"ext4", images.MOUNT_FLAGS,
                            disk.MOUNT_OPTS, d / disk.DEVICE)  # fmt: skip
     if not mounts.is_mountpoint(d / "root"):
@@ -91,12 +96,41 @@ def remount(rt: Runtime, d: Path, info: SandboxInfo, binds: bool) -> None:
             mounts.mount_overlay(lower, layer / "upper", layer / "work", d / "root")
     if not mounts.is_mountpoint(d / checkpoint.HANDOFF):
         mounts.mount_tmpfs(d / checkpoint.HANDOFF, 64 << 10, 0o755)
-        new_boot(d / checkpoint.HANDOFF, info.id, info.template)  # (the host rebooted: so did it)
+        if not _restore_handoff(d):  # (the host rebooted: so did it)
+            new_boot(d / checkpoint.HANDOFF, info.id, info.template)
     views = [line.split("\t")[1] for line in _lines(d / VIEW_LIST)]
     if binds and not all(mounts.is_mountpoint(Path(v)) for v in views):
         rt.uids.give_back(d)
         rt.wsdisk.release(d)
         prepare_binds(rt, d, info.spec, info.host_uid)
+
+
+SAVED_HANDOFF = "handoff.json"  # its boot files, while a suspended sandbox's tmpfs is let go
+HOST_BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+
+
+def save_handoff(d: Path) -> None:
+    """Keep the handoff tmpfs's files (the sandbox's boot id and identity) for ``remount``,
+    with the host's boot: the sandbox has not rebooted until the host has."""
+    files = {f.name: f.read_text() for f in (d / checkpoint.HANDOFF).iterdir() if f.is_file()
+             and f.name in (BOOT_ID_FILE, IDENTITY_FILE)}  # fmt: skip
+    tmp = d / f".{SAVED_HANDOFF}"
+    tmp.write_text(json.dumps({"host_boot": HOST_BOOT_ID.read_text(), "files": files}))
+    tmp.rename(d / SAVED_HANDOFF)
+
+
+def _restore_handoff(d: Path) -> bool:
+    try:
+        saved = json.loads((d / SAVED_HANDOFF).read_text())
+    except FileNotFoundError:
+        return False
+    (d / SAVED_HANDOFF).unlink()
+    if saved["host_boot"] != HOST_BOOT_ID.read_text():
+        return False
+    for name, text in saved["files"].items():
+        (d / checkpoint.HANDOFF / name).write_text(text)
+        (d / checkpoint.HANDOFF / name).chmod(0o444)
+    return True
 
 
 def _lines(path: Path) -> list[str]:

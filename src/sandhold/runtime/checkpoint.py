@@ -22,6 +22,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import lz4.frame
+
 from sandhold.errors import CheckpointFailed
 from sandhold.runtime.criuimg import remap_userns
 from sandhold.runtime.launcher import BOOT_ID, BOOT_ID_FILE, HANDOFF_AT, JOIN_AND_EXEC
@@ -166,6 +168,7 @@ def restore(criu: Criu, d: Path, cgroup_procs: list[str], host_uid: int,
     in them. A fork's or snapshot's name another sandbox's: the tasks, threads too (our third
     CRIU patch), stay in CRIU's, which are the new sandbox's."""
     images = d / IMAGES
+    expand_pages(images)
     remap_userns(images, host_uid)
     # The restored tasks read their images after taking the sandbox's ids: the files become
     # its root's (0600), in a directory it may search but not list. (Hard links are shared
@@ -214,6 +217,37 @@ def copy_images(src: Path, dst: Path) -> None:
             os.link(f, dst / f.name)
         else:
             shutil.copy2(f, dst / f.name)
+
+
+COMPRESSED = ".lz4"  # a memory image kept compressed while its sandbox is suspended
+_CHUNK = 1 << 20
+
+
+def compress_pages(images: Path) -> None:
+    """lz4-compress the memory pages of a dump in ``images`` (``pages-*.img``), each written
+    under a temporary name and renamed into place before its original goes."""
+    for f in images.glob("pages-*.img"):
+        tmp = f.with_name(f".{f.name}{COMPRESSED}")
+        with f.open("rb") as src, lz4.frame.open(tmp, "wb", compression_level=0) as dst:
+            shutil.copyfileobj(src, dst, _CHUNK)
+        tmp.rename(f.with_name(f.name + COMPRESSED))
+        f.unlink()
+
+
+def expand_pages(images: Path) -> None:
+    """Undo ``compress_pages`` before a restore; a damaged file (or a full disk) is a
+    CheckpointFailed that leaves the compressed image as it was."""
+    for f in images.glob(f"pages-*.img{COMPRESSED}"):
+        out = f.with_name(f.name.removesuffix(COMPRESSED))
+        tmp = f.with_name(f".{out.name}")
+        try:
+            with lz4.frame.open(f, "rb") as src, tmp.open("wb") as dst:
+                shutil.copyfileobj(src, dst, _CHUNK)
+        except (RuntimeError, EOFError, OSError) as e:
+            tmp.unlink(missing_ok=True)
+            raise CheckpointFailed(f"the memory image {f.name} cannot be read back: {e}") from None
+        tmp.rename(out)
+        f.unlink()
 
 
 def _errors(logfile: Path) -> str:

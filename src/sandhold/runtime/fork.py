@@ -59,6 +59,9 @@ def checkpoint_in_place(rt: Runtime, info: SandboxInfo, into: Path, memory: bool
     (``into/checkpoint``), at one instant; it runs on afterwards. Called under its lock."""
     criu = criu_path(rt) if memory else None
     d, cg = info.dir, rt._cg(info.id)
+    if info.suspended:  # (filesystem only) nothing runs nor is mounted: its image is at rest
+        images.copy_sparse(d / disk.IMAGE, into / disk.IMAGE)
+        return
     if criu is not None:
         checkpoint.quiesce(info.agent_socket, info.init_pid)
     try:

@@ -2,16 +2,18 @@
 its memory freed, its files and memory image kept; resume restores them as they were.
 
 A suspended sandbox is recorded ``paused`` with ``suspended = "disk"``; its cgroups stay (empty,
-the restore goes back into them), as do its mounts, its uid range and its image in
-``checkpoint/``. Nothing of it runs, so it survives a server restart as it is, and a host
-reboot: resume first mounts again what the reboot took (boot.remount: the layer's image, the
-root's overlay, the handoff tmpfs, the views of its binds) and makes its cgroups. A dump that
-fails leaves it paused in the freezer as before, with the error; a restore that fails kills
-whatever it had started and leaves it suspended, image and all, with the error.
+the restore goes back into them), as do its uid range and its image in ``checkpoint/``
+(lz4-compressed: suspend_compress); its own mounts are let go (release_mounts). Nothing of it
+runs, so it survives a server restart as it is, and a host reboot: resume first mounts again
+what is not mounted (boot.remount: the layer's image, the root's overlay, the handoff tmpfs,
+the views of its binds) and makes its cgroups. A dump that fails leaves it paused in the
+freezer as before, with the error; a restore that fails kills whatever it had started and
+leaves it suspended, image and all, with the error.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import time
@@ -19,8 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sandhold.errors import CheckpointFailed, Conflict, HostUnsupported
-from sandhold.runtime import checkpoint
-from sandhold.runtime.boot import boot, remount
+from sandhold.runtime import checkpoint, mounts
+from sandhold.runtime.boot import boot, remount, save_handoff
 from sandhold.runtime.criu import FIX, criu_status
 from sandhold.runtime.launcher import listen
 from sandhold.runtime.reaping import reap_init
@@ -28,6 +30,8 @@ from sandhold.runtime.reaping import reap_init
 if TYPE_CHECKING:
     from sandhold.runtime.records import SandboxInfo
     from sandhold.runtime.runtime import Runtime
+
+log = logging.getLogger(__name__)
 
 DISK = "disk"
 FILESYSTEM = "filesystem"  # no memory kept: resume boots afresh over the files
@@ -76,7 +80,28 @@ def suspend(rt: Runtime, sandbox_id: str) -> SandboxInfo:
         info.state, info.suspended = "paused", DISK
         info.paused_at = info.paused_at or time.time()
         rt._save(info)
+        try:
+            if rt.settings.suspend_compress:
+                checkpoint.compress_pages(d / checkpoint.IMAGES)
+        except OSError as e:  # (a full disk) what is not compressed stays as it was dumped
+            log.warning("the memory image of %s is kept uncompressed: %s", sandbox_id, e)
+        try:
+            release_mounts(rt, d)
+        except OSError as e:  # what is still mounted stays so; resume mounts the rest
+            log.warning("suspended %s keeps some of its mounts: %s", sandbox_id, e)
         return info
+
+
+def release_mounts(rt: Runtime, d: Path) -> None:
+    """A sandbox suspended to disk keeps no mount or loop device of its own on the host (its
+    root's overlay, its layer's filesystem, its handoff tmpfs): the host's mount table, which
+    every create copies, holds live sandboxes only. Resume mounts them again (boot.remount), the
+    sandbox's boot id kept (boot.save_handoff). The views of what it binds from the host (a
+    workspace, writable mounts) stay: another sandbox could take a workspace in between."""
+    save_handoff(d)
+    mounts.umount(d / "root")
+    mounts.umount(d / checkpoint.HANDOFF)
+    rt.disk.release(d)
 
 
 def drop_processes(rt: Runtime, sandbox_id: str) -> SandboxInfo:
@@ -103,6 +128,10 @@ def drop_processes(rt: Runtime, sandbox_id: str) -> SandboxInfo:
         info.state, info.suspended = "paused", FILESYSTEM
         info.paused_at = info.paused_at or time.time()
         rt._save(info)
+        try:
+            release_mounts(rt, d)
+        except OSError as e:
+            log.warning("%s paused without its memory keeps some of its mounts: %s", sandbox_id, e)
         return info
 
 
