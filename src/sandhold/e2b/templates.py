@@ -12,6 +12,8 @@ pinned SDK's ``Template.build`` sends and parses:
 - ``POST /templates/tags`` ``{target, tags}`` → 201; ``DELETE /templates/tags`` ``{name, tags}``
   → 204; ``GET /templates/{id}/tags`` → 200; ``DELETE /templates/{id}`` → 204 (or a snapshot's)
 - ``GET /templates`` → 200: the built-in and operator templates and the team's own
+- ``PATCH /templates/{id}`` and ``PATCH /v2/templates/{id}`` ``{public}`` → 200 (v2: ``{names}``):
+  a team's template usable by every team (by its id), or again its own only; 404 for another's
 """
 
 from __future__ import annotations
@@ -43,6 +45,10 @@ class BuildRequestBody(models.Body):
     teamID: str | None = None
 
 
+class UpdateBody(models.Body):
+    public: bool | None = None
+
+
 class TagsBody(models.Body):
     target: str | None = None
     name: str | None = None
@@ -57,7 +63,8 @@ def routes(builds: Builds, authed: Callable[[Handler], Any], max_upload: int) ->
             raise InvalidRequest("name is required")
         job = builds.request(team, ref, body.tags or [], body.cpuCount, body.memoryMB)
         return JSONResponse({"templateID": job.template_id, "buildID": job.build_id,
-                             "public": False, "names": [job.name], "tags": job.tags,
+                             "public": builds.is_public(team, job.template_id),
+                             "names": [job.name], "tags": job.tags,
                              "aliases": [job.name]}, status_code=202)  # fmt: skip
 
     async def file_link(request: Request, team: str) -> Response:
@@ -127,6 +134,13 @@ def routes(builds: Builds, authed: Callable[[Handler], Any], max_upload: int) ->
     async def listed(request: Request, team: str) -> Response:
         return JSONResponse(builds.listed(team))
 
+    async def update(request: Request, team: str) -> Response:
+        body = models.parse(UpdateBody, await request.body())
+        names = builds.set_public(team, request.path_params["id"], body.public)
+        if request.url.path.startswith("/v2/"):
+            return JSONResponse(names)
+        return Response(status_code=200)  # (v1 answers with no body)
+
     a = authed
     return [
         Route("/templates", a(listed), methods=["GET"]),
@@ -139,4 +153,6 @@ def routes(builds: Builds, authed: Callable[[Handler], Any], max_upload: int) ->
         Route("/v2/templates/{id}/builds/{build}", a(start_build), methods=["POST"]),
         Route("/templates/{id}/builds/{build}/status", a(build_status), methods=["GET"]),
         Route("/templates/{id}/tags", a(list_tags), methods=["GET"]),
+        Route("/templates/{id}", a(update), methods=["PATCH"]),
+        Route("/v2/templates/{id}", a(update), methods=["PATCH"]),
     ]

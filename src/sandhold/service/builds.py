@@ -4,9 +4,11 @@ runs in the background (runtime/build.py) while its status and log are polled.
 
 Naming: a template (team, name) has a stable id; each build is a template of the store named
 ``<template id>.<build id>``, recorded with its owner, name and tags (``Template.owner`` ...).
-A team sees and uses its own templates and public ones (the built-ins); another team's are
-"not found", as E2B answers for what one does not own. Uploads are kept per team
-(``data_dir/template-uploads/<team>/<hash>``): one team cannot plant the files of another's.
+A team sees and uses its own templates and public ones (the built-ins, and another team's that
+it marked public: ``set_public``, by its template id); another team's private ones are "not
+found", as E2B answers for what one does not own. Only the owner rebuilds, tags, untags,
+deletes a template or reads its builds' status and logs, public or not. Uploads are kept per
+team (``data_dir/template-uploads/<team>/<hash>``): one team cannot plant the files of another's.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ log = logging.getLogger(__name__)
 
 NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,61}[a-z0-9]$|^[a-z0-9]$")
 TAG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+TEMPLATE_ID = re.compile(r"^t[0-9a-f]{19}$")  # what template_id() makes: no name looks like one
 DEFAULT_TAG = "default"
 BASE_IMAGE = "e2bdev/base"  # what the SDK's from_base_image() names: our `base`
 MAX_LOG_PAGE = 100  # entries per status answer, as E2B's
@@ -61,6 +64,9 @@ def split_name(ref: str) -> tuple[str, str | None]:
                              "'_' and '-', at most 63")  # fmt: skip
     if sep and not TAG.match(tag):
         raise InvalidRequest(f"invalid tag {tag!r} in {ref!r}")
+    if TEMPLATE_ID.match(name):
+        raise InvalidRequest(f"invalid template name {name!r}: it has the form of a template "
+                             "id (t and 19 hexadecimal digits)")  # fmt: skip
     return name, (tag if sep else None)
 
 
@@ -119,18 +125,25 @@ class Builds:
     def find(self, team: str, ref: str) -> Template | None:
         """The build ``ref`` names for ``team`` (a name, ``name:tag``, a template id with or
         without a tag, a store name); None for anything else (a built-in, a snapshot, unknown).
-        Another team's build is not found, whatever names it."""
+        Another team's build is not found, whatever names it, unless its template is public:
+        then its template id (with or without a tag) or store name finds it; its name is the
+        team's own."""
         name, _, tag = ref.partition(":")
         tag = tag or DEFAULT_TAG
+        public: Template | None = None
         for t in self.rt.templates.list():
             if t.owner is None:
                 continue
-            if t.name == ref and t.owner != team and not t.public:
-                raise TemplateNotFound(f"template {ref!r} not found")
-            if t.owner == team and (t.name == ref or (name in (t.alias, t.template_id)
-                                                      and tag in t.tags)):  # fmt: skip
+            if t.owner != team:
+                if not (t.public and t.tags):
+                    if t.name == ref:
+                        raise TemplateNotFound(f"template {ref!r} not found")
+                elif t.name == ref or (name == t.template_id and tag in t.tags):
+                    public = t
+                continue
+            if t.name == ref or (name in (t.alias, t.template_id) and tag in t.tags):
                 return t
-        return None
+        return public
 
     def resolve(self, team: str, ref: str) -> tuple[str, Defaults]:
         """What a create names: the store name of a team's (or public) build, else ``ref``;
@@ -149,15 +162,20 @@ class Builds:
         if self.rt.templates.exists(name) and (t := self.rt.templates.get(name)).owner is None:
             return {"templateID": t.name, "public": True}
         tid = template_id(team, name)
-        if any(t.template_id == tid and t.tags for t in self.rt.templates.list()):
-            return {"templateID": tid, "public": False}
-        if any(t.alias == name and t.owner != team and t.tags for t in self.rt.templates.list()):
+        mine = [t for t in self._builds(team, tid) if t.tags]
+        if mine:
+            return {"templateID": tid, "public": any(t.public for t in mine)}
+        listed = self.rt.templates.list()
+        if any(t.template_id == name and t.public and t.tags for t in listed):
+            return {"templateID": name, "public": True}  # another team's, public: its id
+        if any(t.alias == name and t.owner != team and t.tags for t in listed):
             raise Forbidden(f"template {name!r} belongs to another team")
         raise NotFound(f"template {name!r} not found")
 
     def listed(self, team: str) -> list[dict[str, Any]]:
         """E2B's ``GET /templates``: the built-in and operator templates, and the team's own
-        (one entry per template: its build with the default tag, else its newest)."""
+        (one entry per template: its build with the default tag, else its newest), public or
+        not; as E2B, never another team's, public or not."""
         out: dict[str, dict[str, Any]] = {}
         builds: dict[str, int] = {}
         for t in sorted(self.rt.templates.list(), key=lambda t: t.created_at):
@@ -174,7 +192,7 @@ class Builds:
                 "cpuCount": int(t.cpu or self.service.settings.default_cpu),
                 "memoryMB": t.memory_mb or self.service.settings.default_memory_mb,
                 "diskSizeMB": t.disk_mb or self.service.settings.default_disk_mb,
-                "public": t.owner is None, "aliases": [name], "names": [name],
+                "public": t.owner is None or t.public, "aliases": [name], "names": [name],
                 "createdAt": made, "updatedAt": made, "createdBy": None,
                 "lastSpawnedAt": None, "spawnCount": 0, "buildCount": 0,
                 "envdVersion": ENVD_VERSION, "buildStatus": "ready", "_tags": t.tags,
@@ -252,7 +270,8 @@ class Builds:
             base="base" if image is not None else str(base), steps=steps,
             start_cmd=body.get("startCmd") or None, ready_cmd=body.get("readyCmd") or None,
             force=bool(body.get("force")), cpu=job.cpu, memory_mb=job.memory_mb,
-            meta={"owner": job.team, "public": False, "template_id": job.template_id,
+            meta={"owner": job.team, "public": self.is_public(job.team, job.template_id),
+                  "template_id": job.template_id,
                   "alias": job.name, "build_id": job.build_id, "tags": list(job.tags)},
         )  # fmt: skip
         job.started = True
@@ -330,13 +349,34 @@ class Builds:
         return [t for t in self.rt.templates.list() if t.template_id == tid and t.owner == team]
 
     def _tag(self, team: str, tid: str, store_name: str, tags: list[str]) -> None:
-        """Point ``tags`` of template ``tid`` at build ``store_name`` (taken off others)."""
-        for t in self._builds(team, tid):
+        """Point ``tags`` of template ``tid`` at build ``store_name`` (taken off others); a new
+        build takes the template's public flag as it is now (it may have changed meanwhile)."""
+        builds = self._builds(team, tid)
+        others = [t for t in builds if t.name != store_name and t.tags]
+        for t in builds:
             mine = set(tags) if t.name == store_name else set()
             want = sorted((set(t.tags) - set(tags)) | mine)
-            if want != t.tags:
-                t.tags = want
+            public = any(o.public for o in others) if others and mine else t.public
+            if want != t.tags or public != t.public:
+                t.tags, t.public = want, public
                 self.rt.templates.update(t)
+
+    def is_public(self, team: str, tid: str) -> bool:
+        return any(t.public for t in self._builds(team, tid) if t.tags)
+
+    def set_public(self, team: str, ref: str, public: bool | None) -> dict[str, Any]:
+        """E2B's ``PATCH /templates/{id}`` ``{public}``: a team's template (by id or name)
+        usable by every team or its own only (None: as it is); its builds to come take the
+        flag too. Another team's (or a built-in) is not found."""
+        builds = [t for t in self._builds(team, ref) or self._builds(team, template_id(team, ref))
+                  if t.tags]  # fmt: skip
+        if not builds:
+            raise NotFound(f"template {ref!r} not found")
+        for t in self._builds(team, builds[0].template_id or ""):
+            if public is not None and t.public != public:
+                t.public = public
+                self.rt.templates.update(t)
+        return {"names": sorted({t.alias or t.name for t in builds})}
 
     def assign(self, team: str, target: str, tags: list[str]) -> dict[str, Any]:
         found = self.find(team, target)
