@@ -304,6 +304,10 @@ def build_spec(rt: Runtime, base: Template) -> dict[str, Any]:
     s = rt.settings
     # `pip install --user` (the SDK's pip_install) on a Debian Python: PEP 668 would refuse it.
     env: dict[str, str] = {"PIP_BREAK_SYSTEM_PACKAGES": "1"}
+    if "/usr/local" in base.rw_dirs and ("/usr", "/usr") in base.ro_binds:
+        # Built on `base`: the host's npm installs globally into its read-only /usr (Debian's
+        # prefix); the template's own /usr/local is where its global installs go.
+        env["NPM_CONFIG_PREFIX"] = "/usr/local"
     if s.template_build_allow_out is None:
         machine = registries.machine()
         allow = machine.hosts()
