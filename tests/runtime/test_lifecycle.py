@@ -5,14 +5,17 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
 
 from sandhold.errors import Conflict, InvalidRequest, SandboxNotFound, TemplateNotFound
+from sandhold.runtime import reaping
 from sandhold.runtime.cgroups import CgroupSet
 from sandhold.runtime.runtime import Runtime
 from tests.runtime.helpers import sh
@@ -204,3 +207,44 @@ async def test_peek_sees_only_a_running_sandbox_at_its_current_record(make_sandb
         await asyncio.sleep(0.01)
     assert runtime.peek(sbx.id) is None
     assert runtime.get(sbx.id).state == "failed"
+
+
+def test_a_pid_1_ending_its_namespace_is_ending_until_it_is_gone(tmp_path):
+    # A dying pid 1 waits in the kernel until the rest of its namespace has ended, still listed
+    # in its cgroup, its socket closed: `ending` must see it. A frozen child keeps it there.
+    freezer = Path("/sys/fs/cgroup/freezer") / f"sandhold-test-ending-{os.getpid()}"
+    freezer.mkdir()
+    ns = subprocess.Popen(["unshare", "--pid", "--fork", "sh", "-c", "sleep 600 & wait"])
+    try:
+        init = sleeper = None
+        for _ in range(500):
+            kids = Path(f"/proc/{ns.pid}/task/{ns.pid}/children").read_text().split()
+            init = int(kids[0]) if kids else None
+            grand = Path(f"/proc/{init}/task/{init}/children").read_text().split() if init else []
+            if grand:
+                sleeper = int(grand[0])
+                break
+            time.sleep(0.01)
+        assert init and sleeper
+        assert not reaping.ending(init)
+        (freezer / "cgroup.procs").write_text(str(sleeper))
+        (freezer / "freezer.state").write_text("FROZEN")
+        os.kill(init, signal.SIGKILL)
+        for _ in range(500):  # (it enters do_exit at once, and stays there: the sleeper is frozen)
+            if reaping.ending(init):
+                break
+            time.sleep(0.01)
+        assert reaping.ending(init) and Path(f"/proc/{init}").exists()
+        (freezer / "freezer.state").write_text("THAWED")
+        assert ns.wait(timeout=30) != 0
+        assert reaping.ending(init)  # gone
+    finally:
+        (freezer / "freezer.state").write_text("THAWED")
+        ns.kill()
+        ns.wait()
+        for _ in range(500):
+            try:
+                freezer.rmdir()
+                break
+            except OSError:
+                time.sleep(0.01)

@@ -26,6 +26,21 @@ def parent_of(pid: int) -> int | None:
         return None
 
 
+PF_EXITING = 0x4  # of /proc/<pid>/stat's flags: the task is in do_exit
+
+
+def ending(pid: int) -> bool:
+    """Whether ``pid`` is gone or on its way out. A sandbox's dying pid 1 stays in its cgroup,
+    its descriptors (the agent's socket) already closed, until the kernel has ended the rest
+    of its pid namespace: calls sent then were refused though it looked alive."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+    except FileNotFoundError:
+        return True
+    return fields[0] in ("Z", "X") or bool(int(fields[6]) & PF_EXITING)
+
+
 def reap_init(init_pid: int | None, timeout: float = 5.0) -> None:
     """Wait until the sandbox's pid 1 is gone, reaping it if it was adopted by us."""
     if not init_pid:

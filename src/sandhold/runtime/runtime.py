@@ -39,7 +39,7 @@ from sandhold.runtime.cgroups import CgroupSet
 from sandhold.runtime.disk import DiskBudget
 from sandhold.runtime.layers import LayerStore
 from sandhold.runtime.pool import Pools
-from sandhold.runtime.reaping import become_subreaper, reap_init
+from sandhold.runtime.reaping import become_subreaper, ending, reap_init
 from sandhold.runtime.records import (
     SandboxInfo,
     State,
@@ -441,12 +441,12 @@ class Runtime:
     # -- re-attachment and garbage --------------------------------------------------------------
     def _alive(self, info: SandboxInfo) -> bool:
         """Whether its agent (pid 1 inside) runs, judged by the cgroup, never by a bare pid (pids
-        wrap and are reused): its pid among the cgroup's. Not any process of the cgroup: bwrap
-        outlives a killed agent by a moment, and a call sent then reached a dead agent."""
+        wrap and are reused): its pid among the cgroup's, not ending. Not any process of the
+        cgroup: bwrap outlives a killed agent by a moment, and a call then reached a dead one."""
         proc = self._children.get(info.id)
         if proc is not None:
             proc.poll()  # reap bwrap if it exited, so it does not linger as a zombie
-        return info.init_pid in self._cg(info.id).pids()
+        return info.init_pid in self._cg(info.id).pids() and not ending(info.init_pid)
 
     def _reap(self, info: SandboxInfo) -> SandboxInfo | None:
         """A sandbox whose processes are gone though nobody killed it: its agent, pid 1 of its
