@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import contextlib
 import functools
 import os
@@ -40,7 +41,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -167,14 +168,19 @@ def throwaway_runtime(criu: str | None) -> Iterator[Runtime]:
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not stop the cleanup
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        t, left = time.monotonic(), 0
+        t = time.monotonic()
         rt = Runtime(settings).open()  # (its reconcile also removes an interrupted create)
-        for info in rt.list():
+
+        def kill(sandbox_id: str) -> int:
             try:
-                rt.kill(info.id)
+                rt.kill(sandbox_id)
+                return 0
             except Exception as e:
-                left += 1
-                print(f"cleanup: kill {info.id} failed: {e}", file=sys.stderr)
+                print(f"cleanup: kill {sandbox_id} failed: {e}", file=sys.stderr)
+                return 1
+
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            left = sum(pool.map(kill, [info.id for info in rt.list()]))
         cgroups.remove_parent(settings.cgroup_group)
         if cgroups.list_names(settings.cgroup_group):
             print(f"cleanup: cgroups left under {settings.cgroup_group}", file=sys.stderr)
@@ -365,24 +371,38 @@ async def latency(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+async def in_parallel(fn: Callable[[int], Awaitable[None]], n: int, workers: int) -> None:
+    """fn(0) .. fn(n - 1), ``workers`` at a time, in order of i."""
+    it = iter(range(n))
+
+    async def worker() -> None:
+        for i in it:
+            await fn(i)
+
+    await asyncio.gather(*(worker() for _ in range(workers)))
+
+
 async def density(args: argparse.Namespace) -> dict[str, Any]:
     live_n, susp_n = args.live, args.suspended
     data_fs = Path("/var/tmp")
     # Refuse before anything is made, on generous estimates (a suspended bare sandbox takes
     # ~10.5 MiB of disk, a live one ~11 MiB of memory).
-    need = susp_n * 40 * MIB + live_n * 8 * MIB
+    per_suspended = 5 if Settings().suspend_compress else 12  # MiB, base's 10.1 MiB image
+    need = susp_n * per_suspended * MIB + live_n * 8 * MIB
     if fs_fill(data_fs, need) > args.max_disk_fill:
         raise SystemExit(f"refused: {need / 2**30:.1f} GiB more would fill {data_fs} past "
                          f"{args.max_disk_fill:.0%} (now {fs_fill(data_fs):.0%})")  # fmt: skip
     avail_mib = meminfo()["MemAvailable"] / 1024
-    if live_n * 24 + susp_n * 1 > avail_mib / 2:
-        raise SystemExit(f"refused: {live_n} live sandboxes need more than half of the "
-                         f"{avail_mib:.0f} MiB available")  # fmt: skip
+    # ~11 MiB per live and ~0.3 MiB per suspended one were measured: refuse past 80 % of it.
+    if live_n * 12 + susp_n * 0.35 > avail_mib * 0.8:
+        raise SystemExit(f"refused: {live_n} live and {susp_n} suspended sandboxes need more "
+                         f"than 80% of the {avail_mib:.0f} MiB available")  # fmt: skip
     spec = {"limits": {"memory_mb": args.memory_mb}}
     result: dict[str, Any] = {"mode": "density", "live_requested": live_n,
                               "suspended_requested": susp_n, "memory_mb_limit": args.memory_mb,
                               "load_start": load()}  # fmt: skip
     mounts0 = len(Path("/proc/self/mountinfo").read_text().splitlines())
+    loops0 = len(list(Path("/sys/block").glob("loop*/loop/backing_file")))
     tasks0 = len(list(Path("/proc").glob("[0-9]*")))
     with throwaway_runtime(args.criu) as rt:
         result["criu"] = criu_status(rt.settings.criu_path)[1]
@@ -391,38 +411,54 @@ async def density(args: argparse.Namespace) -> dict[str, Any]:
         s0 = os.statvfs(rt.settings.data_dir)
         await asyncio.sleep(args.settle)
         mem: dict[str, dict[str, int]] = {"baseline": meminfo()}
-        live, t = [], time.perf_counter()
-        for _ in range(live_n):
-            info = rt.create(spec)
+        live: list[SandboxInfo] = []
+        t = time.perf_counter()
+
+        async def one_live(_i: int) -> None:
+            info = await asyncio.to_thread(rt.create, spec)
             async with AgentClient(info.agent_socket, timeout=60) as c:
                 await c.run(["/bin/true"])  # fully started: what an idle sandbox holds
             live.append(info)
+
+        await in_parallel(one_live, live_n, args.workers)
         result["live_create_all_s"] = round(time.perf_counter() - t, 1)
         await asyncio.sleep(args.settle)
         mem["live"] = meminfo()
-        creates, suspends, suspended, stopped = [], [], [], None
+        creates: list[float] = []
+        suspends: list[float] = []
+        suspended: list[SandboxInfo] = []
+        stopped: str | None = None
         t = time.perf_counter()
-        for i in range(susp_n):
+
+        async def one_suspended(i: int) -> None:
+            nonlocal stopped
             if i % 25 == 0 and fs_fill(rt.settings.data_dir) > args.max_disk_fill:
                 stopped = f"after {i}: {rt.settings.data_dir} past {args.max_disk_fill:.0%}"
-                break
+            if not stopped and time.perf_counter() - t > args.deadline_min * 60:
+                stopped = f"after {i}: --deadline-min {args.deadline_min:g} reached"
+            if stopped:
+                return
             t0 = time.perf_counter()
             try:
-                info = rt.create(spec)
+                info = await asyncio.to_thread(rt.create, spec)
                 async with AgentClient(info.agent_socket, timeout=60) as c:
                     await c.run(["/bin/true"])
                 t1 = time.perf_counter()
-                rt.pause(info.id)  # then suspended from paused, as by the server's suspender
+                # then suspended from paused, as by the server's suspender
+                await asyncio.to_thread(rt.pause, info.id)
                 t2 = time.perf_counter()
-                rt.suspend(info.id)
+                await asyncio.to_thread(rt.suspend, info.id)
             except Exception as e:  # report where the host stops, not a traceback
-                stopped = f"after {i}: {type(e).__name__}: {e}"
-                break
+                stopped = stopped or f"after {i}: {type(e).__name__}: {e}"
+                return
             creates.append((t1 - t0) * 1000)
             suspends.append((time.perf_counter() - t2) * 1000)
             suspended.append(info)
-            if (i + 1) % 100 == 0:
-                print(f"suspended {i + 1}/{susp_n}", file=sys.stderr)
+            if len(suspended) % 500 == 0:
+                print(f"suspended {len(suspended)}/{susp_n} at {time.perf_counter() - t:.0f} s, "
+                      f"load {load()[0]}", file=sys.stderr)  # fmt: skip
+
+        await in_parallel(one_suspended, susp_n, args.workers)
         result["suspended_create_and_suspend_all_s"] = round(time.perf_counter() - t, 1)
         await asyncio.sleep(args.settle)
         mem["suspended"] = meminfo()
@@ -447,6 +483,9 @@ async def density(args: argparse.Namespace) -> dict[str, Any]:
         result["data_fs_used_delta_mib"] = round(((s0.f_bfree - s1.f_bfree) * s0.f_frsize) / MIB, 1)
         result["host_mounts_added"] = (
             len(Path("/proc/self/mountinfo").read_text().splitlines()) - mounts0
+        )
+        result["loop_devices_added"] = (
+            len(list(Path("/sys/block").glob("loop*/loop/backing_file"))) - loops0
         )
         result["host_tasks_added"] = len(list(Path("/proc").glob("[0-9]*"))) - tasks0
         result["create_to_first_command_ms"] = summary(creates) if creates else None
@@ -504,6 +543,9 @@ def main() -> None:
     ap.add_argument("--max-disk-fill", type=float, default=0.80)
     ap.add_argument("--settle", type=float, default=5.0, help="density: seconds before meminfo")
     ap.add_argument("--resume-sample", type=int, default=20)
+    ap.add_argument("--workers", type=int, default=2, help="density: creates/suspends at once")
+    ap.add_argument("--deadline-min", type=float, default=float("inf"),
+                    help="density: stop suspending more after this long, and report")  # fmt: skip
     args = ap.parse_args()
     ok, detail = criu_status(Path(args.criu) if args.criu else Settings().criu_path)
     if not ok:
