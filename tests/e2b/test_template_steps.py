@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import signal
 import subprocess
 import tarfile
 import time
@@ -187,3 +188,26 @@ def test_apt_install_on_base_fails_and_leaves_nothing(server: Server) -> None:
     with pytest.raises(BuildException, match="exit code"):
         Template.build(Template().from_base_image().apt_install("cowsay"), "apt", **kw(server))
     assert not Template.exists("apt", **kw(server))
+
+
+def test_a_build_the_server_stops_leaves_nothing(server: Server) -> None:
+    """The server stopped mid-step: the build is cancelled (its build sandbox killed, so the
+    server stops at once), no template is recorded, and the restarted server knows none."""
+    slow = Template().from_base_image().run_cmd("echo started; sleep 600")
+    build = Template.build_in_background(slow, "cut-short", **kw(server))
+    deadline, seen = time.monotonic() + 120, []
+    while "started" not in seen and time.monotonic() < deadline:
+        status = Template.get_build_status(build, logs_offset=len(seen), **kw(server))
+        seen += [e.message for e in status.log_entries]
+        time.sleep(0.2)
+    assert "started" in seen, seen
+    assert server.proc is not None
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.proc.wait(120) in (0, -signal.SIGTERM)  # (uvicorn raises it again at its end)
+    assert "Application shutdown complete" in server.log.read_text()
+    server.proc = None
+    rt = server.runtime()
+    assert rt.list() == []  # its build sandbox is gone
+    assert not [t for t in rt.templates.list() if t.alias == "cut-short"]
+    server.start()
+    assert not Template.exists("cut-short", **kw(server))

@@ -141,3 +141,47 @@ async def test_global_installs_on_base_land_in_the_templates_own_usr_local(
     finally:
         runtime.templates.remove("built-global")
         runtime.layers.collect(runtime.templates)
+
+
+def test_a_cancelled_or_timed_out_build_leaves_nothing(runtime, uploads, monkeypatch):
+    """A build cancelled mid-step (the server stopping: Builder.cancel from another thread)
+    ends at once, its step's build sandbox killed; a step past its timeout fails by name.
+    Neither leaves a template, a build sandbox or the step's layer."""
+    import threading
+
+    from sandhold.runtime import build as build_module
+
+    before = set(runtime.sandboxes_dir.iterdir())
+    layers = lambda: {d.name for d in runtime.layers.root.glob("[!.]*")}  # noqa: E731
+    kept = layers()
+    started, outcome = threading.Event(), []
+    builder = Builder(runtime, uploads.__getitem__)
+    steps = [Step("RUN", ["true"]), Step("RUN", ["echo started; sleep 600"]), Step("RUN", ["true"])]
+
+    def emit(_level: str, message: str) -> None:
+        if message == "started":
+            started.set()
+
+    def go() -> None:
+        try:
+            builder.build(BuildRequest(name="built-cancel", base="base", steps=steps), emit)
+        except Exception as e:
+            outcome.append(e)
+
+    worker = threading.Thread(target=go)
+    worker.start()
+    assert started.wait(120), "the step never started"
+    builder.cancel()
+    worker.join(120)
+    assert not worker.is_alive() and len(outcome) == 1
+    assert isinstance(outcome[0], TemplateBuildFailed) and "build cancelled" in str(outcome[0])
+    assert not runtime.templates.exists("built-cancel")
+    assert set(runtime.sandboxes_dir.iterdir()) == before
+    assert len(layers() - kept) == 1  # the first step's, as cache; not the one cut short
+
+    monkeypatch.setattr(build_module, "STEP_TIMEOUT_S", 1.0)
+    with pytest.raises(TemplateBuildFailed, match=r"timed out\): started"):
+        build(runtime, uploads, "built-timeout", [Step("RUN", ["echo started; sleep 600"])])
+    assert not runtime.templates.exists("built-timeout")
+    assert set(runtime.sandboxes_dir.iterdir()) == before
+    runtime.layers.collect(runtime.templates)

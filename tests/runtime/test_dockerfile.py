@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -405,3 +406,27 @@ def test_the_cli_refuses_bad_builds_and_leaves_nothing(cli, cli_data_dir, tmp_pa
     assert logs.count("error: build failed") == 1 and "exit code 3" in logs
     r = cli("build", "--cpu", "2", "x", ok=False)
     assert r.returncode == 2 and "go(es) with -f" in r.stderr
+
+
+def test_ctrl_c_cancels_a_cli_build_and_leaves_nothing(cli_data_dir, tmp_path):
+    (tmp_path / "Dockerfile").write_text("FROM base\nRUN echo started; sleep 600\n")
+    env = {**os.environ, "SANDHOLD_DATA_DIR": str(cli_data_dir), "COLUMNS": "200"}
+    with subprocess.Popen([SANDHOLD, "template", "build", "-f", str(tmp_path / "Dockerfile"),
+                           "slow"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as proc:  # fmt: skip
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:  # (the progress view prints the step's output as it runs)
+                if "started" in line:
+                    break
+            proc.send_signal(signal.SIGINT)
+            proc.wait(120)  # the step's sandbox is killed: no waiting for its sleep
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert proc.returncode != 0
+    rt = Runtime(Settings(data_dir=cli_data_dir)).open()
+    assert rt.list() == [] and not rt.templates.exists("slow")
+    log = (cli_data_dir / "template-builds" / "slow.log").read_text()
+    assert "build cancelled" in log

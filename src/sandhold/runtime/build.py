@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import hashlib
 import json
 import logging
@@ -32,7 +33,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from sandhold.errors import InvalidRequest, TemplateBuildFailed
+from sandhold.errors import InvalidRequest, NotFound, SandholdError, TemplateBuildFailed
 from sandhold.runtime import disk, registries
 from sandhold.runtime.client import AgentClient
 from sandhold.runtime.templates import BUILD_CAPS, Template
@@ -98,6 +99,22 @@ class Builder:
         self.rt = rt
         self.upload = upload  # a COPY's files hash -> its archive (tar, gzipped or not)
         self.layers = rt.layers
+        self._cancelled = False
+        self._active: str | None = None  # the build sandbox of the step running
+
+    def cancel(self) -> None:
+        """End the build from another thread: its running step's build sandbox is killed (so
+        the step ends now), no later step starts, and the build fails "cancelled" leaving no
+        template (the layers of the steps done stay, as cache)."""
+        self._cancelled = True
+        active = self._active
+        if active is not None:
+            with contextlib.suppress(SandholdError):
+                self.rt.kill(active)
+
+    def _check_cancelled(self) -> None:
+        if self._cancelled:
+            raise TemplateBuildFailed("build cancelled")
 
     def build(self, req: BuildRequest, emit: Log) -> Template:
         for i, step in enumerate(req.steps):
@@ -116,6 +133,7 @@ class Builder:
         built: list[str] = []  # the new layers, bottom first
         forced = req.force
         for i, step in enumerate(req.steps):
+            self._check_cancelled()
             label = f"[{i + 1}/{len(req.steps)}] {step.type} {' '.join(step.args)}"[:300]
             key = _hash([key, step.type, step.args, step.files_hash, state.user,
                          state.workdir, sorted(state.env.items())])  # fmt: skip
@@ -167,7 +185,9 @@ class Builder:
         stack = Template(**{**base.__dict__, "services": [], "warm": False, "layers": layers,
                             "root_caps": list(BUILD_CAPS)})  # fmt: skip
         info = self.rt.create(build_spec(self.rt, base), {BUILD_KEY: key}, template=stack)
+        self._active = info.id
         try:
+            self._check_cancelled()  # (cancelled while it was made: cancel() did not see it)
             if step.type == "RUN":
                 user = step.args[1] if len(step.args) > 1 and step.args[1] else state.user
                 self._exec(info, ["/bin/bash", "-c", step.args[0]], user, state, emit)
@@ -179,10 +199,16 @@ class Builder:
             # Frozen, nothing of it writes any more; its layer stays mounted while it is kept
             # (a filesystem-only pause may let the layer's own filesystem go).
             self.rt.pause(info.id)
+            self._check_cancelled()
             layer = info.dir / disk.MOUNT if info.spec.limits.disk_mb is not None else info.dir
             self.layers.commit(key, layer / "upper")
+        except Exception:
+            self._check_cancelled()  # (what the kill made the step fail with is not its error)
+            raise
         finally:
-            self.rt.kill(info.id)
+            self._active = None
+            with contextlib.suppress(NotFound):  # (cancel() may have killed it)
+                self.rt.kill(info.id)
 
     def _exec(self, info: SandboxInfo, argv: list[str], user: str, state: _State,
               emit: Log) -> None:  # fmt: skip
@@ -322,9 +348,14 @@ def build_spec(rt: Runtime, base: Template) -> dict[str, Any]:
 
 
 def run_sync(coro: Coroutine[Any, Any, T]) -> T:
-    """Run ``coro`` to its end from sync code, whether or not this thread runs an event loop."""
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+    """Run ``coro`` to its end from sync code, whether or not this thread runs an event loop.
+    Interrupted (Ctrl-C in the CLI), it does not wait for ``coro``: the caller's cleanup (the
+    build sandbox's kill) ends it."""
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    try:
         return pool.submit(asyncio.run, coro).result()
+    finally:
+        pool.shutdown(wait=False)
 
 
 def _volatile(path: str) -> bool:

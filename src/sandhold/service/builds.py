@@ -312,7 +312,7 @@ class Builds:
                     base = await self.service._run(self._pull, image, req.force)
                     req.base = base.name
                     emit("info", f"FROM {image.ref}: template {base.name}")
-                await self.service._run(builder.build, req, emit)
+                await self._build(builder, req, emit)
             except SandholdError as e:
                 emit("error", str(e))
                 job.reason = {"message": str(e), "logEntries": job.logs[-20:]}
@@ -329,6 +329,18 @@ class Builds:
             await self.service._run(self.prune)  # (the build its tags moved off, if unused)
             job.emit("info", f"Build finished in {time.monotonic() - t0:.1f} s")
             job.status, job.finished = "ready", time.time()
+
+    async def _build(self, builder: Builder, req: BuildRequest, emit: BuildLog) -> None:
+        """``builder.build`` on a worker thread; cancelled (the server stops), the build is
+        cancelled too (its running step's sandbox killed) and awaited: nothing half-made."""
+        running = asyncio.ensure_future(self.service._run(builder.build, req, emit))
+        try:
+            await asyncio.shield(running)
+        except asyncio.CancelledError:
+            builder.cancel()
+            with contextlib.suppress(Exception):
+                await running
+            raise
 
     def _pull(self, image: ImageBase, force: bool) -> Template:
         return from_image(self.rt, image.ref, username=image.username,
