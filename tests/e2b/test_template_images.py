@@ -105,27 +105,32 @@ def test_a_template_from_an_image(server: Server, registry: Registry, tmp_path: 
 def test_the_sdks_image_shortcuts(tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
     """``from_debian_image``, ``from_ubuntu_image``, ``from_python_image``, ``from_node_image``
     name Docker Hub's official images without a registry: they go to the operator's
-    ``template_image_registry`` (here a plain-HTTP one on loopback holding them)."""
+    ``template_image_registry`` (here a plain-HTTP one on loopback holding them). An image's
+    numeric ``User`` is the user its passwd names (uid 1000: ``user``); steps run as it."""
     with running_registry(tmp_path_factory.mktemp("plain"), tls=False) as plain:
         shortcuts = {"debian:stable": lambda t: t.from_debian_image(),
                      "ubuntu:latest": lambda t: t.from_ubuntu_image(),
                      "python:3": lambda t: t.from_python_image(),
                      "node:lts": lambda t: t.from_node_image()}  # fmt: skip
-        root = tiny_root()
+        root, users = tiny_root(), ["", "1000:1000", "0", "root"]
         for i, ref in enumerate(shortcuts):
             marker = entry("etc/which-image", data=ref.encode())
-            push_image(plain, tmp_path, f"library/{ref}", [root, [marker]], {"Env": [f"N={i}"]})
+            config = {"Env": [f"N={i}"], "User": users[i]}
+            push_image(plain, tmp_path, f"library/{ref}", [root, [marker]], config)
         srv = new_server(tmp_path_factory.mktemp("shortcuts"), template_build_allow_out="[]",
                          template_image_registry=plain.host,
                          template_image_insecure=json.dumps([plain.host]))  # fmt: skip
         srv.start()
         try:
             for i, (ref, base) in enumerate(shortcuts.items()):
-                Template.build(base(Template()), f"short-{i}", **kw(srv))
+                tpl = base(Template()).run_cmd("echo $EUID > /home/user/who")
+                Template.build(tpl, f"short-{i}", **kw(srv))
                 sbx = Sandbox.create(f"short-{i}", **kw(srv))
                 try:
-                    r = sbx.commands.run("cat /etc/which-image; echo; echo $N", user="root")
-                    assert r.stdout.split("\n")[:2] == [ref, str(i)], r.stdout
+                    r = sbx.commands.run("cat /etc/which-image; echo; echo $N; cat /home/user/who",
+                                         user="root")  # fmt: skip
+                    who = "1000" if i == 1 else "0"
+                    assert r.stdout.split("\n")[:3] == [ref, str(i), who], r.stdout
                 finally:
                     sbx.kill()
         finally:

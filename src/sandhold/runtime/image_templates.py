@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sandhold.runtime import oci
-from sandhold.runtime.templates import DEFAULT_PATH, Template, flocked
+from sandhold.runtime.templates import DEFAULT_PATH, SANDBOX_USER_UID, Template, flocked
 
 if TYPE_CHECKING:
     from sandhold.runtime.runtime import Runtime
@@ -57,7 +57,8 @@ def from_image(rt: Runtime, ref: str, *, username: str | None = None,
             if not store.exists(name):
                 env = {"PATH": DEFAULT_PATH, "LANG": "C.UTF-8", **cfg.env}
                 store.build_from_rootfs(name, staging / "rootfs", copy=False, env=env,
-                                        workdir=cfg.workdir or "/", user=_user(cfg.user),
+                                        workdir=cfg.workdir or "/",
+                                        user=_user(cfg.user, staging / "rootfs"),
                                         agent_kit=True)  # fmt: skip
                 log.info("imported image %s (%s) as template %s", full, cfg.digest, name)
             known[full] = name
@@ -67,11 +68,27 @@ def from_image(rt: Runtime, ref: str, *, username: str | None = None,
             shutil.rmtree(staging, ignore_errors=True)
 
 
-def _user(image_user: str) -> str:
-    """The image's user by name; none, or a numeric one (the agent starts processes by name):
-    root."""
+def _user(image_user: str, rootfs: Path) -> str:
+    """The image's user by name (the agent starts processes by name): a numeric one by its
+    name in the image's ``/etc/passwd`` (uid 1000 is ``user``, which every template has);
+    none, or a uid the image does not name: root."""
     name = image_user.split(":")[0]
-    return "root" if not name or name.isdigit() else name
+    if not name.isdigit():
+        return name or "root"
+    uid = int(name)
+    try:
+        lines = (rootfs / "etc/passwd").read_text(errors="replace").splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        fields = line.split(":")
+        if len(fields) > 2 and fields[2] == str(uid) and fields[0]:
+            return fields[0]
+    if uid == SANDBOX_USER_UID:
+        return "user"  # (templates.py adds it)
+    if uid:
+        log.warning("image user %s is not in its /etc/passwd: its processes run as root", name)
+    return "root"
 
 
 def _refs(root: Path) -> dict[str, str]:
