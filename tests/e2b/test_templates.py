@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 from e2b import Sandbox, Template, wait_for_port
-from e2b.exceptions import BuildException, SandboxException
+from e2b.exceptions import BuildException, SandboxException, TemplateException
 
 from tests.e2b.conftest import KEY_A, KEY_B, Server, new_server
 
@@ -148,3 +148,21 @@ def test_bad_input_is_refused_by_name(server: Server) -> None:
         Template.build(Template().from_image("Bad Ref!"), "from-bad-ref", **kw(server))
     with pytest.raises(BuildException, match="unknown base template 'nope'"):
         Template.build(Template().from_template("nope"), "from-nope", **kw(server))
+    with pytest.raises(TemplateException, match="escapes the context directory"):
+        Template().from_base_image().copy("../outside.txt", "/x")  # (the SDK's own check)
+    # What another client may send: refused by name, and no build is left started.
+    with httpx.Client(base_url=server.url, headers={"X-API-KEY": KEY_A}) as api:
+        made = api.post("/v3/templates", json={"name": "raw"}).json()
+        start = f"/v2/templates/{made['templateID']}/builds/{made['buildID']}"
+        for steps, message in (
+            ([{"type": "ADD", "args": ["a", "/b"]}], "step 1: unsupported instruction 'ADD'"),
+            ([{"type": "COPY", "args": ["../x", "/y"], "filesHash": "ab" * 32}],
+             "step 1 (COPY): the source '../x' is outside the build context"),
+            ([{"type": "RUN", "args": ["true"]}, {"type": "COPY", "args": ["/etc", "/y"],
+              "filesHash": "ab" * 32}], "step 2 (COPY): the source '/etc' is outside"),
+        ):  # fmt: skip
+            r = api.post(start, json={"fromImage": "e2bdev/base", "steps": steps})
+            assert r.status_code == 400 and message in r.json()["message"], r.text
+        r = api.get(f"/templates/{made['templateID']}/builds/{made['buildID']}/status")
+        assert r.json()["status"] == "waiting"
+    assert not Template.exists("raw", **kw(server))

@@ -25,6 +25,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import posixpath
 import shlex
 import time
 from collections.abc import Callable, Coroutine
@@ -72,6 +73,9 @@ class Step:
             raise InvalidRequest(f"{where}: needs name, value pairs")
         if self.type == "COPY" and (n < 2 or not self.files_hash):
             raise InvalidRequest(f"{where}: needs a source, a destination and its files' hash")
+        if self.type == "COPY" and _outside(self.args[0]):
+            raise InvalidRequest(f"{where}: the source {self.args[0]!r} is outside the build "
+                                 "context (a relative path within it)")  # fmt: skip
 
 
 @dataclass
@@ -356,6 +360,11 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
         return pool.submit(asyncio.run, coro).result()
     finally:
         pool.shutdown(wait=False)
+
+
+def _outside(src: str) -> bool:
+    norm = posixpath.normpath(src)
+    return src.startswith("/") or norm == ".." or norm.startswith("../")
 
 
 def _volatile(path: str) -> bool:
