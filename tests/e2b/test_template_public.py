@@ -121,3 +121,25 @@ def test_bad_updates_are_refused_and_change_nothing(server: Server) -> None:
         r = api.patch(f"/v2/templates/{info.template_id}", json={})
         assert r.status_code == 200 and r.json() == {"names": ["upd"]}
     assert listed(server, KEY_A)[info.template_id] is False
+
+
+def test_another_team_cannot_plant_or_probe_a_builds_files(server: Server) -> None:
+    """A's build waiting for its files: B gets no upload link for it (not found), cannot
+    upload with A's build id and a token of its own, and nothing lands among A's uploads."""
+    digest = "cd" * 32
+    with (httpx.Client(base_url=server.url, headers={"X-API-KEY": KEY_A}) as a,
+          httpx.Client(base_url=server.url, headers={"X-API-KEY": KEY_B}) as b):  # fmt: skip
+        mine = a.post("/v3/templates", json={"name": "files-a"}).json()
+        theirs = b.post("/v3/templates", json={"name": "files-b"}).json()
+        tid, build = mine["templateID"], mine["buildID"]
+        assert a.get(f"/templates/{tid}/files/{digest}").status_code == 201  # A's own: a link
+        assert b.get(f"/templates/{tid}/files/{digest}").status_code == 404
+        link = b.get(f"/templates/{theirs['templateID']}/files/{digest}").json()["url"]
+        token = link.split("token=")[1]
+        for query in (f"build={build}&token={token}", f"build={build}&token=",
+                      f"build={theirs['buildID']}&token={token}"):  # fmt: skip
+            r = httpx.put(f"{server.url}/templates/{tid}/files/{digest}?{query}",
+                          content=b"planted")  # fmt: skip
+            assert r.status_code == 403, (query, r.text)
+        assert a.get(f"/templates/{tid}/files/{digest}").json()["present"] is False
+        assert b.get(f"/templates/{tid}/builds/{build}/status").status_code == 404

@@ -29,7 +29,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from sandhold.e2b import models
-from sandhold.errors import Forbidden, InvalidRequest
+from sandhold.errors import Forbidden, InvalidRequest, NotFound
 from sandhold.service.builds import Builds
 
 Handler = Callable[[Request, str], Awaitable[Response]]
@@ -71,8 +71,8 @@ def routes(builds: Builds, authed: Callable[[Handler], Any], max_upload: int) ->
         tid, files_hash = request.path_params["id"], request.path_params["hash"]
         jobs = [j for j in builds.jobs.values()
                 if j.team == team and j.template_id == tid and not j.started]  # fmt: skip
-        if not jobs:
-            raise InvalidRequest(f"template {tid} has no build waiting for its files")
+        if not jobs:  # (another team's template: not found either)
+            raise NotFound(f"template {tid} has no build of this team waiting for its files")
         job = jobs[-1]
         if builds.upload_path(team, files_hash).exists():
             return JSONResponse({"present": True}, status_code=201)
