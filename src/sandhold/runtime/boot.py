@@ -77,13 +77,16 @@ def prepare_binds(
     return binds, workspace, spec
 
 
+REATTACH_WAIT_S = 10.0  # for the loop device of a layer let go at suspend to detach
+
+
 def remount(rt: Runtime, d: Path, info: SandboxInfo, binds: bool) -> None:
     """After a host reboot: mount again what a paused sandbox's directory had mounted (its
     layer's image, its root's overlay, its handoff tmpfs and, with ``binds``, the views of what
     it binds); what is still mounted is left as it is."""
     assert info.host_uid is not None
     if info.spec.limits.disk_mb is not None and not mounts.is_mountpoint(d / disk.MOUNT):
-        if not images.release(d / disk.MOUNT, d / disk.DEVICE, d / disk.IMAGE):
+        if not images.release(d / disk.MOUNT, d / disk.DEVICE, d / disk.IMAGE, REATTACH_WAIT_S):
             # Its last filesystem is not gone yet (a copy of it in a mount namespace being torn
             # down): mounting the image again now would put two filesystems on one image.
             raise Unavailable(f"sandbox {info.id}'s layer is still attached; try again")

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sandhold.errors import CheckpointFailed, Conflict, HostUnsupported
-from sandhold.runtime import checkpoint, mounts
+from sandhold.runtime import checkpoint, disk, mounts
 from sandhold.runtime.boot import boot, remount, save_handoff
 from sandhold.runtime.criu import FIX, criu_status
 from sandhold.runtime.launcher import listen
@@ -101,7 +101,9 @@ def release_mounts(rt: Runtime, d: Path) -> None:
     save_handoff(d)
     mounts.umount(d / "root")
     mounts.umount(d / checkpoint.HANDOFF)
-    rt.disk.release(d)
+    # Not waited for: a copy of the host's mounts held a moment longer elsewhere (a bwrap or a
+    # criu starting) keeps the layer's loop device attached until it goes; remount waits then.
+    mounts.umount(d / disk.MOUNT)
 
 
 def drop_processes(rt: Runtime, sandbox_id: str) -> SandboxInfo:
