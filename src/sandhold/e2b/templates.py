@@ -3,7 +3,8 @@ pinned SDK's ``Template.build`` sends and parses:
 
 - ``POST /v3/templates`` ``{name, tags?, cpuCount?, memoryMB?}`` → 202 ``{templateID, buildID,
   public, names, tags, aliases}``
-- ``GET /templates/{id}/files/{hash}`` → 201 ``{present, url?}``: the url is this server's
+- ``GET /templates/{id}/files/{hash}`` → 201 ``{present, url?}`` (404: no build of the team's
+  waits for files there): the url is this server's
   ``PUT /templates/{id}/files/{hash}?build=&token=`` (the SDK uploads without its API key: the
   token, one per build, authorizes it)
 - ``POST /v2/templates/{id}/builds/{buildID}`` ``{fromTemplate | fromImage, steps, startCmd?,
