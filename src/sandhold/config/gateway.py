@@ -123,6 +123,15 @@ class GatewaySettings(Layer):
     gateway_admin_key: str | None = Field(
         None, description="Bearer key of the admin API (tenants, reclaim); admin API off if unset."
     )
+    gateway_auth_cache_ttl_s: float = Field(
+        5.0,
+        ge=0,
+        le=60,
+        description="How long a replica keeps a tenant API key's tenant and policy after "
+        "reading them from the store (gateway/keys.py); a key rotated or revoked through "
+        "another replica, or a policy changed there, reaches this one within it (through this "
+        "one: at once). 0: every request reads the store.",
+    )
     gateway_metrics: bool = Field(
         True,
         description="Serve GET /metrics (Prometheus text) and count tool calls, sandbox "

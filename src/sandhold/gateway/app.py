@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from sandhold.config import Settings
 from sandhold.errors import Unauthenticated
 from sandhold.gateway.deliverables import make_deliverables
+from sandhold.gateway.keys import TenantKeys
 from sandhold.gateway.policy import ID_RE, TenantPolicy, check_id
 from sandhold.gateway.prom import GatewayMetrics
 from sandhold.gateway.providers import make_provider
@@ -25,6 +26,7 @@ class Gateway:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.store = Store(settings.gateway_store)
+        self.keys = TenantKeys(self.store, settings.gateway_auth_cache_ttl_s)
         self.provider = make_provider(settings)
         self.deliverables = make_deliverables(settings)
         replica = settings.gateway_replica_id
@@ -49,6 +51,7 @@ class Gateway:
             policy = TenantPolicy.model_validate(spec.get("policy") or {})
             view_mounts(policy.skills, policy.references, self.settings)
             self.store.put_tenant(tenant_id, policy.model_dump(), spec.get("api_key"))
+        self.keys.forget()
 
     @contextlib.asynccontextmanager
     async def running(self, reclaim: bool = True) -> AsyncIterator[Gateway]:
@@ -65,16 +68,21 @@ class Gateway:
             self.store.close()
 
     async def tenant_and_policy(self, api_key: str | None) -> tuple[str, TenantPolicy]:
-        """The key's tenant and its policy, in one read of the store."""
+        """The key's tenant and its policy: one read of the store, or none while this replica
+        read them less than ``gateway_auth_cache_ttl_s`` ago (gateway/keys.py)."""
         if api_key:
-            tenant = await asyncio.to_thread(self.store.tenant_by_key, api_key)
-            if tenant is not None:
-                return tenant.id, TenantPolicy.model_validate(tenant.policy or {})
+            found = await self.keys.lookup(api_key)
+            if found is not None:
+                return found
         raise Unauthenticated("missing or unknown API key (Authorization: Bearer <tenant key>)")
 
     async def tenant_of_key(self, api_key: str | None) -> str:
-        if api_key:
-            tenant = await asyncio.to_thread(self.store.tenant_by_key, api_key)
-            if tenant is not None:
-                return tenant.id
-        raise Unauthenticated("missing or unknown API key (Authorization: Bearer <tenant key>)")
+        return (await self.tenant_and_policy(api_key))[0]
+
+    async def put_tenant(self, tenant_id: str, policy: TenantPolicy, api_key: str | None) -> None:
+        """Write a tenant (its policy; its key when given); this replica's key cache forgets
+        what it held, so the change applies here from the next request."""
+        try:
+            await asyncio.to_thread(self.store.put_tenant, tenant_id, policy.model_dump(), api_key)
+        finally:
+            self.keys.forget()

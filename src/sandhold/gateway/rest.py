@@ -192,7 +192,7 @@ class Api:
         if key is not None and (not isinstance(key, str) or len(key) < 16):
             raise InvalidRequest("api_key must be a string of at least 16 characters")
         await self.gw.manager.db(view_mounts, policy.skills, policy.references, self.gw.settings)
-        await self.gw.manager.db(self.gw.store.put_tenant, tenant_id, policy.model_dump(), key)
+        await self.gw.put_tenant(tenant_id, policy, key)
         return JSONResponse({"tenant_id": tenant_id, "policy": policy.model_dump()})
 
     async def get_tenant(self, request: Request) -> Response:
