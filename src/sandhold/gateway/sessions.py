@@ -69,6 +69,7 @@ PREPARE = "prepare"  # the tool name a prepare's use and events carry
 # calls in a row make no provider write each, and a sandbox pauses between the keep-alive and
 # the keep-alive + this after its last call, never sooner.
 KEEP_ALIVE_SLACK = 0.01
+MAX_HINTS = 100_000  # sessions whose sandbox this replica remembers (_use_warm)
 
 
 @dataclass
@@ -102,6 +103,7 @@ class SandboxSessionManager(SessionsBase):
         self._local = KeyedLocks()  # fewer DB round trips when one replica gets a burst
         self._background: set[asyncio.Task[None]] = set()
         self._releases: set[asyncio.Task[None]] = set()  # keep-alives being restored
+        self._sandboxes: dict[tuple[str, str], str] = {}  # session -> its sandbox, last seen
         self.handles = HandleSealer(settings)
 
     async def start(self) -> None:
@@ -174,17 +176,24 @@ class SandboxSessionManager(SessionsBase):
         cause = "prepare call" if tool == PREPARE else "tool call"
         policy = policy or await self.policy(tenant_id)
         budget = math.ceil(budget_s) + USE_MARGIN_S
-        async with self._local((tenant_id, session_id)):
-            row, token = await self._open_locked(tenant_id, session_id)
-            try:
-                if row.state == "closed":
-                    raise SessionClosed(f"session {session_id!r} is closed")
-                sandbox_id, handle = await self._ensure(row, token, policy, budget, cause)
-                use_id = await self.db(self.store.add_use_and_unlock, row.pk, token, sandbox_id,
-                                       self.replica, tool, budget)  # fmt: skip
-            except BaseException:
-                await self.db(self.store.unlock, row.pk, token)
-                raise
+        key = (tenant_id, session_id)
+        async with self._local(key):
+            warm = await self._use_warm(key, tool, budget, policy)
+            if warm is not None:
+                row, use_id, handle = warm
+                sandbox_id = row.sandbox_id or ""
+            else:
+                row, token = await self._open_locked(tenant_id, session_id)
+                try:
+                    if row.state == "closed":
+                        raise SessionClosed(f"session {session_id!r} is closed")
+                    sandbox_id, handle = await self._ensure(row, token, policy, budget, cause)
+                    use_id = await self.db(self.store.add_use_and_unlock, row.pk, token,
+                                           sandbox_id, self.replica, tool, budget)  # fmt: skip
+                except BaseException:
+                    await self.db(self.store.unlock, row.pk, token)
+                    raise
+                self._hint(key, sandbox_id)
         lease = Lease(tenant_id, session_id, row.pk, sandbox_id, handle, policy)
         try:
             yield lease
@@ -193,6 +202,35 @@ class SandboxSessionManager(SessionsBase):
             # (the caller does not wait for the provider): the keep-alive restored.
             await self.db(self.store.end_use, use_id, row.pk, lease.events)
             self._restore_keep_alive_soon((tenant_id, session_id), row.pk, sandbox_id, policy)
+
+    async def _use_warm(
+        self, key: tuple[str, str], tool: str, budget: int, policy: TenantPolicy
+    ) -> tuple[SessionRow, str, dict[str, Any]] | None:
+        """The warm path: the session's sandbox, as this replica last saw it, runs past the
+        call's budget by the provider's own account (``known_running_for``), so the call needs
+        no provider call and no lock held across one: its use is registered in one statement
+        that checks the lock free and the sandbox still the session's (``Store.use_if_free``).
+        None: take the lock (no hint, a sandbox to resume, a lock held, a network change)."""
+        sandbox_id = self._sandboxes.get(key)
+        if sandbox_id is None or self.provider.known_running_for(sandbox_id) < budget:
+            return None
+        got = await self.db(self.store.use_if_free, key[0], key[1], sandbox_id, self.replica,
+                            tool, budget)  # fmt: skip
+        if got is None:
+            return None
+        row, use_id = got
+        handle = self._opened(row)
+        if handle.get("network", EgressPolicy().model_dump()) != policy.network.model_dump():
+            await self.db(self.store.end_use, use_id, row.pk)  # changed under the lock instead
+            return None
+        return row, use_id, handle
+
+    def _hint(self, key: tuple[str, str], sandbox_id: str) -> None:
+        """Remember the session's sandbox for ``_use_warm`` (a hint: the store decides)."""
+        self._sandboxes.pop(key, None)
+        self._sandboxes[key] = sandbox_id
+        while len(self._sandboxes) > MAX_HINTS:
+            del self._sandboxes[next(iter(self._sandboxes))]
 
     def _restore_keep_alive_soon(
         self, key: tuple[str, str], pk: int, sandbox_id: str, policy: TenantPolicy

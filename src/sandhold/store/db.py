@@ -1,4 +1,4 @@
-"""The store's engine, migrations and every query the gateway makes.
+"""The store: migrations and every query the gateway makes (its engine: engine.py).
 
 Methods are synchronous and short (one transaction each); the gateway calls them on worker
 threads. Locks are leases (``lock_owner``/``lock_until``) taken with a conditional UPDATE, so
@@ -18,25 +18,21 @@ from typing import Any
 
 from sqlalchemy import (
     Connection,
-    Engine,
-    create_engine,
-    event,
     func,
     or_,
     select,
     update,
 )
-from sqlalchemy.exc import DisconnectionError, IntegrityError
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import sessionmaker
 
 from sandhold.errors import LockLost
 from sandhold.store import statements as q
 from sandhold.store.batch import BatchQueries
+from sandhold.store.engine import make_engine
 from sandhold.store.models import Deliverable, Event, Session, Tenant
 from sandhold.store.schema import run_migrations
 from sandhold.store.statements import ROW_COLUMNS as _ROW_COLUMNS
-
-PING_IDLE_S = 5.0  # a pooled PostgreSQL connection idle for longer is pinged before use
 
 
 def key_digest(api_key: str) -> str:
@@ -75,48 +71,6 @@ def _row(m: Any) -> SessionRow:
 def _tenant(r: Any) -> Tenant | None:
     """A tenant read as columns (a detached Tenant: nobody writes through it)."""
     return None if r is None else Tenant(**r._mapping)
-
-
-def make_engine(url: str) -> Engine:
-    if url.startswith("sqlite"):
-        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
-
-        @event.listens_for(engine, "connect")
-        def _sqlite_pragmas(conn: Any, _record: Any) -> None:
-            cur = conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")  # readers do not block the writer
-            cur.execute("PRAGMA synchronous=NORMAL")  # WAL: no fsync per commit
-            cur.execute("PRAGMA foreign_keys=ON")
-            # busy_timeout covers a transaction whose first statement writes; one that reads
-            # first and then writes fails at once if another writer committed in between (a
-            # WAL snapshot cannot be upgraded). Write transactions here start with their write.
-            cur.execute("PRAGMA busy_timeout=30000")
-            cur.close()
-
-        return engine
-    engine = create_engine(url, pool_size=10, max_overflow=20)
-
-    # Pessimistic disconnect handling only for a connection idle for a while (a server restart
-    # or an idle timeout closes those): pool_pre_ping's round trip on every checkout cost a
-    # warm tool call five of its round trips. Raising DisconnectionError makes the pool drop
-    # the connection and check out another (SQLAlchemy's documented checkout-event recipe).
-    @event.listens_for(engine, "connect")
-    @event.listens_for(engine, "checkin")
-    def _idle(_dbapi: Any, record: Any) -> None:
-        record.info["idle_since"] = time.monotonic()
-
-    @event.listens_for(engine, "checkout")
-    def _checked_out(dbapi: Any, record: Any, _proxy: Any) -> None:
-        if time.monotonic() - record.info.get("idle_since", 0.0) < PING_IDLE_S:
-            return
-        try:
-            cur = dbapi.cursor()
-            cur.execute("SELECT 1")
-            cur.close()
-        except Exception as e:
-            raise DisconnectionError(f"pooled connection is dead: {e}") from e
-
-    return engine
 
 
 class Store(BatchQueries):
@@ -171,8 +125,11 @@ class Store(BatchQueries):
             return _tenant(conn.execute(q.TENANT_BY_ID, {"tenant": tenant_id}).first())
 
     def tenant_by_key(self, api_key: str) -> Tenant | None:
+        return self.tenant_by_digest(key_digest(api_key))
+
+    def tenant_by_digest(self, digest: str) -> Tenant | None:
+        """The tenant whose API key has this sha256 (hex)."""
         with self._read() as conn:
-            digest = key_digest(api_key)
             return _tenant(conn.execute(q.TENANT_BY_KEY, {"digest": digest}).first())
 
     def tenants(self) -> list[Tenant]:
@@ -296,6 +253,30 @@ class Store(BatchQueries):
                 pass  # another replica inserted it at the same moment: lock theirs
         raise AssertionError("unreachable: the session row exists after an IntegrityError")
 
+    def use_if_free(
+        self, tenant_id: str, session_id: str, sandbox_id: str, replica: str, tool: str,
+        ttl_s: float,
+    ) -> tuple[SessionRow, str] | None:  # fmt: skip
+        """A warm call's one statement: register a use on the session if its lease lock is
+        free, it is open and its sandbox is ``sandbox_id`` (one the caller knows runs past the
+        call), holding the session's row meanwhile (PostgreSQL: FOR UPDATE; SQLite: its write
+        lock), so that nobody takes the lock in between: the same as taking the lock, adding
+        the use and releasing the lock, in one round trip. Returns (row, use id), or None
+        (nothing registered: take the lock)."""
+        use_id = uuid.uuid4().hex
+        now = time.time()
+        params = {"tenant": tenant_id, "session": session_id, "sandbox": sandbox_id,
+                  "use_id": use_id, "replica": replica, "tool": tool, "now": now,
+                  "expires": now + ttl_s}  # fmt: skip
+        with self._hot() as conn:
+            if self.sqlite:
+                if conn.execute(q.ADD_USE_IF_FREE, params).rowcount != 1:
+                    return None
+                r = conn.execute(q.ROW_BY_NAME, params).first()
+            else:
+                r = conn.execute(q.USE_IF_FREE, params).first()
+        return None if r is None else (_row(r._mapping), use_id)
+
     def add_use_and_unlock(
         self, pk: int, token: str, sandbox_id: str, replica: str, tool: str, ttl_s: float
     ) -> str:
@@ -304,6 +285,12 @@ class Store(BatchQueries):
         use_id = uuid.uuid4().hex
         now = time.time()
         with self._hot() as conn:
+            if not self.sqlite:  # one statement: one round trip
+                conn.execute(q.ADD_USE_AND_UNLOCK, {
+                    "use_id": use_id, "pk": pk, "sandbox": sandbox_id, "replica": replica,
+                    "tool": tool, "started": now, "expires": now + ttl_s, "token": token,
+                })  # fmt: skip
+                return use_id
             conn.execute(q.ADD_USE, {"id": use_id, "session_pk": pk, "sandbox_id": sandbox_id,
                                      "replica": replica, "tool": tool, "started_at": now,
                                      "expires_at": now + ttl_s})  # fmt: skip
@@ -312,10 +299,15 @@ class Store(BatchQueries):
 
     def end_use(self, use_id: str, pk: int, events: Sequence[dict[str, Any]] = ()) -> None:
         """A tool call ended: its ``events`` (timeline rows) written, then its use forgotten (and
-        the session's expired ones, debris of a replica that died mid-call)."""
+        the session's expired ones, debris of a replica that died mid-call). PostgreSQL, one
+        row (a tool call's): both in one statement, one round trip."""
+        params = {"use_id": use_id, "pk": pk, "now": time.time()}
         with self._hot() as conn:
+            if not self.sqlite and len(events) == 1:
+                q.add_event_and(conn, q.END_USES_WITH_EVENT, events[0], params)
+                return
             q.add_events(conn, events)
-            conn.execute(q.END_USES, {"use_id": use_id, "pk": pk, "now": time.time()})
+            conn.execute(q.END_USES, params)
 
     def lock_for_keep_alive(self, pk: int, ttl_s: float) -> tuple[str | None, list[float]]:
         """Take the lease lock if free (no waiting) to set the keep-alive after a call. Returns

@@ -18,6 +18,8 @@ from sqlalchemy import (
     JSON,
     Connection,
     Dialect,
+    Float,
+    String,
     Table,
     and_,
     bindparam,
@@ -28,6 +30,8 @@ from sqlalchemy import (
     select,
     update,
 )
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.elements import ClauseElement
 
 from sandhold.store.models import Event, Session, SessionUse, Tenant
 
@@ -74,6 +78,46 @@ LIVE_USES = select(U.c.expires_at).where(
 ADD_EVENT = insert(E).values({f: bindparam("e_" + f) for f in EVENT_FIELDS})
 JSON_FIELDS = frozenset(c.name for c in E.c if isinstance(c.type, JSON))
 
+# PostgreSQL only (SQLite has no INSERT or DELETE in a WITH): two steps of the hot path in one
+# statement, i.e. one round trip and one implicit transaction, so both happen or neither.
+# A call's use registered and its session's lock released (nobody sees the lock free without
+# the use):
+ADD_USE_AND_UNLOCK = UNLOCK.add_cte(
+    insert(U)
+    .values(
+        id=bindparam("use_id"), session_pk=bindparam("pk"), sandbox_id=bindparam("sandbox"),
+        replica=bindparam("replica"), tool=bindparam("tool"), started_at=bindparam("started"),
+        expires_at=bindparam("expires"),
+    )
+    .cte("new_use")
+)  # fmt: skip
+# A call's use registered on a session whose lock is free, whose state is open and whose
+# sandbox is the one the caller knows running, the session's row held meanwhile (FOR UPDATE),
+# so nobody takes the lock between: as if the lock were taken, the use added and the lock
+# released at once. Returns the session's row; no row: nothing registered.
+_USABLE = (BY_NAME, FREE, S.c.state == "open", S.c.sandbox_id == bindparam("sandbox", String))
+
+
+def _new_use(src: Any) -> Any:
+    values = select(
+        bindparam("use_id", type_=String), src.c.id, src.c.sandbox_id,
+        bindparam("replica", type_=String), bindparam("tool", type_=String),
+        bindparam("now", type_=Float), bindparam("expires", type_=Float),
+    ).select_from(src)  # fmt: skip
+    if src is S:
+        values = values.where(*_USABLE)
+    columns = ["id", "session_pk", "sandbox_id", "replica", "tool", "started_at", "expires_at"]
+    return insert(U).from_select(columns, values)
+
+
+_FREE_ROW = select(*COLS).where(*_USABLE).with_for_update().cte("usable")
+USE_IF_FREE = select(*_FREE_ROW.c).add_cte(_new_use(_FREE_ROW).cte("new_use"))
+# SQLite: the same in one transaction of two statements (a write first: its write lock)
+ADD_USE_IF_FREE = _new_use(S)
+# A call's timeline row written and its use (and its session's expired ones) deleted; run with
+# add_event_and, as ADD_EVENT's rows are:
+END_USES_WITH_EVENT = END_USES.add_cte(ADD_EVENT.cte("new_event"))
+
 SET_SANDBOX = (
     update(S)
     .where(MINE)
@@ -105,8 +149,32 @@ def add_events(conn: Connection, events: Sequence[dict[str, Any]]) -> None:
     psycopg's Json, typed json)."""
     if not events:
         return
-    sql, names, positional = _compiled(conn.dialect)
-    dump = _json_dumper(conn.dialect.name)
+    sql, names, positional = _compiled(ADD_EVENT, conn.dialect)
+    rows = _event_rows(conn.dialect, names, events)
+    if positional:
+        conn.exec_driver_sql(sql, [tuple(r) for r in rows])
+    else:
+        keys = ["e_" + f for f in names]
+        conn.exec_driver_sql(sql, [dict(zip(keys, r, strict=True)) for r in rows])
+
+
+def add_event_and(
+    conn: Connection, stmt: ClauseElement, event: dict[str, Any], params: dict[str, Any]
+) -> Any:
+    """Run ``stmt``, a statement with ADD_EVENT as a CTE (PostgreSQL), for one timeline row
+    and ``params`` (its other parameters, by name), straight to the driver; its result."""
+    sql, names, positional = _compiled(stmt, conn.dialect)
+    assert not positional, "a CTE with an INSERT is PostgreSQL's (named parameters)"
+    [row] = _event_rows(conn.dialect, names, [event])
+    return conn.exec_driver_sql(
+        sql, {**params, **{"e_" + f: v for f, v in zip(names, row, strict=True)}}
+    )
+
+
+def _event_rows(
+    dialect: Dialect, names: tuple[str, ...], events: Sequence[dict[str, Any]]
+) -> list[list[Any]]:
+    dump = _json_dumper(dialect.name)
     json_at = [i for i, f in enumerate(names) if f in JSON_FIELDS]
     rows = []
     for e in events:
@@ -115,11 +183,7 @@ def add_events(conn: Connection, events: Sequence[dict[str, Any]]) -> None:
             if row[i] is not None:
                 row[i] = dump(row[i])
         rows.append(row)
-    if positional:
-        conn.exec_driver_sql(sql, [tuple(r) for r in rows])
-    else:
-        keys = ["e_" + f for f in names]
-        conn.exec_driver_sql(sql, [dict(zip(keys, r, strict=True)) for r in rows])
+    return rows
 
 
 def _dumps(value: Any) -> str:
@@ -136,10 +200,11 @@ def _json_dumper(dialect_name: str) -> Callable[[Any], Any]:
 
 
 @functools.cache
-def _compiled(dialect: Dialect) -> tuple[str, tuple[str, ...], bool]:
-    """ADD_EVENT's SQL for ``dialect``, the fields of its parameters (in order) and whether
-    they are positional."""
-    c = ADD_EVENT.compile(dialect=dialect)
+def _compiled(stmt: ClauseElement, dialect: Dialect) -> tuple[str, tuple[str, ...], bool]:
+    """``stmt``'s SQL for ``dialect`` (ADD_EVENT, or a statement with it as a CTE), the event
+    fields of its parameters (in order) and whether they are positional (then ADD_EVENT's
+    alone)."""
+    c = cast(SQLCompiler, stmt.compile(dialect=dialect))
     positional = bool(c.positional and c.positiontup)
     order = c.positiontup if positional and c.positiontup else ["e_" + f for f in EVENT_FIELDS]
     return c.string, tuple(name.removeprefix("e_") for name in order), positional
