@@ -47,6 +47,9 @@ def make_engine(url: str) -> Engine:
             cur = dbapi.cursor()
             cur.execute("SELECT 1")
             cur.close()
+            # Out of autocommit (as checkin leaves it) the ping began a transaction, and a
+            # checkout for autocommit could not switch a connection in one.
+            dbapi.rollback()
         except Exception as e:
             raise DisconnectionError(f"pooled connection is dead: {e}") from e
 
