@@ -134,6 +134,10 @@ class Server:
             shutil.rmtree(self.data_dir, ignore_errors=True)
         assert not errors and not debris, f"cleanup failed: {errors}, still mounted: {debris}"
 
+    def sdk(self, key: str = KEY_A) -> dict[str, str]:
+        """The official SDK's keyword arguments that point it at this server as ``key``."""
+        return {"api_url": self.url, "sandbox_url": self.url, "api_key": key}
+
     def api(self, key: str = KEY_A) -> httpx.Client:
         return httpx.Client(base_url=self.url, headers={"X-API-KEY": key}, timeout=30)
 

@@ -17,7 +17,7 @@ from e2b import Sandbox, Template
 from e2b.exceptions import BuildException
 
 from sandhold.runtime import oci
-from tests.e2b.conftest import KEY_A, Server, new_server
+from tests.e2b.conftest import Server, new_server
 from tests.runtime.test_oci import PASSWORD, USER, Registry, entry, push_image, running_registry
 
 
@@ -70,10 +70,6 @@ def server(tmp_path_factory: pytest.TempPathFactory, registry: Registry) -> Iter
     srv.destroy()
 
 
-def kw(server: Server) -> dict[str, str]:
-    return {"api_url": server.url, "sandbox_url": server.url, "api_key": KEY_A}
-
-
 def test_a_template_from_an_image(server: Server, registry: Registry, tmp_path: Path) -> None:
     config = {"Env": ["PATH=/usr/bin:/bin", "FROM_IMAGE=yes"], "WorkingDir": "/srv"}
     push_image(registry, tmp_path, "tiny/root:1", [tiny_root()], config)
@@ -85,9 +81,9 @@ def test_a_template_from_an_image(server: Server, registry: Registry, tmp_path: 
     )
     logs: list[str] = []
     Template.build(tpl, "from-image", on_build_logs=lambda e: logs.append(e.message),
-                   **kw(server))  # fmt: skip
+                   **server.sdk())  # fmt: skip
     assert any(line.startswith(f"FROM {ref}") for line in logs), logs
-    sbx = Sandbox.create("from-image", **kw(server))
+    sbx = Sandbox.create("from-image", **server.sdk())
     try:
         r = sbx.commands.run("cat /etc/image-marker /srv/built; echo $FROM_IMAGE; echo $PWD",
                              user="root")  # fmt: skip
@@ -99,7 +95,7 @@ def test_a_template_from_an_image(server: Server, registry: Registry, tmp_path: 
     assert list(refs) == [ref]  # imported once, by digest
     bad = Template().from_image(ref, username=USER, password="wrong")
     with pytest.raises(BuildException, match="unauthorized"):
-        Template.build(bad, "from-image-bad", skip_cache=True, **kw(server))
+        Template.build(bad, "from-image-bad", skip_cache=True, **server.sdk())
 
 
 def test_the_sdks_image_shortcuts(tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
@@ -124,8 +120,8 @@ def test_the_sdks_image_shortcuts(tmp_path_factory: pytest.TempPathFactory, tmp_
         try:
             for i, (ref, base) in enumerate(shortcuts.items()):
                 tpl = base(Template()).run_cmd("echo $EUID > /home/user/who")
-                Template.build(tpl, f"short-{i}", **kw(srv))
-                sbx = Sandbox.create(f"short-{i}", **kw(srv))
+                Template.build(tpl, f"short-{i}", **srv.sdk())
+                sbx = Sandbox.create(f"short-{i}", **srv.sdk())
                 try:
                     r = sbx.commands.run("cat /etc/which-image; echo; echo $N; cat /home/user/who",
                                          user="root")  # fmt: skip

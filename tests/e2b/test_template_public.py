@@ -28,10 +28,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     srv.destroy()
 
 
-def kw(server: Server, key: str) -> dict[str, str]:
-    return {"api_url": server.url, "sandbox_url": server.url, "api_key": key}
-
-
 def publish(server: Server, key: str, ref: str, public: bool, v2: bool = True) -> int:
     """The SDK's API client's PATCH of a template's ``public``; its status code."""
     client = get_api_client(ConnectionConfig(api_key=key, api_url=server.url))
@@ -46,7 +42,7 @@ def listed(server: Server, key: str) -> dict[str, bool]:
 
 
 def marker(server: Server, key: str, template: str) -> str:
-    sbx = Sandbox.create(template, **kw(server, key))
+    sbx = Sandbox.create(template, **server.sdk(key))
     try:
         return sbx.commands.run("cat /home/user/marker").stdout.strip()
     finally:
@@ -55,8 +51,8 @@ def marker(server: Server, key: str, template: str) -> str:
 
 def test_a_public_template_is_usable_by_other_teams_and_only_its_owners(server: Server) -> None:
     tpl = Template().from_base_image().run_cmd("echo from-a > /home/user/marker")
-    info = Template.build(tpl, "shared:v1", **kw(server, KEY_A))
-    tid, a, b = info.template_id, kw(server, KEY_A), kw(server, KEY_B)
+    info = Template.build(tpl, "shared:v1", **server.sdk(KEY_A))
+    tid, a, b = info.template_id, server.sdk(KEY_A), server.sdk(KEY_B)
 
     # Private: team B cannot use it, by its id or its store name, nor see that the id exists.
     for ref in (tid, f"{tid}:v1"):
@@ -111,7 +107,7 @@ def test_a_public_template_is_usable_by_other_teams_and_only_its_owners(server: 
 
 
 def test_bad_updates_are_refused_and_change_nothing(server: Server) -> None:
-    info = Template.build(Template().from_base_image().run_cmd("true"), "upd", **kw(server, KEY_A))
+    info = Template.build(Template().from_base_image().run_cmd("true"), "upd", **server.sdk(KEY_A))
     with httpx.Client(base_url=server.url, headers={"X-API-KEY": KEY_A}) as api:
         for body, word in (({"public": "yes"}, "public"), ({"private": True}, "private")):
             r = api.patch(f"/v2/templates/{info.template_id}", json=body)

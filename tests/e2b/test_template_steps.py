@@ -23,7 +23,7 @@ import pytest
 from e2b import Sandbox, Template
 from e2b.exceptions import BuildException
 
-from tests.e2b.conftest import KEY_A, Server, new_server
+from tests.e2b.conftest import Server, new_server
 
 
 @pytest.fixture(scope="module")
@@ -32,10 +32,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     srv.start()
     yield srv
     srv.destroy()
-
-
-def kw(server: Server) -> dict[str, str]:
-    return {"api_url": server.url, "sandbox_url": server.url, "api_key": KEY_A}
 
 
 def wheel(context: Path, module: str, value: str) -> str:
@@ -131,8 +127,8 @@ def test_every_step_of_the_builder(server: Server, tmp_path: Path) -> None:
     files = make_context(context)
     logs: list[str] = []
     Template.build(steps_template(context, files), "steps", on_build_logs=lambda e:
-                   logs.append(e.message), **kw(server))  # fmt: skip
-    sbx = Sandbox.create("steps", **kw(server))
+                   logs.append(e.message), **server.sdk())  # fmt: skip
+    sbx = Sandbox.create("steps", **server.sdk())
     try:
         r = sbx.commands.run(CHECK)
         out = r.stdout.strip().split("\n")
@@ -146,7 +142,7 @@ def test_every_step_of_the_builder(server: Server, tmp_path: Path) -> None:
     again: list[str] = []
     Template.build(steps_template(context, files).skip_cache().run_cmd("touch /home/user/last"),
                    "steps", on_build_logs=lambda e: again.append(e.message),
-                   **kw(server))  # fmt: skip
+                   **server.sdk())  # fmt: skip
     ran = [line for line in again if line.startswith(("CACHED [", "["))
            and line.split("] ")[1].split()[0] not in ("USER", "ENV")]  # fmt: skip
     assert all(line.startswith("CACHED") for line in ran[:-1]), ran
@@ -154,10 +150,10 @@ def test_every_step_of_the_builder(server: Server, tmp_path: Path) -> None:
     whole: list[str] = []
     Template.build(Template(file_context_path=str(context)).skip_cache().from_base_image()
                    .run_cmd("true"), "forced", on_build_logs=lambda e: whole.append(e.message),
-                   **kw(server))  # fmt: skip
+                   **server.sdk())  # fmt: skip
     Template.build(Template(file_context_path=str(context)).skip_cache().from_base_image()
                    .run_cmd("true"), "forced", on_build_logs=lambda e: whole.append(e.message),
-                   **kw(server))  # fmt: skip
+                   **server.sdk())  # fmt: skip
     assert not any(line.startswith("CACHED") for line in whole), whole
 
 
@@ -166,17 +162,17 @@ def test_from_dockerfile_and_a_build_in_the_background(server: Server, tmp_path:
     dockerfile = ("FROM e2bdev/base\nENV GREETING=bonjour\nWORKDIR /home/user/site\n"
                   "COPY page.txt .\nRUN echo $GREETING > made.txt\nUSER user\n")  # fmt: skip
     tpl = Template(file_context_path=str(tmp_path)).from_dockerfile(dockerfile)
-    build = Template.build_in_background(tpl, "from-df", **kw(server))
+    build = Template.build_in_background(tpl, "from-df", **server.sdk())
     deadline, seen = time.monotonic() + 300, []
-    status = Template.get_build_status(build, **kw(server))
+    status = Template.get_build_status(build, **server.sdk())
     while status.status.value in ("waiting", "building") and time.monotonic() < deadline:
         seen += [e.message for e in status.log_entries]
         time.sleep(0.2)
-        status = Template.get_build_status(build, logs_offset=len(seen), **kw(server))
+        status = Template.get_build_status(build, logs_offset=len(seen), **server.sdk())
     seen += [e.message for e in status.log_entries]
     assert status.status.value == "ready", (status, seen)
     assert any("RUN echo $GREETING > made.txt" in line for line in seen), seen
-    sbx = Sandbox.create("from-df", **kw(server))
+    sbx = Sandbox.create("from-df", **server.sdk())
     try:
         r = sbx.commands.run("pwd; id -un; echo $GREETING; cat made.txt page.txt")
         assert r.stdout.split() == ["/home/user/site", "user", "bonjour", "bonjour", "page"]
@@ -186,18 +182,18 @@ def test_from_dockerfile_and_a_build_in_the_background(server: Server, tmp_path:
 
 def test_apt_install_on_base_fails_and_leaves_nothing(server: Server) -> None:
     with pytest.raises(BuildException, match="exit code"):
-        Template.build(Template().from_base_image().apt_install("cowsay"), "apt", **kw(server))
-    assert not Template.exists("apt", **kw(server))
+        Template.build(Template().from_base_image().apt_install("cowsay"), "apt", **server.sdk())
+    assert not Template.exists("apt", **server.sdk())
 
 
 def test_a_build_the_server_stops_leaves_nothing(server: Server) -> None:
     """The server stopped mid-step: the build is cancelled (its build sandbox killed, so the
     server stops at once), no template is recorded, and the restarted server knows none."""
     slow = Template().from_base_image().run_cmd("echo started; sleep 600")
-    build = Template.build_in_background(slow, "cut-short", **kw(server))
+    build = Template.build_in_background(slow, "cut-short", **server.sdk())
     deadline, seen = time.monotonic() + 120, []
     while "started" not in seen and time.monotonic() < deadline:
-        status = Template.get_build_status(build, logs_offset=len(seen), **kw(server))
+        status = Template.get_build_status(build, logs_offset=len(seen), **server.sdk())
         seen += [e.message for e in status.log_entries]
         time.sleep(0.2)
     assert "started" in seen, seen
@@ -210,4 +206,4 @@ def test_a_build_the_server_stops_leaves_nothing(server: Server) -> None:
     assert rt.list() == []  # its build sandbox is gone
     assert not [t for t in rt.templates.list() if t.alias == "cut-short"]
     server.start()
-    assert not Template.exists("cut-short", **kw(server))
+    assert not Template.exists("cut-short", **server.sdk())

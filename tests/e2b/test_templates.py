@@ -27,10 +27,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     srv.destroy()
 
 
-def kw(server: Server, key: str = KEY_A) -> dict[str, str]:
-    return {"api_url": server.url, "sandbox_url": server.url, "api_key": key}
-
-
 def app_template(context: Path, marker: str = "built") -> Template:
     (context / "app.txt").write_text("from the context\n")
     return (
@@ -46,14 +42,14 @@ def app_template(context: Path, marker: str = "built") -> Template:
 
 
 def test_build_run_rebuild_tag_and_delete(server: Server, tmp_path: Path) -> None:
-    assert Template.exists("base", **kw(server))
-    assert not Template.exists("my-app", **kw(server))
+    assert Template.exists("base", **server.sdk())
+    assert not Template.exists("my-app", **server.sdk())
     logs: list[str] = []
     info = Template.build(app_template(tmp_path), "my-app:v1", on_build_logs=lambda e:
                           logs.append(e.message), cpu_count=1, memory_mb=768,
-                          **kw(server))  # fmt: skip
+                          **server.sdk())  # fmt: skip
     assert info.tags == ["v1"] and any("COPY app.txt" in line for line in logs), logs
-    sbx = Sandbox.create("my-app:v1", **kw(server))
+    sbx = Sandbox.create("my-app:v1", **server.sdk())
     try:
         details = sbx.get_info()
         assert (details.cpu_count, details.memory_mb) == (1, 768)  # the template's defaults
@@ -65,22 +61,22 @@ def test_build_run_rebuild_tag_and_delete(server: Server, tmp_path: Path) -> Non
     finally:
         sbx.kill()
     with pytest.raises(SandboxException, match=r"does not exist|not found"):
-        Sandbox.create("my-app", **kw(server))  # its default tag was never built
+        Sandbox.create("my-app", **server.sdk())  # its default tag was never built
     # An identical rebuild comes from the cache.
     again: list[str] = []
     t0 = time.monotonic()
     Template.build(app_template(tmp_path), "my-app:v1", on_build_logs=lambda e:
-                   again.append(e.message), **kw(server))  # fmt: skip
+                   again.append(e.message), **server.sdk())  # fmt: skip
     assert sum(line.startswith("CACHED") for line in again) >= 3, again
     assert any("Skipping upload of 'app.txt', already cached" in line for line in again)
     assert time.monotonic() - t0 < 60
     # Tags.
-    Template.assign_tags("my-app:v1", ["prod"], **kw(server))
-    assert {t.tag for t in Template.get_tags("my-app", **kw(server))} == {"v1", "prod"}
-    Sandbox.create("my-app:prod", **kw(server)).kill()
-    Template.remove_tags("my-app", ["prod"], **kw(server))
+    Template.assign_tags("my-app:v1", ["prod"], **server.sdk())
+    assert {t.tag for t in Template.get_tags("my-app", **server.sdk())} == {"v1", "prod"}
+    Sandbox.create("my-app:prod", **server.sdk()).kill()
+    Template.remove_tags("my-app", ["prod"], **server.sdk())
     with pytest.raises(SandboxException, match=r"does not exist|not found"):
-        Sandbox.create("my-app:prod", **kw(server))
+        Sandbox.create("my-app:prod", **server.sdk())
     # Listed for its team only (the built-ins for every team).
     for key, want in ((KEY_A, {"base", "my-app"}), (KEY_B, {"base"})):
         with httpx.Client(base_url=server.url, headers={"X-API-KEY": key}) as api:
@@ -89,26 +85,26 @@ def test_build_run_rebuild_tag_and_delete(server: Server, tmp_path: Path) -> Non
             key == KEY_A or "my-app" not in {t["names"][0] for t in listed}
         )
     # Another team: it exists (E2B's 403), but it is not theirs to use.
-    assert Template.exists("my-app", **kw(server, KEY_B))
+    assert Template.exists("my-app", **server.sdk(KEY_B))
     with pytest.raises(SandboxException, match=r"does not exist|not found"):
-        Sandbox.create("my-app:v1", **kw(server, KEY_B))
+        Sandbox.create("my-app:v1", **server.sdk(KEY_B))
     # Deletion: its names at once; its builds and the layers only they use once no sandbox
     # runs on them (a running one keeps its files meanwhile).
     layers = server.data_dir / "templates" / ".layers"
     assert any(d for d in layers.iterdir() if not d.name.startswith("."))
-    running = Sandbox.create("my-app:v1", **kw(server))
+    running = Sandbox.create("my-app:v1", **server.sdk())
     with httpx.Client(base_url=server.url, headers={"X-API-KEY": KEY_A}) as api:
         assert api.delete(f"/templates/{info.template_id}").status_code == 204
-    assert not Template.exists("my-app", **kw(server))
+    assert not Template.exists("my-app", **server.sdk())
     with pytest.raises(SandboxException, match=r"does not exist|not found"):
-        Sandbox.create("my-app:v1", **kw(server))
+        Sandbox.create("my-app:v1", **server.sdk())
     assert running.commands.run("cat /home/user/app.txt").stdout == "from the context\n"
     assert any(d for d in layers.iterdir() if not d.name.startswith("."))
     running.kill()
     deadline = time.monotonic() + 60  # (the warmer may be checkpointing one of it meanwhile)
     while server.runtime().list() and time.monotonic() < deadline:
         time.sleep(0.2)
-    Template.build(Template().from_base_image().run_cmd("true"), "other", **kw(server))
+    Template.build(Template().from_base_image().run_cmd("true"), "other", **server.sdk())
     left = [d.name for d in layers.iterdir() if not d.name.startswith(".")]
     names = [t.name for t in server.runtime().templates.list()]
     assert len(left) == 1, (left, names)  # only the new template's
@@ -119,9 +115,9 @@ def test_a_failing_step_fails_the_build_and_leaves_no_template(server: Server) -
     logs: list[str] = []
     with pytest.raises(BuildException, match="exit code 7"):
         Template.build(tpl, "broken", on_build_logs=lambda e: logs.append(e.message),
-                       **kw(server))  # fmt: skip
+                       **server.sdk())  # fmt: skip
     assert "about to fail" in logs
-    assert not Template.exists("broken", **kw(server))
+    assert not Template.exists("broken", **server.sdk())
 
 
 async def test_the_async_builder(server: Server, tmp_path: Path) -> None:
@@ -130,8 +126,8 @@ async def test_the_async_builder(server: Server, tmp_path: Path) -> None:
     (tmp_path / "data.txt").write_text("async\n")
     tpl = (AsyncTemplate(file_context_path=str(tmp_path)).from_template("base")
            .copy("data.txt", "/home/user/data.txt", mode=0o600))  # fmt: skip
-    await AsyncTemplate.build(tpl, "async-app", **kw(server))
-    sbx = await AsyncSandbox.create("async-app", **kw(server))
+    await AsyncTemplate.build(tpl, "async-app", **server.sdk())
+    sbx = await AsyncSandbox.create("async-app", **server.sdk())
     try:
         r = await sbx.commands.run("cat data.txt; stat -c %a data.txt; stat -c %U data.txt")
         assert r.stdout.split() == ["async", "600", "user"], r.stderr  # the current user's
@@ -141,13 +137,13 @@ async def test_the_async_builder(server: Server, tmp_path: Path) -> None:
 
 def test_bad_input_is_refused_by_name(server: Server) -> None:
     with pytest.raises(BuildException, match="invalid tag 'bad tag'"):
-        Template.build(Template().from_base_image(), "app:bad tag", **kw(server))
+        Template.build(Template().from_base_image(), "app:bad tag", **server.sdk())
     with pytest.raises(BuildException, match="invalid template name"):
-        Template.build(Template().from_base_image(), "Bad Name!", **kw(server))
+        Template.build(Template().from_base_image(), "Bad Name!", **server.sdk())
     with pytest.raises(BuildException, match="image reference 'Bad Ref!' does not parse"):
-        Template.build(Template().from_image("Bad Ref!"), "from-bad-ref", **kw(server))
+        Template.build(Template().from_image("Bad Ref!"), "from-bad-ref", **server.sdk())
     with pytest.raises(BuildException, match="unknown base template 'nope'"):
-        Template.build(Template().from_template("nope"), "from-nope", **kw(server))
+        Template.build(Template().from_template("nope"), "from-nope", **server.sdk())
     with pytest.raises(TemplateException, match="escapes the context directory"):
         Template().from_base_image().copy("../outside.txt", "/x")  # (the SDK's own check)
     # What another client may send: refused by name, and no build is left started.
@@ -165,4 +161,4 @@ def test_bad_input_is_refused_by_name(server: Server) -> None:
             assert r.status_code == 400 and message in r.json()["message"], r.text
         r = api.get(f"/templates/{made['templateID']}/builds/{made['buildID']}/status")
         assert r.json()["status"] == "waiting"
-    assert not Template.exists("raw", **kw(server))
+    assert not Template.exists("raw", **server.sdk())
