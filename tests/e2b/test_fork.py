@@ -12,7 +12,7 @@ from e2b import Sandbox, SandboxException
 
 from sandhold.config import Settings
 from sandhold.runtime.criu import criu_status
-from tests.e2b.conftest import KEY_A, KEY_B, Server, new_server
+from tests.e2b.conftest import KEY_B, Server, new_server
 from tests.e2b.test_suspend import COUNTER, state
 
 
@@ -27,12 +27,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     srv.destroy()
 
 
-def sdk(server: Server, key: str = KEY_A) -> dict[str, str]:
-    return {"api_url": server.url, "sandbox_url": server.url, "api_key": key}
-
-
 def test_fork_carries_memory_into_independent_sandboxes(server):
-    src = Sandbox.create(timeout=300, **sdk(server))
+    src = Sandbox.create(timeout=300, **server.sdk())
     forks: list[Sandbox] = []
     try:
         src.commands.run(COUNTER, background=True)
@@ -61,11 +57,11 @@ def test_fork_carries_memory_into_independent_sandboxes(server):
 
 
 def test_another_team_cannot_fork(server):
-    src = Sandbox.create(timeout=120, **sdk(server))
+    src = Sandbox.create(timeout=120, **server.sdk())
     try:
         with pytest.raises(SandboxException):
-            Sandbox.fork(src.sandbox_id, count=1, **sdk(server, KEY_B))
-        listed = Sandbox.list(**sdk(server)).next_items()
+            Sandbox.fork(src.sandbox_id, count=1, **server.sdk(KEY_B))
+        listed = Sandbox.list(**server.sdk()).next_items()
         assert [s.sandbox_id for s in listed] == [src.sandbox_id]
     finally:
         src.kill()

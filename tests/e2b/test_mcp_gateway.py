@@ -95,10 +95,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     srv.destroy()
 
 
-def kw(server: Server) -> dict[str, str]:
-    return {"api_url": server.url, "sandbox_url": server.url, "api_key": KEY_A}
-
-
 @pytest.fixture(scope="module")
 def template(server: Server, tmp_path_factory: pytest.TempPathFactory) -> str:
     ctx = tmp_path_factory.mktemp("mcp-context")
@@ -109,7 +105,7 @@ def template(server: Server, tmp_path_factory: pytest.TempPathFactory) -> str:
     tpl = (Template(file_context_path=str(ctx)).from_template("mcp-gateway")
            .copy(["adder.py", "echo.py", "adder.json"], "/opt/mcp-test/")
            .run_cmd(SETUP, user="root"))  # fmt: skip
-    Template.build(tpl, TEMPLATE, **kw(server))
+    Template.build(tpl, TEMPLATE, **server.sdk())
     return TEMPLATE
 
 
@@ -138,12 +134,12 @@ async def tools_and_calls(
 
 def left_over(server: Server, tag: str) -> list[str]:
     query = SandboxQuery(metadata={"test": tag})
-    return [s.sandbox_id for s in Sandbox.list(query=query, **kw(server)).next_items()]
+    return [s.sandbox_id for s in Sandbox.list(query=query, **server.sdk()).next_items()]
 
 
 def test_the_gateway_serves_the_templates_servers(server: Server, template: str) -> None:
     sbx = Sandbox.create(template, mcp={"adder": {}, **ECHO_SERVER},  # type: ignore[dict-item]
-                         network={"allow_public_traffic": True}, **kw(server))  # fmt: skip
+                         network={"allow_public_traffic": True}, **server.sdk())  # fmt: skip
     try:
         host = sbx.get_host(50005)
         assert host == f"50005-{sbx.sandbox_id}.{DOMAIN}"
@@ -151,7 +147,7 @@ def test_the_gateway_serves_the_templates_servers(server: Server, template: str)
         token = sbx.get_mcp_token()
         assert token
         # Another client reads it from the sandbox (/etc/mcp-gateway/.token, root's, 0600).
-        assert Sandbox.connect(sbx.sandbox_id, **kw(server)).get_mcp_token() == token
+        assert Sandbox.connect(sbx.sandbox_id, **server.sdk()).get_mcp_token() == token
         mode = sbx.commands.run("stat -c '%a %U' /etc/mcp-gateway/.token", user="root")
         assert mode.stdout.strip() == "600 root"
         names, results = asyncio.run(tools_and_calls(
@@ -169,7 +165,7 @@ def test_the_gateway_serves_the_templates_servers(server: Server, template: str)
 
 
 async def test_async_create_and_the_default_template(server: Server, template: str) -> None:
-    sbx = await AsyncSandbox.create(template, mcp={"adder": {}}, **kw(server))
+    sbx = await AsyncSandbox.create(template, mcp={"adder": {}}, **server.sdk())
     try:
         host = sbx.get_host(50005)
         url = local_url(server, sbx.get_mcp_url(), host)
@@ -185,7 +181,7 @@ async def test_async_create_and_the_default_template(server: Server, template: s
     finally:
         await sbx.kill()
     # No template: the SDK's `mcp-gateway`, here `base` with the command and an empty registry.
-    bare = await AsyncSandbox.create(mcp={}, **kw(server))
+    bare = await AsyncSandbox.create(mcp={}, **server.sdk())
     try:
         assert (await bare.get_info()).name == "mcp-gateway"
         host = bare.get_host(50005)
@@ -216,7 +212,7 @@ def test_a_server_that_cannot_run_fails_the_create(server: Server, template: str
     for tpl, mcp, lines in cases:
         tag = uuid.uuid4().hex
         with pytest.raises(SandboxException) as failed:
-            Sandbox.create(tpl, mcp=mcp, metadata={"test": tag}, **kw(server))  # type: ignore[arg-type]
+            Sandbox.create(tpl, mcp=mcp, metadata={"test": tag}, **server.sdk())  # type: ignore[arg-type]
         message = str(failed.value)
         assert message.startswith("Failed to start MCP gateway: "), message
         for line in lines:
@@ -227,7 +223,7 @@ def test_a_server_that_cannot_run_fails_the_create(server: Server, template: str
 async def test_async_failure_leaves_no_sandbox(server: Server) -> None:
     tag = uuid.uuid4().hex
     with pytest.raises(SandboxException, match=r"^Failed to start MCP gateway: .*'notion' is not"):
-        await AsyncSandbox.create(mcp={"notion": {}}, metadata={"test": tag}, **kw(server))  # type: ignore[arg-type]
+        await AsyncSandbox.create(mcp={"notion": {}}, metadata={"test": tag}, **server.sdk())  # type: ignore[arg-type]
     assert left_over(server, tag) == []
 
 
@@ -247,16 +243,16 @@ BAD = [
 
 @pytest.mark.parametrize(("mcp", "fragment"), BAD)
 def test_bad_shapes_are_refused(server: Server, mcp: object, fragment: str) -> None:
-    before = {s.sandbox_id for s in Sandbox.list(**kw(server)).next_items()}
+    before = {s.sandbox_id for s in Sandbox.list(**server.sdk()).next_items()}
     with httpx.Client(base_url=server.url, headers={"X-API-KEY": KEY_A}) as api:
         r = api.post("/v2/sandboxes", json={"templateID": "mcp-gateway", "mcp": mcp})
     assert r.status_code == 400, r.text
     assert fragment in r.json()["message"], r.json()
-    assert {s.sandbox_id for s in Sandbox.list(**kw(server)).next_items()} == before
+    assert {s.sandbox_id for s in Sandbox.list(**server.sdk()).next_items()} == before
 
 
 def test_base_has_no_gateway(server: Server) -> None:
-    base = Sandbox.create("base", **kw(server))
+    base = Sandbox.create("base", **server.sdk())
     try:
         r = base.commands.run("command -v mcp-gateway || echo none")
         assert r.stdout.strip() == "none"
@@ -264,7 +260,7 @@ def test_base_has_no_gateway(server: Server) -> None:
         base.kill()
     # (a create with mcp on a template without the command fails as on E2B)
     with pytest.raises(SandboxException, match=r"^Failed to start MCP gateway: .*not found"):
-        Sandbox.create("base", mcp={}, **kw(server))
+        Sandbox.create("base", mcp={}, **server.sdk())
 
 
 def test_registry_entries_take_their_config(tmp_path: Path) -> None:

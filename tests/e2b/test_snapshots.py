@@ -12,7 +12,7 @@ from e2b import Sandbox, SandboxException
 
 from sandhold.config import Settings
 from sandhold.runtime.criu import criu_status
-from tests.e2b.conftest import KEY_A, KEY_B, Server, new_server
+from tests.e2b.conftest import KEY_B, Server, new_server
 from tests.e2b.test_suspend import COUNTER, state
 
 
@@ -24,46 +24,42 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     srv.destroy()
 
 
-def sdk(server: Server, key: str = KEY_A) -> dict[str, str]:
-    return {"api_url": server.url, "sandbox_url": server.url, "api_key": key}
-
-
 def test_full_snapshot_restores_memory_after_its_source_is_gone(server):
     if not criu_status(Settings().criu_path)[0]:
         pytest.skip("CRIU unusable here")
-    src = Sandbox.create(timeout=300, **sdk(server))
+    src = Sandbox.create(timeout=300, **server.sdk())
     src.commands.run(COUNTER, background=True)
     src.files.write("/home/user/notes.txt", "saved")
     n0, secret = state(src)
     snap = src.create_snapshot(name="counter")
     assert snap.names == ["counter"]
     src.kill()
-    listed = Sandbox.list_snapshots(**sdk(server)).next_items()
+    listed = Sandbox.list_snapshots(**server.sdk()).next_items()
     assert [s.snapshot_id for s in listed] == [snap.snapshot_id]
     # Another team sees nothing, and cannot use or delete it.
-    assert Sandbox.list_snapshots(**sdk(server, KEY_B)).next_items() == []
+    assert Sandbox.list_snapshots(**server.sdk(KEY_B)).next_items() == []
     with pytest.raises(SandboxException):
-        Sandbox.create(snap.snapshot_id, **sdk(server, KEY_B))
-    assert Sandbox.delete_snapshot(snap.snapshot_id, **sdk(server, KEY_B)) is False
-    restored = Sandbox.create(snap.snapshot_id, timeout=120, **sdk(server))
+        Sandbox.create(snap.snapshot_id, **server.sdk(KEY_B))
+    assert Sandbox.delete_snapshot(snap.snapshot_id, **server.sdk(KEY_B)) is False
+    restored = Sandbox.create(snap.snapshot_id, timeout=120, **server.sdk())
     try:
         time.sleep(0.1)
         n1, secret1 = state(restored)
         assert secret1 == secret and n1 > n0  # the process, from the saved memory
         assert restored.files.read("/home/user/notes.txt") == "saved"
-        by_name = Sandbox.create("counter", timeout=120, **sdk(server))  # its name works too
+        by_name = Sandbox.create("counter", timeout=120, **server.sdk())  # its name works too
         assert state(by_name)[1] == secret
         by_name.kill()
     finally:
         restored.kill()
-    assert Sandbox.delete_snapshot(snap.snapshot_id, **sdk(server)) is True
+    assert Sandbox.delete_snapshot(snap.snapshot_id, **server.sdk()) is True
     with pytest.raises(SandboxException):
-        Sandbox.create(snap.snapshot_id, **sdk(server))
-    assert Sandbox.list_snapshots(**sdk(server)).next_items() == []
+        Sandbox.create(snap.snapshot_id, **server.sdk())
+    assert Sandbox.list_snapshots(**server.sdk()).next_items() == []
 
 
 def test_filesystem_snapshot_cold_boots_over_the_files(server):
-    src = Sandbox.create(timeout=300, **sdk(server))
+    src = Sandbox.create(timeout=300, **server.sdk())
     try:
         src.commands.run(COUNTER, background=True)
         src.files.write("/home/user/notes.txt", "saved")
@@ -71,11 +67,11 @@ def test_filesystem_snapshot_cold_boots_over_the_files(server):
         assert src.commands.run("echo still").stdout == "still\n"  # the source runs on
     finally:
         src.kill()
-    booted = Sandbox.create(snap.snapshot_id, timeout=120, **sdk(server))
+    booted = Sandbox.create(snap.snapshot_id, timeout=120, **server.sdk())
     try:
         assert booted.files.read("/home/user/notes.txt") == "saved"
         r = booted.commands.run("ps -eo args | grep -c '[t]oken_hex' || true")
         assert r.stdout.strip() == "0"  # files kept, processes not
     finally:
         booted.kill()
-        Sandbox.delete_snapshot(snap.snapshot_id, **sdk(server))
+        Sandbox.delete_snapshot(snap.snapshot_id, **server.sdk())

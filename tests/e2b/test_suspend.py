@@ -14,7 +14,7 @@ from e2b import Sandbox
 from sandhold.config import Settings
 from sandhold.runtime.criu import criu_status
 from tests.counter import COUNTER
-from tests.e2b.conftest import KEY_A, Server, new_server
+from tests.e2b.conftest import Server, new_server
 from tests.runtime.test_suspend import reboot
 
 
@@ -29,10 +29,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     srv.destroy()
 
 
-def sdk(server: Server) -> dict[str, str]:
-    return {"api_url": server.url, "sandbox_url": server.url, "api_key": KEY_A}
-
-
 def state(sbx: Sandbox) -> tuple[int, str]:
     for _ in range(100):
         out = sbx.commands.run("cat /tmp/state 2>/dev/null || true").stdout.split()
@@ -43,7 +39,7 @@ def state(sbx: Sandbox) -> tuple[int, str]:
 
 
 def test_suspended_sandbox_survives_a_reboot_and_resumes_with_its_memory(server):
-    sbx = Sandbox.create(timeout=300, **sdk(server))
+    sbx = Sandbox.create(timeout=300, **server.sdk())
     try:
         sbx.commands.run(COUNTER, background=True)
         n0, secret = state(sbx)
@@ -54,7 +50,7 @@ def test_suspended_sandbox_survives_a_reboot_and_resumes_with_its_memory(server)
         server.stop()
         reboot(rt, info)  # the host, rebooted meanwhile
         server.start()
-        resumed = Sandbox.connect(sbx.sandbox_id, timeout=300, **sdk(server))
+        resumed = Sandbox.connect(sbx.sandbox_id, timeout=300, **server.sdk())
         time.sleep(0.1)
         n1, secret1 = state(resumed)
         assert secret1 == secret and n1 > n0  # the same process, from its own memory
@@ -65,7 +61,7 @@ def test_suspended_sandbox_survives_a_reboot_and_resumes_with_its_memory(server)
 
 def test_traffic_resumes_a_suspended_sandbox(server):
     sbx = Sandbox.create(timeout=300, lifecycle={"on_timeout": "pause", "auto_resume": True},
-                         **sdk(server))  # fmt: skip
+                         **server.sdk())  # fmt: skip
     try:
         sbx.commands.run(COUNTER, background=True)
         n0, secret = state(sbx)

@@ -206,12 +206,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     srv.destroy()
 
 
-def sdk(server: Server) -> dict[str, str]:
-    return {"api_url": server.url, "sandbox_url": server.url, "api_key": KEY_A}
-
-
 def test_kill_everything_as_root_through_the_sdk(server):
-    sbx = Sandbox.create(timeout=300, **sdk(server))
+    sbx = Sandbox.create(timeout=300, **server.sdk())
     try:
         sbx.files.write("/home/user/keep.txt", "kept")
         sbx.commands.run("sleep 600", background=True, user="root")
@@ -230,7 +226,7 @@ def test_a_failed_sandbox_on_the_e2b_surface(server):
     """Its agent died: the data plane answers as for a killed sandbox, the control plane lists it
     as paused (the SDK knows no other state) and refuses to resume it; a kill removes it; one
     created to be killed at its timeout is removed then."""
-    opts = sdk(server)
+    opts = server.sdk()
     sbx = Sandbox.create(timeout=300, metadata={"case": "failed"}, **opts)
     brief = Sandbox.create(timeout=3, metadata={"case": "failed-brief"}, **opts)
     rt = server.runtime()
