@@ -85,25 +85,26 @@ def suspend(rt: Runtime, sandbox_id: str) -> SandboxInfo:
                 checkpoint.compress_pages(d / checkpoint.IMAGES)
         except OSError as e:  # (a full disk) what is not compressed stays as it was dumped
             log.warning("the memory image of %s is kept uncompressed: %s", sandbox_id, e)
-        try:
-            release_mounts(rt, d)
-        except OSError as e:  # what is still mounted stays so; resume mounts the rest
-            log.warning("suspended %s keeps some of its mounts: %s", sandbox_id, e)
+        release_mounts(d)
         return info
 
 
-def release_mounts(rt: Runtime, d: Path) -> None:
+def release_mounts(d: Path) -> None:
     """A sandbox suspended to disk keeps no mount or loop device of its own on the host (its
     root's overlay, its layer's filesystem, its handoff tmpfs): the host's mount table, which
     every create copies, holds live sandboxes only. Resume mounts them again (boot.remount), the
     sandbox's boot id kept (boot.save_handoff). The views of what it binds from the host (a
     workspace, writable mounts) stay: another sandbox could take a workspace in between."""
-    save_handoff(d)
-    mounts.umount(d / "root")
-    mounts.umount(d / checkpoint.HANDOFF)
-    # Not waited for: a copy of the host's mounts held a moment longer elsewhere (a bwrap or a
-    # criu starting) keeps the layer's loop device attached until it goes; remount waits then.
-    mounts.umount(d / disk.MOUNT)
+    try:
+        save_handoff(d)
+        mounts.umount(d / "root")
+        mounts.umount(d / checkpoint.HANDOFF)
+        # Not waited for: a copy of the host's mounts held a moment longer elsewhere (a bwrap
+        # or a criu starting) keeps the layer's loop device attached until it goes; remount
+        # waits then.
+        mounts.umount(d / disk.MOUNT)
+    except OSError as e:  # what is still mounted stays so; resume mounts the rest
+        log.warning("%s keeps some of its mounts while paused: %s", d.name, e)
 
 
 def drop_processes(rt: Runtime, sandbox_id: str) -> SandboxInfo:
@@ -130,10 +131,7 @@ def drop_processes(rt: Runtime, sandbox_id: str) -> SandboxInfo:
         info.state, info.suspended = "paused", FILESYSTEM
         info.paused_at = info.paused_at or time.time()
         rt._save(info)
-        try:
-            release_mounts(rt, d)
-        except OSError as e:
-            log.warning("%s paused without its memory keeps some of its mounts: %s", sandbox_id, e)
+        release_mounts(d)
         return info
 
 
