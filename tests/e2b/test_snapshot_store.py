@@ -21,7 +21,6 @@ from moto.server import ThreadedMotoServer
 from sandhold.config import Settings
 from sandhold.runtime.criu import criu_status
 from tests.e2b.conftest import KEY_B, Server, new_server
-from tests.e2b.test_snapshots import sdk
 from tests.e2b.test_suspend import COUNTER, state
 
 BUCKET = "sandhold-snapshots"
@@ -91,7 +90,7 @@ def test_a_full_snapshot_taken_on_one_server_is_restored_on_the_other(servers, s
     if not criu_status(Settings().criu_path)[0]:
         pytest.skip("CRIU unusable here")
     one, two = servers
-    src = Sandbox.create(timeout=300, **sdk(one))
+    src = Sandbox.create(timeout=300, **one.sdk())
     try:
         src.commands.run(COUNTER, background=True)
         src.files.write("/home/user/notes.txt", MARKER)
@@ -114,12 +113,12 @@ def test_a_full_snapshot_taken_on_one_server_is_restored_on_the_other(servers, s
     # The other server: team A lists it (known there only in S3) and restores its memory;
     # team B sees nothing and cannot use it.
     assert local(two, sid) == []
-    assert Sandbox.list_snapshots(**sdk(two, KEY_B)).next_items() == []
+    assert Sandbox.list_snapshots(**two.sdk(KEY_B)).next_items() == []
     with pytest.raises(SandboxException):
-        Sandbox.create(sid, **sdk(two, KEY_B))
-    assert Sandbox.delete_snapshot(sid, **sdk(two, KEY_B)) is False
-    assert [s.snapshot_id for s in Sandbox.list_snapshots(**sdk(two)).next_items()] == [sid]
-    restored = Sandbox.create(sid, timeout=120, **sdk(two))
+        Sandbox.create(sid, **two.sdk(KEY_B))
+    assert Sandbox.delete_snapshot(sid, **two.sdk(KEY_B)) is False
+    assert [s.snapshot_id for s in Sandbox.list_snapshots(**two.sdk()).next_items()] == [sid]
+    restored = Sandbox.create(sid, timeout=120, **two.sdk())
     try:
         time.sleep(0.1)
         n1, secret1 = state(restored)
@@ -131,17 +130,17 @@ def test_a_full_snapshot_taken_on_one_server_is_restored_on_the_other(servers, s
     assert local(two, sid) == [sid]  # downloaded once, kept as a local copy
 
     # A delete on the second server removes it from the bucket, and the first forgets it.
-    assert Sandbox.delete_snapshot(sid, **sdk(two)) is True
+    assert Sandbox.delete_snapshot(sid, **two.sdk()) is True
     assert objects(s3) == {}
-    assert Sandbox.list_snapshots(**sdk(one)).next_items() == []
+    assert Sandbox.list_snapshots(**one.sdk()).next_items() == []
     assert local(one, sid) == [] and local(two, sid) == []
     with pytest.raises(SandboxException):
-        Sandbox.create("shared", **sdk(one))
+        Sandbox.create("shared", **one.sdk())
 
 
 def test_a_filesystem_snapshot_crosses_servers_and_a_tampered_object_fails(servers, s3):
     one, two = servers
-    src = Sandbox.create(timeout=300, **sdk(one))
+    src = Sandbox.create(timeout=300, **one.sdk())
     try:
         src.commands.run(COUNTER, background=True)
         src.files.write("/home/user/notes.txt", MARKER)
@@ -156,19 +155,19 @@ def test_a_filesystem_snapshot_crosses_servers_and_a_tampered_object_fails(serve
     bad[len(bad) // 2] ^= 0x01
     s3.put_object(Bucket=BUCKET, Key=key, Body=bytes(bad))
     with pytest.raises(SandboxException) as e:
-        Sandbox.create(sid, timeout=120, **sdk(two))
+        Sandbox.create(sid, timeout=120, **two.sdk())
     assert "tampered" in str(e.value) and "disk.img" in str(e.value), str(e.value)
     assert local(two, sid) == []  # nothing half-restored, no temporary left
-    assert Sandbox.list(**sdk(two)).next_items() == []
+    assert Sandbox.list(**two.sdk()).next_items() == []
 
     s3.put_object(Bucket=BUCKET, Key=key, Body=good)
-    booted = Sandbox.create(sid, timeout=120, **sdk(two))
+    booted = Sandbox.create(sid, timeout=120, **two.sdk())
     try:
         assert booted.files.read("/home/user/notes.txt") == MARKER
         r = booted.commands.run("ps -eo args | grep -c '[t]oken_hex' || true")
         assert r.stdout.strip() == "0"  # files kept, processes not
     finally:
         booted.kill()
-    assert Sandbox.delete_snapshot(sid, **sdk(one)) is True
+    assert Sandbox.delete_snapshot(sid, **one.sdk()) is True
     assert objects(s3) == {}
-    assert Sandbox.list_snapshots(**sdk(two)).next_items() == []
+    assert Sandbox.list_snapshots(**two.sdk()).next_items() == []
