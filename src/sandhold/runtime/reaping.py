@@ -36,7 +36,7 @@ def ending(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rpartition(")")[2].split()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # (a read as it is reaped: ESRCH)
         return True
     return fields[0] in ("Z", "X") or bool(int(fields[6]) & PF_EXITING)
 
