@@ -320,3 +320,33 @@ async def test_a_suspended_sandbox_holds_no_mount_or_loop_device(make_sandbox, r
     again = (await sh(restored, "cat /proc/sys/kernel/random/boot_id")).text
     assert (again == boot_id) == (mode == "disk")  # the same boot carried on, or a cold one
     assert images.attached(info.dir / disk.DEVICE, info.dir / disk.IMAGE)
+
+
+async def test_a_layer_still_held_elsewhere_resumes_on_its_own_loop_device(make_sandbox, runtime):
+    # A mount namespace copied from the host's while the sandbox ran (here a process that keeps
+    # it) holds the layer's filesystem after the suspend let go of it: resume mounts that same
+    # filesystem again (its device), not a second one on the image, and does not refuse.
+    info = await _counting(make_sandbox)
+    await sh(info, "echo layer > /home/user/f")
+    holder = subprocess.Popen(["unshare", "--mount", "--propagation", "unchanged", "sleep", "600"])
+    try:
+        device = (info.dir / disk.DEVICE).read_text().strip()
+        for _ in range(200):  # (its copy exists once unshare has run)
+            if Path(f"/proc/{holder.pid}/cmdline").read_bytes().startswith(b"sleep"):
+                break
+            time.sleep(0.01)
+        n0, secret = await _state(info)
+        runtime.suspend(info.id)
+        assert mounts.mounts_under(info.dir) == []
+        assert images.attached(info.dir / disk.DEVICE, info.dir / disk.IMAGE)  # held by the copy
+        restored = runtime.resume(info.id)
+        assert (info.dir / disk.DEVICE).read_text().strip() == device
+        assert (await sh(restored, "cat /home/user/f; echo more >> /home/user/f")).text == "layer\n"
+        time.sleep(0.1)
+        n1, secret1 = await _state(restored)
+        assert secret1 == secret and n1 > n0
+    finally:
+        holder.kill()
+        holder.wait()
+    runtime.kill(info.id)
+    assert not mounts.mounts_under(info.dir)

@@ -77,7 +77,7 @@ def prepare_binds(
     return binds, workspace, spec
 
 
-REATTACH_WAIT_S = 10.0  # for the loop device of a layer let go at suspend to detach
+REATTACH_WAIT_S = 10.0  # for the loop device of a layer let go at suspend to detach or mount
 
 
 def remount(rt: Runtime, d: Path, info: SandboxInfo, binds: bool) -> None:
@@ -86,12 +86,10 @@ def remount(rt: Runtime, d: Path, info: SandboxInfo, binds: bool) -> None:
     it binds); what is still mounted is left as it is."""
     assert info.host_uid is not None
     if info.spec.limits.disk_mb is not None and not mounts.is_mountpoint(d / disk.MOUNT):
-        if not images.release(d / disk.MOUNT, d / disk.DEVICE, d / disk.IMAGE, REATTACH_WAIT_S):
-            # Its last filesystem is not gone yet (a copy of it in a mount namespace being torn
-            # down): mounting the image again now would put two filesystems on one image.
+        image = (d / disk.MOUNT, d / disk.DEVICE, d / disk.IMAGE)
+        if not images.mount_again(*image, b"ext4", images.MOUNT_FLAGS, disk.MOUNT_OPTS,
+                                  REATTACH_WAIT_S):  # fmt: skip
             raise Unavailable(f"sandbox {info.id}'s layer is still attached; try again")
-        images.mount_image(d / disk.IMAGE, d / disk.MOUNT, b"ext4", images.MOUNT_FLAGS,
-                           disk.MOUNT_OPTS, d / disk.DEVICE)  # fmt: skip
     if not mounts.is_mountpoint(d / "root"):
         layer = d / disk.MOUNT if info.spec.limits.disk_mb is not None else d
         template = rt.templates.get(info.template)

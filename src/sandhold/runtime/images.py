@@ -160,6 +160,36 @@ def release(target: Path, record: Path, image: Path, timeout_s: float = DETACH_T
     return True
 
 
+def mount_again(
+    target: Path, record: Path, image: Path, fstype: bytes, flags: int, opts: bytes, wait_s: float
+) -> bool:
+    """Mount ``image`` at ``target`` after ``release``: on a new loop device once the old one
+    (named in ``record``) has detached, or on the old one itself while it still holds the image
+    (its filesystem kept alive by a copy of the mount in a namespace being torn down: mounting
+    that device reuses the live filesystem, where a second device would put two filesystems on
+    one image). False if neither happened within ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    name = record.read_text().strip() if record.exists() else ""
+    while True:
+        if not attached(record, image):
+            mount_image(image, target, fstype, flags, opts, record)
+            return True
+        try:  # (held open, it cannot detach, nor be reused for another image, while we look)
+            fd = os.open(f"/dev/{name}", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            fd = -1
+        if fd >= 0:
+            device, at = f"/dev/{name}".encode(), str(target).encode()
+            try:
+                if attached(record, image) and _libc.mount(device, at, fstype, flags, opts) == 0:
+                    return True
+            finally:
+                os.close(fd)
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+
+
 def copy_sparse(src: Path, dst: Path | int) -> None:
     """Copy ``src`` to a new file ``dst`` (or into an open, empty descriptor) keeping its holes:
     only the extents with data are copied."""
