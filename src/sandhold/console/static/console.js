@@ -27,13 +27,19 @@
     return e;
   }
 
+  // A view's answer that arrives after another view replaced it is dropped (it never settles),
+  // or it would be appended below the new view's own.
+  let shown = 0;
   async function call(path, body) {
+    const at = shown;
+    const stale = () => new Promise(() => {});
     const r = await fetch("/console/api/" + path, {
       method: "POST", credentials: "omit", cache: "no-store", referrerPolicy: "no-referrer",
       headers: { "Authorization": "Bearer " + key, "Content-Type": "application/json" },
       body: JSON.stringify(body || {}),
     });
     const data = await r.json().catch(() => ({}));
+    if (at !== shown) return stale();
     if (r.status === 401) { signOut(); throw new Error(data.message || "not signed in"); }
     if (!r.ok) throw new Error(data.message || ("HTTP " + r.status));
     return data;
@@ -49,7 +55,7 @@
       el("tbody", {}, ...rows));
   }
 
-  function show(...nodes) { main.replaceChildren(...nodes); }
+  function show(...nodes) { shown += 1; main.replaceChildren(...nodes); }
   function fail(e) { main.append(el("p", { class: "error", role: "alert" }, String(e.message || e))); }
 
   function setNav(current) {
