@@ -112,3 +112,29 @@ def test_a_tenant_cannot_read_another_tenants_timeline(make_gateway: Callable[..
         bad = c.post("/v1/sessions/conv-x/tools/run_command", json={"command": "true"},
                      headers={"X-Sandhold-Scenario": "x" * 65})  # fmt: skip
     assert bad.status_code == 400 and "x-sandhold-scenario" in bad.text.lower()
+
+
+def test_a_late_answer_never_lands_in_the_next_view(
+    make_gateway: Callable[..., Gateway], browser: Browser
+):
+    # The overview's answer held back until the Sessions view has shown its own: it must not be
+    # appended below it (it once was: two tables in one view).
+    gw = make_gateway("local")
+    assert call(gw, TENANT_KEY, "conv-late", "run_command", "grading",
+                command="true").status_code == 200  # fmt: skip
+    page = browser.new_page()
+    held: list = []
+    page.route("**/console/api/stats", lambda route: held.append(route))
+    try:
+        sign_in(page, gw, ADMIN_KEY)
+        page.get_by_role("button", name="Sessions").click()
+        expect(page.locator("main table")).to_contain_text("conv-late")
+        assert len(held) == 1
+        with page.expect_response("**/console/api/stats") as answer:
+            held[0].continue_()
+        assert answer.value.ok
+        page.evaluate("() => new Promise((r) => setTimeout(r, 100))")  # (its continuation ran)
+        expect(page.locator("main table")).to_have_count(1)
+        expect(page.locator("main h2")).to_have_text("Sessions")
+    finally:
+        page.close()
