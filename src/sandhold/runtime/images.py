@@ -170,22 +170,27 @@ def mount_again(
     one image). False if neither happened within ``wait_s``."""
     deadline = time.monotonic() + wait_s
     name = record.read_text().strip() if record.exists() else ""
+    device, at = f"/dev/{name}", str(target).encode()
+    err = 0
     while True:
         if not attached(record, image):
             mount_image(image, target, fstype, flags, opts, record)
             return True
         try:  # (held open, it cannot detach, nor be reused for another image, while we look)
-            fd = os.open(f"/dev/{name}", os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            fd = -1
+            fd = os.open(device, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as e:
+            fd, err = -1, e.errno or 0
         if fd >= 0:
-            device, at = f"/dev/{name}".encode(), str(target).encode()
             try:
-                if attached(record, image) and _libc.mount(device, at, fstype, flags, opts) == 0:
-                    return True
+                if attached(record, image):
+                    if _libc.mount(device.encode(), at, fstype, flags, opts) == 0:
+                        return True
+                    err = ctypes.get_errno()
             finally:
                 os.close(fd)
         if time.monotonic() > deadline:
+            log.warning("%s still holds %s and cannot be mounted: %s", device, image,
+                        os.strerror(err))  # fmt: skip
             return False
         time.sleep(0.005)
 

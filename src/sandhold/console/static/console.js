@@ -32,14 +32,13 @@
   let shown = 0;
   async function call(path, body) {
     const at = shown;
-    const stale = () => new Promise(() => {});
     const r = await fetch("/console/api/" + path, {
       method: "POST", credentials: "omit", cache: "no-store", referrerPolicy: "no-referrer",
       headers: { "Authorization": "Bearer " + key, "Content-Type": "application/json" },
       body: JSON.stringify(body || {}),
     });
     const data = await r.json().catch(() => ({}));
-    if (at !== shown) return stale();
+    if (at !== shown) return new Promise(() => {});
     if (r.status === 401) { signOut(); throw new Error(data.message || "not signed in"); }
     if (!r.ok) throw new Error(data.message || ("HTTP " + r.status));
     return data;
