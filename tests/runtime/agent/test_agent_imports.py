@@ -126,3 +126,48 @@ def test_agent_modules_import_each_other_without_cycles() -> None:
         # graphlib lists each module before those importing it: reversed, each imports the next.
         cycle = " -> ".join(m.removeprefix(PACKAGE + ".") for m in reversed(e.args[1]))
         raise AssertionError(f"import cycle in the agent: {cycle}") from None
+
+
+# What an agent must not load, for its memory: every sandbox runs one (docs/runtime.md, "The
+# agent's memory"). asyncio with what it imports is ~3.7 MiB per agent, logging ~0.8, ctypes
+# ~0.3 until something needs a libc call the standard library lacks.
+HEAVY = ("asyncio", "logging", "ctypes", "concurrent", "threading", "subprocess", "ssl")
+
+# What __main__ imports to serve, then what is left in sys.modules.
+SERVE_PROBE = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import socket
+import sandhold.runtime.agent.config, sandhold.runtime.agent.server
+print(json.dumps(sorted(sys.modules)))
+"""
+
+
+def test_serving_imports_none_of_the_heavy_modules(tmp_path: Path) -> None:
+    from sandhold.runtime.runtime import Runtime
+
+    lib = Runtime(Settings(data_dir=tmp_path)).agent_lib()
+    probe = subprocess.run(
+        [PYTHON, "-I", "-S", "-c", SERVE_PROBE, str(lib)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert probe.returncode == 0, probe.stderr
+    loaded = {name.partition(".")[0] for name in json.loads(probe.stdout)}
+    assert "h11" in loaded and "sandhold" in loaded  # the probe imported the server
+    assert not loaded & set(HEAVY), sorted(loaded & set(HEAVY))
+
+
+async def test_an_idle_agent_has_not_mapped_ctypes() -> None:
+    """A C module shows in the process's mappings once imported: an agent that has served
+    requests but needed no libc call (no file operation as another user) has no _ctypes."""
+    from tests.runtime.agent.conftest import start_agent
+
+    async with start_agent() as a:
+        for _ in range(3):
+            assert (await a.client.get("/health")).status_code == 204
+        maps = Path(f"/proc/{a.pid}/maps").read_text()
+        assert "/_asyncio." not in maps and "/_ctypes." not in maps, maps
+        assert "python3" in maps  # the right process

@@ -3,9 +3,12 @@
 Runs inside every sandbox as ``python3 -I -S .../agent/__main__.py --config FILE`` and may
 import only the standard library and h11. Modules:
 
-* ``__main__`` - bootstrap (sys.path, no ssl) and entry point; ``server`` - routes, socket,
+* ``__main__`` - bootstrap (sys.path, descriptors 0-2) and entry point; ``server`` - routes, socket,
   signals; ``config`` - the start-up JSON.
-* ``http`` - HTTP/1.1 on h11 over asyncio unix sockets; ``tunnel`` - its CONNECT handler, a
+* ``aio`` - the event loop (asyncio's API, for memory: docs/runtime.md): ``aio_loop`` futures,
+  tasks and the loop, ``aio_sync`` waiting, timeouts and locks, ``aio_net`` sockets and
+  streams; ``log`` - log lines on stderr.
+* ``http`` - HTTP/1.1 on h11 over unix sockets; ``tunnel`` - its CONNECT handler, a
   byte tunnel to a loopback port; ``egress`` - the sandbox's end of the egress proxy.
 * ``rpc`` - messages, field access and ``RpcError``, as every RPC method sees them;
   ``connect`` - the Connect protocol (JSON codec): unary, server and client streams, errors,

@@ -18,9 +18,6 @@ def _bootstrap() -> None:
     )
     if lib not in sys.path:
         sys.path.insert(0, lib)
-    # asyncio imports ssl if it can, which maps OpenSSL (~2.5 MiB per agent); it works without
-    # it, and nothing here speaks TLS.
-    sys.modules.setdefault("ssl", None)  # type: ignore[arg-type]
     # Descriptors 0-2 must exist, or a new pipe could land on them and be clobbered by dup2.
     for fd in (0, 1, 2):
         try:
@@ -75,7 +72,7 @@ if __name__ == "__main__":
     early = ("socket" in opts or "socket-fd" in opts) and "ready-fd" in opts
     if early:
         # Ready as soon as connections are accepted: they wait in the backlog while the rest of
-        # the agent (json, dataclasses, asyncio: most of its start-up time) is imported.
+        # the agent (json, h11 and its own modules: most of its start-up time) is imported.
         listening = int(opts["socket-fd"]) if "socket-fd" in opts else listen(opts["socket"])
         signal_ready(int(opts["ready-fd"]))
     import socket

@@ -20,13 +20,11 @@ only once the sandbox is its own.
 from __future__ import annotations
 
 import array
-import asyncio
-import logging
 import os
 import socket
 from collections.abc import Awaitable, Callable
 
-log = logging.getLogger("sandhold.agent")
+from . import aio, log
 
 QUIESCE_PATH = "/sandhold/quiesce"
 HANDOFF = "/run/sandbox-handoff/agent.sock"
@@ -64,20 +62,20 @@ async def quiesce(
     """``stop`` closes the listening socket and every connection; once the host has handed
     over new ones, ``rebind`` takes the configuration if one came and ``serve`` listens."""
     await stop()
-    logging.disable(logging.CRITICAL)  # stderr goes nowhere until the handoff
+    log.disable(True)  # stderr goes nowhere until the handoff
     null = os.open("/dev/null", os.O_WRONLY)
     for fd in (1, 2):
         os.dup2(null, fd)
     os.close(null)
     while True:
-        await asyncio.sleep(POLL_S)
+        await aio.sleep(POLL_S)
         if os.path.exists(HANDOFF) and (got := _receive(HANDOFF)) is not None:
             break
     sock, logfile, config, conn = got
     for fd in (1, 2):
         os.dup2(logfile, fd)
     os.close(logfile)
-    logging.disable(logging.NOTSET)
+    log.disable(False)
     with conn:
         ok = await rebind(config) if config is not None else True
         await serve(sock)

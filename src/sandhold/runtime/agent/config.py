@@ -3,32 +3,46 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from typing import Any
 
 
-@dataclass
 class AgentConfig:
-    socket: str
-    default_user: str = "user"
-    default_workdir: str | None = None
-    env: dict[str, str] = field(default_factory=dict)
-    ready_fd: int | None = None
-    envd_version: str = "0.6.13"
-    # Started at boot and kept as tagged background processes, like a template's start command:
-    # [{"name", "argv": [...], "env"?: {...}, "user"?: str, "cwd"?: str, "port"?: int,
-    #   "env_path"?: str (where the service takes the sandbox's env after a warm start)}]
-    services: list[dict[str, Any]] = field(default_factory=list)
-    # {"socket", "proxy_port", "dns_port"} when the sandbox has egress (see egress.py)
-    egress: dict[str, Any] | None = None
-    # {"read": [...], "write": [...], "read_only": [...]}: what the file API may touch (view.py)
-    file_view: dict[str, Any] | None = None
-    # Whether the agent bound ``socket`` itself (and removes it when it stops); in a sandbox the
-    # host binds it and hands over the listening descriptor.
-    socket_owned: bool = True
-    # Capabilities (numbers) its root processes keep, in its user namespace: a build sandbox's
-    # (runtime/build.py); every other sandbox's root has none.
-    root_caps: frozenset[int] = frozenset()
+    def __init__(
+        self,
+        socket: str,
+        default_user: str = "user",
+        default_workdir: str | None = None,
+        env: dict[str, str] | None = None,
+        ready_fd: int | None = None,
+        envd_version: str = "0.6.13",
+        services: list[dict[str, Any]] | None = None,
+        egress: dict[str, Any] | None = None,
+        file_view: dict[str, Any] | None = None,
+        socket_owned: bool = True,
+        root_caps: frozenset[int] = frozenset(),
+    ) -> None:
+        self.socket = socket
+        self.default_user = default_user
+        self.default_workdir = default_workdir
+        self.env = env if env is not None else {}
+        self.ready_fd = ready_fd
+        self.envd_version = envd_version
+        # Started at boot and kept as tagged background processes, like a template's start
+        # command: [{"name", "argv": [...], "env"?: {...}, "user"?: str, "cwd"?: str,
+        #   "port"?: int, "env_path"?: str (where the service takes the sandbox's env after a
+        #   warm start)}]
+        self.services = services if services is not None else []
+        # {"socket", "proxy_port", "dns_port"} when the sandbox has egress (see egress.py)
+        self.egress = egress
+        # {"read": [...], "write": [...], "read_only": [...]}: what the file API may touch
+        # (view.py)
+        self.file_view = file_view
+        # Whether the agent bound ``socket`` itself (and removes it when it stops); in a
+        # sandbox the host binds it and hands over the listening descriptor.
+        self.socket_owned = socket_owned
+        # Capabilities (numbers) its root processes keep, in its user namespace: a build
+        # sandbox's (runtime/build.py); every other sandbox's root has none.
+        self.root_caps = root_caps
 
     @classmethod
     def load(cls, source: str | int) -> AgentConfig:

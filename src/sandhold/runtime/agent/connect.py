@@ -8,20 +8,17 @@ Unary: ``application/json`` body in, JSON out; errors are a non-200 status with
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 import json
-import logging
 import struct
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 
+from . import aio, log
 from .config import AgentConfig
 from .http import ClientGone, HttpError, Request, Response
 from .rpc import Message, RpcError
 from .users import User, lookup_user
-
-log = logging.getLogger("sandhold.agent")
 
 FLAG_COMPRESSED = 0x01
 FLAG_END_STREAM = 0x02
@@ -206,7 +203,7 @@ def unary(method: UnaryMethod, config: AgentConfig) -> HttpHandler:
             msg = _decode(_gunzip(body) if gz else body)
             call = Call(req, config)
             call.authenticate()
-            async with asyncio.timeout(call.timeout):
+            async with aio.timeout(call.timeout):
                 out = await method(msg, call)
         except TimeoutError:
             await resp.send_json(504, DEADLINE_EXCEEDED.to_json())
@@ -280,7 +277,7 @@ def server_stream(method: ServerStreamMethod, config: AgentConfig) -> HttpHandle
             call.authenticate()
             gen = method(msg, call)
             try:
-                async with asyncio.timeout(call.timeout):
+                async with aio.timeout(call.timeout):
                     async for item in gen:
                         await out.message(item)
             finally:
@@ -289,7 +286,7 @@ def server_stream(method: ServerStreamMethod, config: AgentConfig) -> HttpHandle
             error = DEADLINE_EXCEEDED
         except RpcError as e:
             error = e
-        except (asyncio.CancelledError, HttpError, ClientGone, ConnectionError):
+        except (aio.CancelledError, HttpError, ClientGone, ConnectionError):
             raise
         except Exception as e:
             error = _internal(e)
@@ -321,7 +318,7 @@ def client_stream(method: ClientStreamMethod, config: AgentConfig) -> HttpHandle
         try:
             call = Call(req, config)
             call.authenticate()
-            async with asyncio.timeout(call.timeout):
+            async with aio.timeout(call.timeout):
                 result = await method(messages(), call)
         except TimeoutError:
             await out.finish(DEADLINE_EXCEEDED)
@@ -329,7 +326,7 @@ def client_stream(method: ClientStreamMethod, config: AgentConfig) -> HttpHandle
         except RpcError as e:
             await out.finish(e)
             return
-        except (asyncio.CancelledError, HttpError, ClientGone, ConnectionError):
+        except (aio.CancelledError, HttpError, ClientGone, ConnectionError):
             raise
         except Exception as e:
             await out.finish(_internal(e))

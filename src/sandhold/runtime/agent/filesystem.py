@@ -3,13 +3,13 @@ each done with the caller's filesystem identity."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import posixpath
 import stat
 from collections.abc import AsyncGenerator, Callable
 from typing import TYPE_CHECKING
 
+from . import aio
 from .config import AgentConfig
 from .connect import Call
 from .fsutil import ensure_dirs, entry_info, os_error, remove_all
@@ -175,7 +175,7 @@ class FilesystemService:
     async def watch_dir(self, msg: Message, call: Call) -> AsyncGenerator[Message, None]:
         user = call.user
         root = self._watch_root(msg, user)
-        queue: asyncio.Queue[Message | str] = asyncio.Queue()
+        queue: aio.Queue[Message | str] = aio.Queue()
 
         def on_event(event: Message) -> None:
             if queue.qsize() >= STREAM_QUEUE:
@@ -192,7 +192,7 @@ class FilesystemService:
             yield {"start": {}}
             while True:
                 try:
-                    item = await asyncio.wait_for(queue.get(), interval)
+                    item = await aio.wait_for(queue.get(), interval)
                 except TimeoutError:
                     yield {"keepalive": {}}
                     continue

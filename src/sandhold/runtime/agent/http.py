@@ -1,4 +1,4 @@
-"""A small HTTP/1.1 server: h11 over asyncio unix-socket streams.
+"""A small HTTP/1.1 server: h11 over the agent loop's unix-socket streams (``aio``).
 
 Handlers get a :class:`Request` whose body they pull chunk by chunk (so uploads stream to disk
 and client-streaming RPCs see each message as it arrives) and a :class:`Response` they either
@@ -12,16 +12,14 @@ connection over (``Request.take_over``); what may be tunnelled is that handler's
 
 from __future__ import annotations
 
-import asyncio
 import json
-import logging
 import socket
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import h11
 
-log = logging.getLogger("sandhold.agent")
+from . import aio, log
 
 READ_SIZE = 65536
 MAX_HEADER_BYTES = 65536
@@ -29,7 +27,7 @@ MAX_HEADER_BYTES = 65536
 DRAIN_LIMIT = 4 << 20
 
 Handler = Callable[["Request", "Response"], Awaitable[None]]
-Streams = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+Streams = tuple[aio.StreamReader, aio.StreamWriter]
 
 _REASONS = {
     100: b"Continue", 200: b"OK", 204: b"No Content", 400: b"Bad Request",
@@ -104,7 +102,7 @@ class Request:
             val = value.decode("latin-1")
             self.headers[key] = f"{self.headers[key]}, {val}" if key in self.headers else val
         self.body_done = False
-        self.body_done_event = asyncio.Event()
+        self.body_done_event = aio.Event()
 
     def header(self, name: str, default: str = "") -> str:
         return self.headers.get(name.lower(), default)
@@ -228,9 +226,7 @@ class Router:
 
 
 class _Connection:
-    def __init__(
-        self, router: Router, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
+    def __init__(self, router: Router, reader: aio.StreamReader, writer: aio.StreamWriter) -> None:
         self.router = router
         self.reader = reader
         self.writer = writer
@@ -285,7 +281,7 @@ class _Connection:
                 self.h11.start_next_cycle()
         except (ClientGone, ConnectionError, h11.ProtocolError):
             pass
-        except asyncio.CancelledError:
+        except aio.CancelledError:
             raise
         except Exception:
             log.exception("connection failed")
@@ -293,31 +289,31 @@ class _Connection:
             self.writer.close()
 
     async def _run(self, req: Request, resp: Response) -> None:
-        task = asyncio.ensure_future(self._handle(req, resp))
+        task = aio.ensure_future(self._handle(req, resp))
         try:
             while not task.done():
                 if not req.body_done:
                     # The handler owns the socket reader until the body is consumed.
-                    body = asyncio.ensure_future(req.body_done_event.wait())
-                    await asyncio.wait({task, body}, return_when=asyncio.FIRST_COMPLETED)
+                    body = aio.ensure_future(req.body_done_event.wait())
+                    await aio.wait({task, body}, return_when=aio.FIRST_COMPLETED)
                     body.cancel()
                     continue
-                watch = asyncio.ensure_future(self._watch_disconnect())
-                await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+                watch = aio.ensure_future(self._watch_disconnect())
+                await aio.wait({task, watch}, return_when=aio.FIRST_COMPLETED)
                 if task.done():
                     watch.cancel()
-                    await asyncio.gather(watch, return_exceptions=True)
+                    await aio.gather(watch, return_exceptions=True)
                     break
                 # The client went away mid-response: stop the handler (a running command
                 # keeps running; only its stream ends) and drop the connection.
                 task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+                await aio.gather(task, return_exceptions=True)
                 self.closing = True
                 return
             await task
-        except asyncio.CancelledError:
+        except aio.CancelledError:
             task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            await aio.gather(task, return_exceptions=True)
             raise
 
     async def _tunnel(self, req: Request, resp: Response) -> None:
@@ -340,7 +336,7 @@ class _Connection:
             if not data:
                 return
             # A pipelining client: keep its bytes buffered, stop watching (nothing to lose).
-            await asyncio.Event().wait()
+            await aio.Event().wait()
 
     async def _handle(self, req: Request, resp: Response) -> None:
         try:
@@ -350,7 +346,7 @@ class _Connection:
         except h11.RemoteProtocolError as e:  # e.g. a malformed chunked body
             self.closing = True
             await self._fail(resp, e.error_status_hint or 400, str(e))
-        except (ClientGone, asyncio.CancelledError):
+        except (ClientGone, aio.CancelledError):
             raise
         except Exception as e:
             log.exception("%s %s failed", req.method, req.path)
@@ -390,11 +386,11 @@ class HttpServer:
 
     def __init__(self, router: Router) -> None:
         self.router = router
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._server: asyncio.AbstractServer | None = None
+        self._tasks: set[aio.Task[None]] = set()
+        self._server: aio.Server | None = None
 
-    async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
+    async def _on_connect(self, reader: aio.StreamReader, writer: aio.StreamWriter) -> None:
+        task = aio.current_task()
         assert task is not None
         self._tasks.add(task)
         try:
@@ -404,7 +400,7 @@ class HttpServer:
 
     async def listen_unix(self, sock: socket.socket) -> None:
         """Serve on an already bound and listening unix socket."""
-        self._server = await asyncio.start_unix_server(self._on_connect, sock=sock, limit=READ_SIZE)
+        self._server = await aio.start_unix_server(self._on_connect, sock=sock, limit=READ_SIZE)
 
     async def close(self) -> None:
         if self._server is not None:
@@ -412,4 +408,4 @@ class HttpServer:
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+            await aio.gather(*self._tasks, return_exceptions=True)

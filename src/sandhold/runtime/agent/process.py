@@ -7,11 +7,11 @@ it expires. A client that goes away only stops receiving: the command keeps runn
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 from collections.abc import AsyncGenerator, AsyncIterator
 
+from . import aio
 from .config import AgentConfig, identity_env
 from .connect import Call
 from .process_table import Process, ProcessManager, Subscriber
@@ -84,7 +84,7 @@ def spawn_spec(msg: Message, user: User, agent_config: AgentConfig) -> tuple[Spa
     return spec, config
 
 
-def _drop_subscription(task: asyncio.Task[tuple[Process, Subscriber]]) -> None:
+def _drop_subscription(task: aio.Future[tuple[Process, Subscriber]]) -> None:
     if not task.cancelled() and task.exception() is None:
         proc, sub = task.result()
         proc.unsubscribe(sub)
@@ -107,10 +107,10 @@ class ProcessService:
             return proc, sub
 
         # Once forked, the command must end up managed even if this client goes away now.
-        task = asyncio.ensure_future(launch())
+        task = aio.ensure_future(launch())
         try:
-            proc, sub = await asyncio.shield(task)
-        except asyncio.CancelledError:
+            proc, sub = await aio.shield(task)
+        except aio.CancelledError:
             task.add_done_callback(_drop_subscription)
             raise
         try:

@@ -10,17 +10,17 @@ whole group.
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import os
 import signal
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from . import aio
 from .config import AgentConfig
 from .exit_status import end_event
 from .rpc import Message, RpcError, b64, get_int, get_str
-from .spawn import SpawnSpec, close_fd, go_errno, set_winsize, start_child, wait_fd
+from .spawn import SpawnSpec, close_fd, go_errno, set_winsize, start_child
 from .users import effective_uid
 
 STD_CHUNK = 32 << 10
@@ -37,7 +37,7 @@ class Subscriber:
     """One attached stream's events; a full queue holds the process's output back."""
 
     def __init__(self) -> None:
-        self.queue: asyncio.Queue[Message] = asyncio.Queue(SUBSCRIBER_QUEUE)
+        self.queue: aio.Queue[Message] = aio.Queue(SUBSCRIBER_QUEUE)
         self.closed = False
 
     async def put(self, item: Message) -> None:
@@ -74,21 +74,21 @@ class Process:
         self.status: int | None = None
         self.end: Message | None = None
         self._subscribers: set[Subscriber] = set()
-        self._waiters: set[asyncio.Future[None]] = set()
-        self._input_lock = asyncio.Lock()
-        self._tasks: list[asyncio.Task[Any]] = []
-        self._timeout: asyncio.TimerHandle | None = None
-        self._exited = asyncio.Event()
+        self._waiters: set[aio.Future[None]] = set()
+        self._input_lock = aio.Lock()
+        self._tasks: list[aio.Task[Any]] = []
+        self._timeout: aio.TimerHandle | None = None
+        self._exited = aio.Event()
 
     # -- lifecycle ------------------------------------------------------------------------------
     def begin(self, timeout: float | None) -> None:
         """Start moving output; call after the starting stream has subscribed."""
         for fd, kind in self._outputs:
             os.set_blocking(fd, False)
-            self._tasks.append(asyncio.ensure_future(self._pump(fd, kind)))
-        self._tasks.append(asyncio.ensure_future(self._finish()))
+            self._tasks.append(aio.ensure_future(self._pump(fd, kind)))
+        self._tasks.append(aio.ensure_future(self._finish()))
         if timeout:
-            loop = asyncio.get_running_loop()
+            loop = aio.get_running_loop()
             self._timeout = loop.call_later(timeout + TIMEOUT_KILL_GRACE, self._kill_on_timeout)
 
     def on_exit(self, status: int) -> None:
@@ -104,7 +104,7 @@ class Process:
 
     async def _finish(self) -> None:
         await self._exited.wait()
-        await asyncio.gather(*self._tasks[: len(self._outputs)], return_exceptions=True)
+        await aio.gather(*self._tasks[: len(self._outputs)], return_exceptions=True)
         for fd in (self.stdin_fd, self.pty_fd):
             if fd is not None:
                 close_fd(fd)
@@ -161,7 +161,7 @@ class Process:
         """Events for one stream: data, then end; keepalives while nothing happens."""
         while True:
             try:
-                item = await asyncio.wait_for(sub.queue.get(), keepalive)
+                item = await aio.wait_for(sub.queue.get(), keepalive)
             except TimeoutError:
                 yield {"event": {"keepalive": {}}}
                 continue
@@ -171,7 +171,7 @@ class Process:
 
     # -- fd readiness ---------------------------------------------------------------------------
     async def _wait_fd(self, fd: int, write: bool) -> None:
-        await wait_fd(fd, write, self._waiters)
+        await aio.wait_fd(fd, write, self._waiters)
 
     def _wake(self) -> None:
         for fut in list(self._waiters):
@@ -274,7 +274,7 @@ class ProcessManager:
         except (ValueError, OSError):
             pass
 
-    def install(self, loop: asyncio.AbstractEventLoop) -> None:
+    def install(self, loop: aio.Loop) -> None:
         loop.add_signal_handler(signal.SIGCHLD, self._reap)
 
     def _reap(self) -> None:
@@ -316,10 +316,10 @@ class ProcessManager:
             raise RpcError("not_found", f"process with tag {tag} not found")
         raise RpcError("unimplemented", "invalid input type <nil>")
 
-    async def start_unlisted(self, spec: SpawnSpec) -> tuple[int, asyncio.Future[int]]:
+    async def start_unlisted(self, spec: SpawnSpec) -> tuple[int, aio.Future[int]]:
         """Start ``spec`` outside the process table (not a command of envd's: sudo.py); its pid
         and its wait status, when it ends."""
-        ended: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        ended: aio.Future[int] = aio.get_running_loop().create_future()
 
         def exited(status: int) -> None:
             if not ended.done():

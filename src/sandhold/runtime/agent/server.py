@@ -11,14 +11,12 @@ never asks it to stop: it kills the sandbox's cgroup, and SIGKILL from outside a
 
 from __future__ import annotations
 
-import asyncio
 import json
-import logging
 import os
 import signal
 import socket
 
-from . import checkpoint, connect, egress, tunnel
+from . import aio, checkpoint, connect, egress, log, tunnel
 from .config import AgentConfig
 from .files import FilesHandler
 from .filesystem import FilesystemService
@@ -29,8 +27,6 @@ from .sudo import SudoServer
 from .supervisor import ServiceSupervisor
 from .system import SystemHandler
 from .view import ViewGuard
-
-log = logging.getLogger("sandhold.agent")
 
 CONFIGURE_PATH = "/sandhold/configure"  # host-only (the data plane never forwards /sandhold/)
 
@@ -49,8 +45,8 @@ class Agent:
         self.router = self._routes()
         tunnel.SERVICE_PORTS.update(int(svc["port"]) for svc in config.services if "port" in svc)
         self.http = HttpServer(self.router)
-        self._stop = asyncio.Event()
-        self._background: set[asyncio.Task[None]] = set()
+        self._stop = aio.Event()
+        self._background: set[aio.Task[None]] = set()
         self._configured = False
 
     def _routes(self) -> Router:
@@ -91,7 +87,7 @@ class Agent:
     async def _quiesce(self, req: Request, resp: Response) -> None:
         """Make way for a checkpoint (see checkpoint.py); answers before it stops serving."""
         await resp.send(204)
-        task = asyncio.get_running_loop().create_task(
+        task = aio.get_running_loop().create_task(
             checkpoint.quiesce(self.http.close, self.http.listen_unix, self._rebind)
         )
         self._background.add(task)
@@ -133,7 +129,7 @@ class Agent:
         return await self.services.announce_env(cfg.env)
 
     async def run(self) -> None:
-        loop = asyncio.get_running_loop()
+        loop = aio.get_running_loop()
         self.manager.install(loop)
         if not is_init():
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -143,7 +139,6 @@ class Agent:
         await self.sudo.start()
         await self.services.start(self.config.services)
         log.info("listening on %s", self.config.socket)
-        _trim_heap()
         await self._stop.wait()
         log.info("shutting down")
         await self.http.close()
@@ -162,22 +157,11 @@ def is_init() -> bool:
     return os.getpid() == 1
 
 
-def _trim_heap() -> None:
-    """Hand the memory freed while importing back to the OS: idle agents are many."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):
-        pass  # not glibc
-
-
 def main(config: AgentConfig, sock: socket.socket) -> int:
-    logging.basicConfig(level=logging.INFO, format="sandhold-agent: %(levelname)s %(message)s")
     os.umask(0o022)  # what commands and created files inherit, like envd
     if is_init():
         # Python's own SIGINT handler would make Ctrl-C from inside a KeyboardInterrupt here
-        # (and asyncio.run installs its own over the default one only).
+        # (and aio.run installs its own over the default one only).
         signal.signal(signal.SIGINT, signal.SIG_DFL)
-    asyncio.run(Agent(config, sock).run())
+    aio.run(Agent(config, sock).run())
     return 0

@@ -8,12 +8,12 @@ in envd, not a process that exits 127. Also the descriptor helpers running proce
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import os
 import signal
 from collections.abc import Callable
 
+from .aio import wait_fd
 from .rpc import RpcError
 from .users import User, can_switch, group_ids
 
@@ -43,26 +43,6 @@ def set_winsize(fd: int, cols: int, rows: int) -> None:
     import termios
 
     fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
-
-
-async def wait_fd(fd: int, write: bool, waiters: set[asyncio.Future[None]] | None = None) -> None:
-    """Until ``fd`` is readable (or writable); ``waiters`` lets an owner wake it early."""
-    loop = asyncio.get_running_loop()
-    fut: asyncio.Future[None] = loop.create_future()
-
-    def ready() -> None:
-        if not fut.done():
-            fut.set_result(None)
-
-    (loop.add_writer if write else loop.add_reader)(fd, ready)
-    if waiters is not None:
-        waiters.add(fut)
-    try:
-        await fut
-    finally:
-        if waiters is not None:
-            waiters.discard(fut)
-        (loop.remove_writer if write else loop.remove_reader)(fd)
 
 
 class SpawnSpec:
@@ -105,7 +85,7 @@ class Spawned:
 async def start_child(spec: SpawnSpec, max_fd: int, on_fork: Callable[[int], None]) -> Spawned:
     """Fork and exec ``spec``; ``on_fork(pid)`` runs in the parent right after the fork, before
     any await, so the caller can be ready for an exit that comes at once."""
-    if can_switch():
+    if can_switch() and not os.path.exists(HELPER):
         from . import libc  # noqa: F401  loaded before the fork; the child only calls it
 
     fds: dict[str, int] = {}

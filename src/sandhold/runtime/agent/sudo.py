@@ -13,22 +13,19 @@ Request (one message, the three descriptors attached): JSON ``{"argv", "user", "
 from __future__ import annotations
 
 import array
-import asyncio
 import contextlib
 import json
-import logging
 import os
 import signal
 import socket
 from typing import Any
 
+from . import aio, log
 from .config import AgentConfig
 from .process import spawn_spec
 from .process_table import ProcessManager
 from .rpc import RpcError
 from .users import lookup_user
-
-log = logging.getLogger("sandhold.agent")
 
 ADDRESS = "\0sandhold-sudo"  # abstract: in the sandbox's network namespace only
 MAX_REQUEST = 256 << 10
@@ -39,7 +36,7 @@ class SudoServer:
         self.config = config
         self.manager = manager
         self._sock: socket.socket | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[aio.Task[None]] = set()
 
     async def start(self) -> None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -55,14 +52,13 @@ class SudoServer:
         self._spawn(self._accept(sock))
 
     def _spawn(self, coro: Any) -> None:
-        task = asyncio.ensure_future(coro)
+        task = aio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def _accept(self, sock: socket.socket) -> None:
-        loop = asyncio.get_running_loop()
         while True:
-            conn, _ = await loop.sock_accept(sock)
+            conn, _ = await aio.sock_accept(sock)
             conn.setblocking(False)
             self._spawn(self._serve(conn))
 
@@ -82,7 +78,7 @@ class SudoServer:
                     with contextlib.suppress(OSError):
                         os.close(fd)
             with contextlib.suppress(OSError):
-                await asyncio.get_running_loop().sock_sendall(conn, json.dumps(answer).encode())
+                await aio.sock_sendall(conn, json.dumps(answer).encode())
 
     async def _run(self, conn: socket.socket, req: dict[str, Any], fds: list[int]) -> int:
         if len(fds) != 3:
@@ -102,10 +98,10 @@ class SudoServer:
         spec, _ = spawn_spec(msg, user, self.config)
         spec.stdio = (fds[0], fds[1], fds[2])
         pid, ended = await self.manager.start_unlisted(spec)
-        gone = asyncio.ensure_future(_closed(conn))
+        gone = aio.ensure_future(_closed(conn))
         try:
-            waits: set[asyncio.Future[Any]] = {ended, gone}
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            waits: set[aio.Future[Any]] = {ended, gone}
+            await aio.wait(waits, return_when=aio.FIRST_COMPLETED)
             if not ended.done():  # the caller went away: so does its command
                 with contextlib.suppress(OSError):
                     os.killpg(pid, signal.SIGKILL)
@@ -117,8 +113,8 @@ class SudoServer:
 
 
 async def _receive(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
-    loop = asyncio.get_running_loop()
-    ready: asyncio.Future[None] = loop.create_future()
+    loop = aio.get_running_loop()
+    ready: aio.Future[None] = loop.create_future()
 
     def readable() -> None:
         if not ready.done():
@@ -142,6 +138,5 @@ async def _receive(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
 
 async def _closed(conn: socket.socket) -> None:
     """Returns when the caller has closed its end (nothing more is ever sent)."""
-    loop = asyncio.get_running_loop()
-    while await loop.sock_recv(conn, 1):
+    while await aio.sock_recv(conn, 1):
         pass

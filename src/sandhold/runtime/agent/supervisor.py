@@ -5,33 +5,30 @@ start it, and started again whenever it ends.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
-import logging
 import time
 from typing import Any
 
+from . import aio, log
 from .config import AgentConfig
 from .process import spawn_spec
 from .process_table import Process, ProcessManager
 from .rpc import Message, RpcError
 from .users import lookup_user
 
-log = logging.getLogger("sandhold.agent")
-
 
 class ServiceSupervisor:
     def __init__(self, config: AgentConfig, manager: ProcessManager) -> None:
         self.config = config
         self.manager = manager
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[aio.Task[None]] = set()
 
     async def start(self, services: list[dict[str, Any]]) -> None:
         """Start the configured services and keep them running; one failing does not stop the
         others, and one that ends is started again after a growing delay (0.5 s up to 30 s)."""
         for svc in services:
-            self._tasks.add(asyncio.ensure_future(self._supervise(svc)))
+            self._tasks.add(aio.ensure_future(self._supervise(svc)))
 
     async def announce_env(self, env: dict[str, str]) -> bool:
         """Tell each service that takes one (``env_path``: an HTTP path on its ``port``) the
@@ -91,18 +88,18 @@ class ServiceSupervisor:
             finally:
                 proc.unsubscribe(sub)
             delay = 0.5 if time.monotonic() - started > 60 else min(delay * 2, 30.0)
-            await asyncio.sleep(delay)
+            await aio.sleep(delay)
 
 
 async def _post(port: int, path: str, body: bytes, timeout: float = 10.0) -> int:
     """POST ``body`` (JSON) to a service on this sandbox's loopback; its status code."""
-    reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), timeout)
+    reader, writer = await aio.wait_for(aio.open_connection("127.0.0.1", port), timeout)
     try:
         writer.write(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
                      f"application/json\r\nContent-Length: {len(body)}\r\nConnection: close"
                      "\r\n\r\n".encode() + body)  # fmt: skip
         await writer.drain()
-        line = await asyncio.wait_for(reader.readline(), timeout)
+        line = await aio.wait_for(reader.readline(), timeout)
         parts = line.split()
         return int(parts[1]) if len(parts) >= 2 and parts[1].isdigit() else 0
     finally:

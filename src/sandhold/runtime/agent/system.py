@@ -3,10 +3,10 @@ its cgroup when visible, else /proc and statvfs of /)."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
 
+from . import aio
 from .config import AgentConfig, identity_env
 from .http import Request, Response
 
@@ -79,7 +79,7 @@ class SystemHandler:
         prev = self._last_cpu
         if prev is None:
             prev = _cpu_sample()
-            await asyncio.sleep(0.1)
+            await aio.sleep(0.1)
         cur = _cpu_sample()
         self._last_cpu = cur
         if prev is None or cur is None or cur[1] <= prev[1]:

@@ -1,15 +1,15 @@
 """``CONNECT 127.0.0.1:<port>``: a raw byte tunnel to a TCP port inside the sandbox.
 
 The E2B server reaches user services (any sandbox port but envd's) through this. Only loopback
-is allowed, so the agent is no general-purpose proxy, and only address literals, so asyncio never
-resolves a name (which it would do on a thread).
+is allowed, so the agent is no general-purpose proxy, and only address literals, so no name is
+ever resolved (which would block the agent's one thread).
 """
 
 from __future__ import annotations
 
-import asyncio
 import socket
 
+from . import aio
 from .http import HttpError, Request, Response, Streams
 
 _LOOPBACK = {"127.0.0.1": socket.AF_INET, "localhost": socket.AF_INET, "::1": socket.AF_INET6}
@@ -54,25 +54,25 @@ async def serve_connect(req: Request, resp: Response) -> None:
 
 async def open_upstream(authority: str) -> Streams:
     address, port, family = parse_authority(authority)
-    loop = asyncio.get_running_loop()
+    loop = aio.get_running_loop()
     deadline = loop.time() + (SERVICE_WAIT_S if port in SERVICE_PORTS else 0)
     while True:
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setblocking(False)
         try:
-            await asyncio.wait_for(loop.sock_connect(sock, (address, port)), 10)
-            return await asyncio.open_connection(sock=sock, limit=COPY_CHUNK)
+            await aio.wait_for(aio.sock_connect(sock, (address, port)), 10)
+            return await aio.open_connection(sock=sock, limit=COPY_CHUNK)
         except ConnectionRefusedError as e:
             sock.close()
             if loop.time() >= deadline:
                 raise HttpError(502, f"port {port} is not open in the sandbox: {e}") from None
-            await asyncio.sleep(0.05)
+            await aio.sleep(0.05)
         except (OSError, TimeoutError) as e:
             sock.close()
             raise HttpError(502, f"port {port} is not open in the sandbox: {e}") from None
 
 
-async def _copy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def _copy(reader: aio.StreamReader, writer: aio.StreamWriter) -> None:
     try:
         while data := await reader.read(COPY_CHUNK):
             writer.write(data)
@@ -86,7 +86,7 @@ async def _copy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
 async def splice(a: Streams, b: Streams) -> None:
     """Copy both ways until both directions are done."""
     try:
-        await asyncio.gather(_copy(a[0], b[1]), _copy(b[0], a[1]))
+        await aio.gather(_copy(a[0], b[1]), _copy(b[0], a[1]))
     finally:
         a[1].close()
         b[1].close()

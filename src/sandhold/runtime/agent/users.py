@@ -10,14 +10,13 @@ import os
 import posixpath
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from typing import NamedTuple
 
 PASSWD = "/etc/passwd"
 GROUP = "/etc/group"
 
 
-@dataclass(frozen=True)
-class User:
+class User(NamedTuple):
     name: str
     uid: int
     gid: int

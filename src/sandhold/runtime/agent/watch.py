@@ -8,18 +8,14 @@ ones created later.
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import os
 import struct
 from collections.abc import Callable
 
-from . import libc
+from . import aio, libc
 from .fsutil import entry_info
 from .rpc import Message
 from .users import User, fs_identity
-
-log = logging.getLogger("sandhold.agent")
 
 IN_MODIFY = 0x2
 IN_ATTRIB = 0x4
@@ -83,7 +79,7 @@ class DirWatcher:
         self.on_error = on_error
         self._fd = -1
         self._dirs: dict[int, str] = {}
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop: aio.Loop | None = None
 
     def start(self) -> None:
         self._fd = libc.inotify_init(IN_NONBLOCK | IN_CLOEXEC)
@@ -95,7 +91,7 @@ class DirWatcher:
         except BaseException:
             self.close()
             raise
-        self._loop = asyncio.get_running_loop()
+        self._loop = aio.get_running_loop()
         self._loop.add_reader(self._fd, self._on_readable)
 
     def close(self) -> None:
