@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Generator
 from typing import Any, Generic, TypeVar, overload
 
 T = TypeVar("T")
+TIMERS_COMPACT_MIN = 512  # timers in the heap before cancelled ones are swept out
 
 
 class CancelledError(BaseException):
@@ -234,6 +235,7 @@ class Loop:
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._current: Task[Any] | None = None
         self._closed = False
+        self._timers_compact_at = TIMERS_COMPACT_MIN
 
     # -- scheduling -------------------------------------------------------------------------
     def time(self) -> float:
@@ -246,7 +248,14 @@ class Loop:
 
     def call_at(self, when: float, callback: Callable[..., Any], *args: Any) -> Handle:
         h = Handle(callback, args, when)
-        heapq.heappush(self._timers, h)
+        timers = self._timers
+        if len(timers) >= self._timers_compact_at:
+            # A cancelled timer leaves the heap only once it reaches the top: every wait_for
+            # cancels one (a 90 s keepalive per streamed message), each holding its task.
+            timers[:] = [t for t in timers if not t.cancelled]
+            heapq.heapify(timers)
+            self._timers_compact_at = max(TIMERS_COMPACT_MIN, 2 * len(timers))
+        heapq.heappush(timers, h)
         return h
 
     def call_later(self, delay: float, callback: Callable[..., Any], *args: Any) -> Handle:
@@ -282,24 +291,36 @@ class Loop:
             self._epoll.modify(fd, mask)
         self._registered.add(fd)
 
+    # A handle replaced or removed is cancelled, as asyncio's: if this turn's poll queued it
+    # already, it must not run (a writer's flush after its socket was closed, say).
     def add_reader(self, fd: int, callback: Callable[..., Any], *args: Any) -> None:
-        self._readers[fd] = Handle(callback, args)
+        old, self._readers[fd] = self._readers.get(fd), Handle(callback, args)
+        if old is not None:
+            old.cancel()
         self._update(fd)
 
     def add_writer(self, fd: int, callback: Callable[..., Any], *args: Any) -> None:
-        self._writers[fd] = Handle(callback, args)
+        old, self._writers[fd] = self._writers.get(fd), Handle(callback, args)
+        if old is not None:
+            old.cancel()
         self._update(fd)
 
     def remove_reader(self, fd: int) -> bool:
-        if self._readers.pop(fd, None) is None:
+        handle = self._readers.pop(fd, None)
+        if handle is None:
             return False
-        self._update(fd)
+        handle.cancel()
+        if not self._closed:  # (a task's finally run when it is collected after run())
+            self._update(fd)
         return True
 
     def remove_writer(self, fd: int) -> bool:
-        if self._writers.pop(fd, None) is None:
+        handle = self._writers.pop(fd, None)
+        if handle is None:
             return False
-        self._update(fd)
+        handle.cancel()
+        if not self._closed:
+            self._update(fd)
         return True
 
     # -- signals ----------------------------------------------------------------------------
@@ -367,6 +388,13 @@ class Loop:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
+            # As asyncio's: the signals handled get their defaults back (else they stay
+            # ignored), and none is written any more to the wake-up pipe's number, soon reused.
+            for sig in self._signals:
+                default = signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL
+                signal.signal(sig, default)
+            if self._signals:
+                signal.set_wakeup_fd(-1)
             self._epoll.close()
             for fd in (self._wake_r, self._wake_w):
                 os.close(fd)

@@ -39,7 +39,12 @@ async def wait_fd(fd: int, write: bool, waiters: set[Future[None]] | None = None
     finally:
         if waiters is not None:
             waiters.discard(fut)
-        (loop.remove_writer if write else loop.remove_reader)(fd)
+        # Only if it is still ours: were fd closed while this waited (its waiter cancelled)
+        # and its number reused, the handle there now is another waiter's, whose wake-up
+        # would be lost.
+        handle = (loop._writers if write else loop._readers).get(fd)
+        if handle is not None and handle.callback is ready:
+            (loop.remove_writer if write else loop.remove_reader)(fd)
 
 
 async def sock_accept(sock: socket.socket) -> tuple[socket.socket, Any]:
@@ -302,6 +307,8 @@ class Server:
                 conn, _addr = self._sock.accept()
             except (BlockingIOError, InterruptedError):
                 return
+            except ConnectionAbortedError:  # that one is gone before it was taken: the next
+                continue
             except OSError as e:  # out of descriptors, say: try again in a while
                 _report(f"accept failed: {e}", e)
                 self._loop.remove_reader(self._sock.fileno())

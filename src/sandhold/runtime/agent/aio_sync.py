@@ -65,6 +65,12 @@ async def gather(*aws: Awaitable[Any], return_exceptions: bool = False) -> list[
         except CancelledError:
             for f in futs:
                 f.cancel()
+            # As asyncio's: the caller sees its cancellation once the children have taken
+            # theirs (all, with return_exceptions; else the first to end), not before: its
+            # finally would close what they still use before their own cleanup ran.
+            rest = {f for f in futs if not f.done()}
+            if rest:
+                await wait(rest, ALL_COMPLETED if return_exceptions else FIRST_COMPLETED)
             raise
     out: list[Any] = []
     for f in futs:
@@ -244,6 +250,10 @@ class Queue(Generic[T]):
 
 
 class Lock:
+    """Fair, as asyncio's: the first to wait is the first to get it. ``release`` hands the
+    lock straight to the first waiter (it stays locked), so a task calling ``acquire`` before
+    that waiter has run cannot take it first (two stdin writes would swap)."""
+
     def __init__(self) -> None:
         self._locked = False
         self._waiters: deque[Future[None]] = deque()
@@ -252,26 +262,31 @@ class Lock:
         return self._locked
 
     async def acquire(self) -> bool:
-        while self._locked:
-            fut: Future[None] = get_running_loop().create_future()
-            self._waiters.append(fut)
-            try:
-                await fut
-            except CancelledError:
-                if fut.done() and not fut.cancelled() and not self._locked:
-                    Queue._wake(self._waiters)
-                raise
-            finally:
-                if fut in self._waiters:
-                    self._waiters.remove(fut)
-        self._locked = True
+        if not self._locked:
+            self._locked = True
+            return True
+        fut: Future[None] = get_running_loop().create_future()
+        self._waiters.append(fut)
+        try:
+            await fut
+        except CancelledError:
+            if fut.done() and not fut.cancelled():
+                self.release()  # handed the lock, then cancelled: hand it on
+            raise
+        finally:
+            if fut in self._waiters:
+                self._waiters.remove(fut)
         return True
 
     def release(self) -> None:
         if not self._locked:
             raise RuntimeError("Lock is not acquired")
+        while self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                return
         self._locked = False
-        Queue._wake(self._waiters)
 
     async def __aenter__(self) -> None:
         await self.acquire()
