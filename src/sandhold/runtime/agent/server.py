@@ -161,7 +161,7 @@ def main(config: AgentConfig, sock: socket.socket) -> int:
     os.umask(0o022)  # what commands and created files inherit, like envd
     if is_init():
         # Python's own SIGINT handler would make Ctrl-C from inside a KeyboardInterrupt here
-        # (and aio.run installs its own over the default one only).
+        # (aio installs handlers only for the signals asked of it: SIGCHLD).
         signal.signal(signal.SIGINT, signal.SIG_DFL)
     aio.run(Agent(config, sock).run())
     return 0
