@@ -5,6 +5,7 @@ two things must land in one turn of the loop, a callback blocks the loop past bo
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import signal
 import socket
@@ -349,6 +350,24 @@ def test_a_raising_callback_is_reported_and_the_loop_goes_on(capsys: Any) -> Non
 
     assert aio.run(main()) == [1]
     assert "'callback broke'" in capsys.readouterr().err
+
+
+def test_a_failed_task_nobody_awaited_is_reported_once_collected(capsys: Any) -> None:
+    async def fails(what: str) -> None:
+        raise ValueError(what)
+
+    async def main() -> None:
+        aio.ensure_future(fails("left alone"))  # nobody keeps it or asks for its result
+        asked = aio.ensure_future(fails("asked for"))
+        await aio.sleep(0.01)
+        assert isinstance(asked.exception(), ValueError)
+        del asked
+
+    aio.run(main())
+    gc.collect()
+    err = capsys.readouterr().err
+    assert "never retrieved" in err and "ValueError: left alone" in err, err
+    assert "asked for" not in err
 
 
 def test_a_reader_removed_this_turn_does_not_run() -> None:

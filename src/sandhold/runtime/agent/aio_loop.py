@@ -63,6 +63,7 @@ class Future(Generic[T]):
     """A result to come: awaited by tasks, completed by callbacks."""
 
     _asyncio_future_blocking = False  # what a task checks that it was handed a Future
+    _unretrieved = False  # a task's exception nobody has asked for yet (Task.__del__)
 
     def __init__(self, loop: Loop | None = None) -> None:
         self._loop = loop or get_running_loop()
@@ -92,6 +93,7 @@ class Future(Generic[T]):
             raise CancelledError()
         if self._state == "PENDING":
             raise InvalidStateError("result is not set")
+        self._unretrieved = False
         if self._exception is not None:
             raise self._exception
         return self._result  # type: ignore[return-value]
@@ -101,6 +103,7 @@ class Future(Generic[T]):
             raise CancelledError()
         if self._state == "PENDING":
             raise InvalidStateError("exception is not set")
+        self._unretrieved = False
         return self._exception
 
     def set_result(self, result: T) -> None:
@@ -151,6 +154,15 @@ class Task(Future[T]):
         self._cancel_requests = 0
         self._loop.call_soon(self._step)
 
+    def __del__(self) -> None:
+        # As asyncio's "Task exception was never retrieved": a fire-and-forget task (a
+        # connection's, sudo's, a service's) that failed would otherwise leave no trace.
+        if self._unretrieved and self._exception is not None:
+            try:
+                _report(f"task exception was never retrieved: {self._coro!r}", self._exception)
+            except Exception:
+                pass  # at interpreter exit the modules it needs may be gone
+
     def get_coro(self) -> Coroutine[Any, Any, T]:
         return self._coro
 
@@ -198,6 +210,7 @@ class Task(Future[T]):
             raise
         except BaseException as e:
             super().set_exception(e)
+            self._unretrieved = True  # until someone asks: else reported when collected
         else:
             if isinstance(yielded, Future) and yielded._asyncio_future_blocking:
                 yielded._asyncio_future_blocking = False
