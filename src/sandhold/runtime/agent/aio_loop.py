@@ -306,35 +306,30 @@ class Loop:
 
     # A handle replaced or removed is cancelled, as asyncio's: if this turn's poll queued it
     # already, it must not run (a writer's flush after its socket was closed, say).
-    def add_reader(self, fd: int, callback: Callable[..., Any], *args: Any) -> None:
-        old, self._readers[fd] = self._readers.get(fd), Handle(callback, args)
+    def _replace(self, table: dict[int, Handle], fd: int, new: Handle | None) -> bool:
+        """Put ``new`` (None: nothing) in ``fd``'s place in ``table``; whether one was there."""
+        old = table.pop(fd, None)
         if old is not None:
             old.cancel()
-        self._update(fd)
+        if new is not None:
+            table[fd] = new
+        # A removal on a closed loop only drops the handle (a task's finally run when it is
+        # collected after run()).
+        if new is not None or (old is not None and not self._closed):
+            self._update(fd)
+        return old is not None
+
+    def add_reader(self, fd: int, callback: Callable[..., Any], *args: Any) -> None:
+        self._replace(self._readers, fd, Handle(callback, args))
 
     def add_writer(self, fd: int, callback: Callable[..., Any], *args: Any) -> None:
-        old, self._writers[fd] = self._writers.get(fd), Handle(callback, args)
-        if old is not None:
-            old.cancel()
-        self._update(fd)
+        self._replace(self._writers, fd, Handle(callback, args))
 
     def remove_reader(self, fd: int) -> bool:
-        handle = self._readers.pop(fd, None)
-        if handle is None:
-            return False
-        handle.cancel()
-        if not self._closed:  # (a task's finally run when it is collected after run())
-            self._update(fd)
-        return True
+        return self._replace(self._readers, fd, None)
 
     def remove_writer(self, fd: int) -> bool:
-        handle = self._writers.pop(fd, None)
-        if handle is None:
-            return False
-        handle.cancel()
-        if not self._closed:
-            self._update(fd)
-        return True
+        return self._replace(self._writers, fd, None)
 
     # -- signals ----------------------------------------------------------------------------
     def add_signal_handler(self, sig: int, callback: Callable[..., Any], *args: Any) -> None:

@@ -371,7 +371,6 @@ async def open_connection(
 ) -> tuple[StreamReader, StreamWriter]:
     """To ``host:port`` (an address, not a name), or on ``sock``, connected already."""
     if sock is not None:
-        sock.setblocking(False)
         return _streams(sock, limit)
     assert host is not None and port is not None
     family = socket.AF_INET6 if ":" in host else socket.AF_INET

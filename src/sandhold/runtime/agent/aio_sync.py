@@ -177,6 +177,16 @@ class Event:
             self._waiters.remove(fut)
 
 
+def _wake_first(waiters: deque[Future[None]]) -> bool:
+    """Wake the first waiter still waiting; False if there was none."""
+    while waiters:
+        fut = waiters.popleft()
+        if not fut.done():
+            fut.set_result(None)
+            return True
+    return False
+
+
 class QueueFull(Exception):
     pass
 
@@ -203,25 +213,17 @@ class Queue(Generic[T]):
     def full(self) -> bool:
         return 0 < self.maxsize <= len(self._items)
 
-    @staticmethod
-    def _wake(waiters: deque[Future[None]]) -> None:
-        while waiters:
-            fut = waiters.popleft()
-            if not fut.done():
-                fut.set_result(None)
-                return
-
     def put_nowait(self, item: T) -> None:
         if self.full():
             raise QueueFull
         self._items.append(item)
-        self._wake(self._getters)
+        _wake_first(self._getters)
 
     def get_nowait(self) -> T:
         if not self._items:
             raise QueueEmpty
         item = self._items.popleft()
-        self._wake(self._putters)
+        _wake_first(self._putters)
         return item
 
     async def put(self, item: T) -> None:
@@ -242,7 +244,7 @@ class Queue(Generic[T]):
         except CancelledError:
             # Woken and then cancelled: hand the wake-up on, or it would be lost.
             if fut.done() and not fut.cancelled():
-                self._wake(waiters)
+                _wake_first(waiters)
             raise
         finally:
             if fut in waiters:
@@ -281,12 +283,8 @@ class Lock:
     def release(self) -> None:
         if not self._locked:
             raise RuntimeError("Lock is not acquired")
-        while self._waiters:
-            fut = self._waiters.popleft()
-            if not fut.done():
-                fut.set_result(None)
-                return
-        self._locked = False
+        if not _wake_first(self._waiters):
+            self._locked = False
 
     async def __aenter__(self) -> None:
         await self.acquire()

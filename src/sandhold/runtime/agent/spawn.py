@@ -85,7 +85,8 @@ class Spawned:
 async def start_child(spec: SpawnSpec, max_fd: int, on_fork: Callable[[int], None]) -> Spawned:
     """Fork and exec ``spec``; ``on_fork(pid)`` runs in the parent right after the fork, before
     any await, so the caller can be ready for an exit that comes at once."""
-    if can_switch() and not os.path.exists(HELPER):
+    helper = os.path.exists(HELPER)
+    if can_switch() and not helper:
         from . import libc  # noqa: F401  loaded before the fork; the child only calls it
 
     fds: dict[str, int] = {}
@@ -131,7 +132,7 @@ async def start_child(spec: SpawnSpec, max_fd: int, on_fork: Callable[[int], Non
         raise RpcError("internal", f"error creating pipes: {go_errno(e)}") from None
 
     try:
-        pid = _spawn(spec, fds, err_w) if os.path.exists(HELPER) else os.fork()
+        pid = _spawn(spec, fds, err_w) if helper else os.fork()
     except OSError as e:
         for fd in parent_fds + child_fds:
             close_fd(fd)

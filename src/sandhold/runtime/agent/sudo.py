@@ -113,18 +113,7 @@ class SudoServer:
 
 
 async def _receive(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
-    loop = aio.get_running_loop()
-    ready: aio.Future[None] = loop.create_future()
-
-    def readable() -> None:
-        if not ready.done():
-            ready.set_result(None)
-
-    loop.add_reader(conn.fileno(), readable)
-    try:
-        await ready
-    finally:
-        loop.remove_reader(conn.fileno())
+    await aio.wait_fd(conn.fileno(), write=False)
     fds = array.array("i")
     data, anc, _flags, _addr = conn.recvmsg(MAX_REQUEST, socket.CMSG_SPACE(3 * fds.itemsize))
     for level, kind, payload in anc:
