@@ -104,9 +104,13 @@ class RequestLog:
                 if body is not None and len(body) + len(chunk) <= MAX_CAPTURE:
                     body.extend(chunk)
                 if not message.get("more_body", False) and not logged:
-                    logged = True
                     await self._finish(scope, status, ids, body)
-                    self._line(scope, status, t0)
+                    try:  # the response's last bytes go out first: the line is not in its time
+                        await send(message)
+                    finally:
+                        logged = True
+                        self._line(scope, status, t0)
+                    return
             await send(message)
 
         try:
