@@ -16,6 +16,11 @@ from pathlib import Path
 
 AGENT_SRC = Path(__file__).parent / "agent"
 HELPER_SRC = AGENT_SRC / "spawn_helper.c"
+EXTENSION_SRC = AGENT_SRC / "spawn_ext.c"
+# Where the headers of the Python that runs agents are, and its extension modules' suffix.
+PYTHON_PATHS = (
+    "import sysconfig as s; print(s.get_paths()['include']); print(s.get_config_var('EXT_SUFFIX'))"
+)
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +39,26 @@ def _build_helper(target: Path) -> None:
         target.unlink(missing_ok=True)
 
 
+def _build_extension(agent_dir: Path) -> None:
+    """The agent's one-step spawn (spawn_ext.c), an extension module of the host's Python (the
+    one agents run on, but in templates with a Python of their own, which then use the
+    helper). Without its headers (python3-dev), agents use the helper, slower by an exec."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    probe = subprocess.run(["/usr/bin/python3", "-c", PYTHON_PATHS], capture_output=True,
+                           text=True, check=False)  # fmt: skip
+    include, _, suffix = probe.stdout.strip().partition("\n")
+    if cc is None or probe.returncode != 0 or not (Path(include) / "Python.h").exists():
+        log.warning("no headers of /usr/bin/python3 (install python3-dev): sandbox agents "
+                    "start commands through the spawn helper")  # fmt: skip
+        return
+    target = agent_dir / f"_spawn{suffix}"
+    argv = [cc, "-O2", "-shared", "-fPIC", "-Wall", "-I", include, "-o", str(target)]
+    r = subprocess.run([*argv, str(EXTENSION_SRC)], capture_output=True, text=True, check=False)
+    if r.returncode != 0:
+        log.warning("the agent's spawn extension did not build: %s", r.stderr.strip()[-500:])
+        target.unlink(missing_ok=True)
+
+
 class AgentLib:
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -43,7 +68,8 @@ class AgentLib:
         import h11
 
         h11_src = Path(h11.__file__).parent
-        files = [*sorted(AGENT_SRC.glob("*.py")), HELPER_SRC, *sorted(h11_src.glob("*.py"))]
+        files = [*sorted(AGENT_SRC.glob("*.py")), HELPER_SRC, EXTENSION_SRC,
+                 *sorted(h11_src.glob("*.py"))]  # fmt: skip
         # Hashing the sources on every create cost ~2-4 ms: redo it only when a file changed.
         stamp = tuple((str(f), st.st_mtime_ns, st.st_size) for f in files for st in [f.stat()])
         cached = self._cached
@@ -69,10 +95,11 @@ class AgentLib:
             shutil.copy2(f, pkg / "runtime" / "agent" / f.name)
         shutil.copytree(h11_src, staging / "h11", ignore=shutil.ignore_patterns("__pycache__"))
         _build_helper(pkg / "runtime" / "agent" / "sandhold-spawn")
+        _build_extension(pkg / "runtime" / "agent")
         subprocess.run(["/usr/bin/python3", "-m", "compileall", "-q", str(staging)], check=False)
         for dirpath, dirnames, filenames in os.walk(staging):
             for n in (*dirnames, *filenames):
-                executable = n in dirnames or n == "sandhold-spawn"
+                executable = n in dirnames or n == "sandhold-spawn" or n.endswith(".so")
                 os.chmod(os.path.join(dirpath, n), 0o755 if executable else 0o644)
         os.chmod(staging, 0o755)
         try:

@@ -85,8 +85,9 @@ class Spawned:
 async def start_child(spec: SpawnSpec, max_fd: int, on_fork: Callable[[int], None]) -> Spawned:
     """Fork and exec ``spec``; ``on_fork(pid)`` runs in the parent right after the fork, before
     any await, so the caller can be ready for an exit that comes at once."""
-    helper = os.path.exists(HELPER)
-    if can_switch() and not helper:
+    ext = _extension()
+    helper = ext is None and os.path.exists(HELPER)
+    if can_switch() and ext is None and not helper:
         from . import libc  # noqa: F401  loaded before the fork; the child only calls it
 
     fds: dict[str, int] = {}
@@ -132,7 +133,10 @@ async def start_child(spec: SpawnSpec, max_fd: int, on_fork: Callable[[int], Non
         raise RpcError("internal", f"error creating pipes: {go_errno(e)}") from None
 
     try:
-        pid = _spawn(spec, fds, err_w) if helper else os.fork()
+        if ext is not None:
+            pid = _spawn_in_one_step(ext, spec, fds, err_w)
+        else:
+            pid = _spawn(spec, fds, err_w) if helper else os.fork()
     except OSError as e:
         for fd in parent_fds + child_fds:
             close_fd(fd)
@@ -155,7 +159,9 @@ async def start_child(spec: SpawnSpec, max_fd: int, on_fork: Callable[[int], Non
             if fd != err_r:
                 close_fd(fd)
         stage, _, rest = failure.decode(errors="replace").partition("\0")
-        _, _, text = rest.partition("\0")
+        code, _, text = rest.partition("\0")
+        if not text and code.isdigit():  # (the extension sends the errno alone)
+            text = os.strerror(int(code))
         text = text[:1].lower() + text[1:]  # (the helper's strerror, as go_errno words it)
         usercmd = " ".join(spec.argv)
         if stage == "exec":
@@ -166,6 +172,41 @@ async def start_child(spec: SpawnSpec, max_fd: int, on_fork: Callable[[int], Non
             detail = f"{stage}: {text}"
         raise RpcError("invalid_argument", f"error starting process '{usercmd}': {detail}")
     return Spawned(pid, outputs, stdin_fd, pty_fd)
+
+
+_UNKNOWN: Callable[..., int] = len  # (a sentinel: not looked for yet)
+_ext_spawn: Callable[..., int] | None = _UNKNOWN
+
+
+def _extension() -> Callable[..., int] | None:
+    """The compiled one-step spawn (spawn_ext.c), if it was built for this Python."""
+    global _ext_spawn
+    if _ext_spawn is _UNKNOWN:
+        try:
+            from ._spawn import spawn  # type: ignore[import-not-found]
+        except ImportError:
+            spawn = None
+        _ext_spawn = spawn
+    return _ext_spawn
+
+
+def _spawn_in_one_step(
+    ext: Callable[..., int], spec: SpawnSpec, fds: dict[str, int], err_w: int
+) -> int:
+    """The child through the extension: a vfork-style clone that drops privileges and execs
+    the command itself, one exec instead of the helper's two."""
+    user = spec.user
+    keep = spec.root_caps if user.uid == 0 else frozenset()
+    tty = "slave" in fds
+    std = (fds["slave"],) * 3 if tty else (fds["stdin"], fds["stdout"], fds["stderr"])
+    env = []
+    for k, v in spec.env.items():
+        if not k or "=" in k:
+            raise ValueError("illegal environment variable name")  # (as os.posix_spawn says)
+        env.append(f"{k}={v}")
+    return ext(spec.argv[0], spec.argv, env, True, std, err_w, can_switch(),
+               user.uid, user.gid, spec.groups, sum(1 << c for c in keep), tty,
+               spec.cwd)  # fmt: skip
 
 
 def _spawn(spec: SpawnSpec, fds: dict[str, int], err_w: int) -> int:

@@ -10,8 +10,9 @@
  * told to prefer the command; with SWITCH (the agent is root in the sandbox's user namespace):
  * nothing ambient, an empty bounding set but KEEP (hex mask), the groups (GROUPS: comma list,
  * or "-"), gid and uid, then permitted and effective = KEEP and nothing inheritable; chdir, exec
- * (PATH from the command's own environment). A failure writes "stage\0errno\0text" on fd 3 and
- * exits 127; fd 3 is close-on-exec, so the agent reads EOF once the command runs.
+ * (PATH from the command's own environment, see exec_search). A failure writes
+ * "stage\0errno\0text" on fd 3 and exits 127; fd 3 is close-on-exec, so the agent reads EOF once
+ * the command runs. Not used where the agent's one-step spawn (spawn_ext.c) was built.
  * Built by sandhold.runtime.agentlib (cc -static); without a compiler the agent forks itself. */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -67,6 +68,37 @@ static void drop_privileges(uid_t uid, gid_t gid, char *group_list, unsigned lon
   syscall(SYS_capset, &header, data); /* best effort, as before */
 }
 
+/* execvp's search of the command's PATH, but a file that is no executable is "exec format
+ * error", as in envd (Go), not run by /bin/sh. */
+static void exec_search(char **argv) {
+  const char *file = argv[0], *path = getenv("PATH");
+  if (!*file || strchr(file, '/')) {
+    if (!*file) errno = ENOENT;
+    else execv(file, argv);
+    fail("exec");
+  }
+  int denied = 0;
+  char buf[4096];
+  for (const char *start = path ? path : "/bin:/usr/bin";;) {
+    const char *end = strchrnul(start, ':');
+    size_t dlen = (size_t)(end - start);
+    if (dlen + strlen(file) + 2 <= sizeof buf) {
+      memcpy(buf, start, dlen);
+      buf[dlen] = '/';
+      strcpy(buf + (dlen ? dlen + 1 : 0), file); /* an empty entry: the cwd */
+      execv(buf, argv);
+      if (errno == EACCES) denied = 1;
+      else if (errno != ENOENT && errno != ENOTDIR && errno != ESTALE && errno != ENODEV &&
+               errno != ETIMEDOUT)
+        fail("exec");
+    }
+    if (!*end) break;
+    start = end + 1;
+  }
+  errno = denied ? EACCES : ENOENT;
+  fail("exec");
+}
+
 int main(int argc, char **argv) {
   if (argc < 10 || strcmp(argv[8], "--") != 0) {
     errno = EINVAL;
@@ -86,7 +118,6 @@ int main(int argc, char **argv) {
     drop_privileges((uid_t)strtoul(argv[2], NULL, 10), (gid_t)strtoul(argv[3], NULL, 10),
                     argv[4], strtoull(argv[5], NULL, 16));
   if (chdir(argv[7]) < 0) fail("chdir");
-  execvp(argv[9], &argv[9]);
-  fail("exec");
+  exec_search(&argv[9]);
   return 127;
 }
