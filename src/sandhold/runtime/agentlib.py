@@ -16,7 +16,7 @@ from pathlib import Path
 
 AGENT_SRC = Path(__file__).parent / "agent"
 HELPER_SRC = AGENT_SRC / "spawn_helper.c"
-EXTENSION_SRC = AGENT_SRC / "spawn_ext.c"
+EXTENSION_SRC = AGENT_SRC / "native.c"
 # Where the headers of the Python that runs agents are, and its extension modules' suffix.
 PYTHON_PATHS = (
     "import sysconfig as s; print(s.get_paths()['include']); print(s.get_config_var('EXT_SUFFIX'))"
@@ -40,7 +40,7 @@ def _build_helper(target: Path) -> None:
 
 
 def _build_extension(agent_dir: Path) -> None:
-    """The agent's one-step spawn (spawn_ext.c), an extension module of the host's Python (the
+    """The agent's one-step spawn (native.c), an extension module of the host's Python (the
     one agents run on, but in templates with a Python of their own, which then use the
     helper). Without its headers (python3-dev), agents use the helper, slower by an exec."""
     cc = shutil.which("cc") or shutil.which("gcc")
@@ -51,7 +51,7 @@ def _build_extension(agent_dir: Path) -> None:
         log.warning("no headers of /usr/bin/python3 (install python3-dev): sandbox agents "
                     "start commands through the spawn helper")  # fmt: skip
         return
-    target = agent_dir / f"_spawn{suffix}"
+    target = agent_dir / f"_native{suffix}"
     argv = [cc, "-O2", "-shared", "-fPIC", "-Wall", "-I", include, "-o", str(target)]
     r = subprocess.run([*argv, str(EXTENSION_SRC)], capture_output=True, text=True, check=False)
     if r.returncode != 0:

@@ -51,11 +51,12 @@ def _make_lib(root: Path) -> Path:
 
 
 @contextlib.asynccontextmanager
-async def start_agent(**overrides: Any) -> AsyncIterator[AgentHandle]:
-    """Start an agent (config keys may be overridden) and yield a handle to it."""
+async def start_agent(lib: Path | None = None, **overrides: Any) -> AsyncIterator[AgentHandle]:
+    """Start an agent (config keys may be overridden) and yield a handle to it; from the source
+    tree, or from ``lib`` (a copy the runtime built, with the agent's compiled parts)."""
     root = Path(tempfile.mkdtemp(prefix="sh-agent-", dir="/tmp"))
     os.chmod(root, 0o755)
-    lib = _make_lib(root)
+    lib = lib or _make_lib(root)
     work = root / "work"
     work.mkdir()
     os.chmod(work, 0o777)  # other users get to write here in user-switch tests

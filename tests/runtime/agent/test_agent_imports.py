@@ -171,3 +171,21 @@ async def test_an_idle_agent_has_not_mapped_ctypes() -> None:
         maps = Path(f"/proc/{a.pid}/maps").read_text()
         assert "/_asyncio." not in maps and "/_ctypes." not in maps, maps
         assert "python3" in maps  # the right process
+
+
+async def test_an_agent_that_ran_commands_as_a_user_has_not_mapped_ctypes(tmp_path: Path) -> None:
+    """From a copy built as the runtime builds it: commands and their cwd checks as another
+    user go through the agent's extension (native.c), not ctypes (~1 MiB of every agent)."""
+    from sandhold.runtime.runtime import Runtime
+    from tests.runtime.agent.conftest import start_agent
+    from tests.runtime.agent.helpers import run
+
+    lib = Runtime(Settings(data_dir=tmp_path)).agent_lib()
+    assert list(lib.glob("sandhold/runtime/agent/_native*.so")), "the extension did not build"
+    async with start_agent(lib=lib) as a:
+        for _ in range(3):
+            out = await run(a.client, "id -un; pwd", user="nobody", process={"cwd": "/tmp"})
+            assert out.output() == b"nobody\n/tmp\n", out
+        maps = Path(f"/proc/{a.pid}/maps").read_text()
+        assert "/_native." in maps, "the extension should be what started them"
+        assert "/_ctypes." not in maps, maps

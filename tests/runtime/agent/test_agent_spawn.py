@@ -1,5 +1,5 @@
 """The agent's three ways to start a command, held to one behaviour: the one-step extension
-(spawn_ext.c, the default), the static helper after a posix_spawn (spawn_helper.c, where the
+(native.c, the default), the static helper after a posix_spawn (spawn_helper.c, where the
 extension did not build) and a fork of the agent (where neither did). Each is built here as
 the agent library builds it and run in this process as root, switching to ``nobody``."""
 
@@ -31,7 +31,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("agent-spawn")
     agentlib._build_helper(d / "sandhold-spawn")
     agentlib._build_extension(d)
-    assert (d / "sandhold-spawn").exists() and list(d.glob("_spawn*.so")), "both must build"
+    assert (d / "sandhold-spawn").exists() and list(d.glob("_native*.so")), "both must build"
     return d
 
 
@@ -39,9 +39,9 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def way(request: pytest.FixtureRequest, built: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     ext = None
     if request.param == "extension":
-        path = str(next(built.glob("_spawn*.so")))
-        loader = importlib.machinery.ExtensionFileLoader("_spawn", path)
-        spec = importlib.util.spec_from_file_location("_spawn", path, loader=loader)
+        path = str(next(built.glob("_native*.so")))
+        loader = importlib.machinery.ExtensionFileLoader("_native", path)
+        spec = importlib.util.spec_from_file_location("_native", path, loader=loader)
         assert spec is not None
         module = importlib.util.module_from_spec(spec)
         loader.exec_module(module)

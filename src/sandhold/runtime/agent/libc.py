@@ -57,14 +57,6 @@ def setfsgid(gid: int) -> int:
     return int(_libc.setfsgid(gid))
 
 
-def current_fsuid() -> int:
-    return int(_libc.setfsuid(0xFFFFFFFF))  # an invalid id only reports the current value
-
-
-def current_fsgid() -> int:
-    return int(_libc.setfsgid(0xFFFFFFFF))
-
-
 # Capabilities a build sandbox's root keeps (inside its user namespace): AgentConfig.root_caps.
 CAPS = {"CAP_CHOWN": 0, "CAP_DAC_OVERRIDE": 1, "CAP_FOWNER": 3, "CAP_FSETID": 4, "CAP_KILL": 5,
         "CAP_SETGID": 6, "CAP_SETUID": 7, "CAP_SYS_CHROOT": 18, "CAP_SETFCAP": 31}  # fmt: skip

@@ -179,11 +179,11 @@ _ext_spawn: Callable[..., int] | None = _UNKNOWN
 
 
 def _extension() -> Callable[..., int] | None:
-    """The compiled one-step spawn (spawn_ext.c), if it was built for this Python."""
+    """The compiled one-step spawn (native.c), if it was built for this Python."""
     global _ext_spawn
     if _ext_spawn is _UNKNOWN:
         try:
-            from ._spawn import spawn  # type: ignore[import-not-found]
+            from ._native import spawn  # type: ignore[import-not-found]
         except ImportError:
             spawn = None
         _ext_spawn = spawn
@@ -299,3 +299,8 @@ async def _read_to_eof(fd: int) -> bytes:
         if not data:
             return bytes(out)
         out += data
+
+
+# Loaded with the agent, not at its first command (~0.6 ms of a pooled sandbox's first command
+# here; 0.01 MiB per idle agent).
+_extension()

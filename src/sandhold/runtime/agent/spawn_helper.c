@@ -12,7 +12,7 @@
  * or "-"), gid and uid, then permitted and effective = KEEP and nothing inheritable; chdir, exec
  * (PATH from the command's own environment, see exec_search). A failure writes
  * "stage\0errno\0text" on fd 3 and exits 127; fd 3 is close-on-exec, so the agent reads EOF once
- * the command runs. Not used where the agent's one-step spawn (spawn_ext.c) was built.
+ * the command runs. Not used where the agent's one-step spawn (native.c) was built.
  * Built by sandhold.runtime.agentlib (cc -static); without a compiler the agent forks itself. */
 #define _GNU_SOURCE
 #include <errno.h>

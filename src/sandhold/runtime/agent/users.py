@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import posixpath
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import NamedTuple
 
@@ -163,14 +163,33 @@ def fs_identity(user: User) -> Iterator[None]:
     if not _IS_ROOT or (user.uid == 0 and user.gid == 0):
         yield
         return
-    from . import libc
-
-    prev_gid = libc.setfsgid(user.gid)
-    prev_uid = libc.setfsuid(user.uid)
-    try:
-        if libc.current_fsuid() != user.uid or libc.current_fsgid() != user.gid:
+    setfsuid, setfsgid = _fsid_calls()
+    prev_gid = setfsgid(user.gid)
+    prev_uid = setfsuid(user.uid)
+    try:  # (an invalid id changes nothing and reports the current one)
+        if setfsuid(INVALID_ID) != user.uid or setfsgid(INVALID_ID) != user.gid:
             raise UserError(f"cannot switch the filesystem identity to '{user.name}'")
         yield
     finally:
-        libc.setfsuid(prev_uid)
-        libc.setfsgid(prev_gid)
+        setfsuid(prev_uid)
+        setfsgid(prev_gid)
+
+
+INVALID_ID = 0xFFFFFFFF
+
+
+FsidCalls = tuple[Callable[[int], int], Callable[[int], int]]
+_fsid: FsidCalls | None = None
+
+
+def _fsid_calls() -> FsidCalls:
+    """setfsuid and setfsgid: the agent's extension's (native.c) where it was built, else
+    through ctypes (``libc``, which costs its import and memory)."""
+    global _fsid
+    if _fsid is None:
+        try:
+            from ._native import setfsgid, setfsuid  # type: ignore[import-not-found]
+        except ImportError:
+            from .libc import setfsgid, setfsuid
+        _fsid = (setfsuid, setfsgid)
+    return _fsid
