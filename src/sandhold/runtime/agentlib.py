@@ -40,9 +40,10 @@ def _build_helper(target: Path) -> None:
 
 
 def _build_extension(agent_dir: Path) -> None:
-    """The agent's one-step spawn (native.c), an extension module of the host's Python (the
-    one agents run on, but in templates with a Python of their own, which then use the
-    helper). Without its headers (python3-dev), agents use the helper, slower by an exec."""
+    """The agent's compiled calls (native.c: the one-step spawn, the filesystem identity), an
+    extension module of the host's Python: the one agents run on, but in templates with a
+    Python of their own, whose agents use the helper and ctypes instead, as where the headers
+    (python3-dev) are missing."""
     cc = shutil.which("cc") or shutil.which("gcc")
     probe = subprocess.run(["/usr/bin/python3", "-c", PYTHON_PATHS], capture_output=True,
                            text=True, check=False)  # fmt: skip
@@ -55,7 +56,7 @@ def _build_extension(agent_dir: Path) -> None:
     argv = [cc, "-O2", "-shared", "-fPIC", "-Wall", "-I", include, "-o", str(target)]
     r = subprocess.run([*argv, str(EXTENSION_SRC)], capture_output=True, text=True, check=False)
     if r.returncode != 0:
-        log.warning("the agent's spawn extension did not build: %s", r.stderr.strip()[-500:])
+        log.warning("the agent's extension did not build: %s", r.stderr.strip()[-500:])
         target.unlink(missing_ok=True)
 
 

@@ -176,8 +176,6 @@ def fs_identity(user: User) -> Iterator[None]:
 
 
 INVALID_ID = 0xFFFFFFFF
-
-
 FsidCalls = tuple[Callable[[int], int], Callable[[int], int]]
 _fsid: FsidCalls | None = None
 
