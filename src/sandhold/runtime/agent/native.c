@@ -12,13 +12,13 @@
  *     path: what to exec; search: look it up in envp's PATH as execvp does, but a file that is
  *     no executable is "exec format error", as in envd (Go), not run by /bin/sh
  *     stdio: the three descriptors for 0, 1 and 2; err_fd: where a failure is written
- *     switch: drop to uid/gid/groups keeping the capability mask keep (hex int)
- *   -> the child's pid. A failure in the child writes "stage\0errno\0" on err_fd and exits 127;
- *   err_fd is close-on-exec, so the parent reads EOF once the command runs.
+ *     switch: drop to uid/gid/groups keeping the capabilities in the bit mask keep
+ *   -> the child's pid. A failure in the child writes "stage\0errno\0" up the error pipe (moved
+ *   to fd 3, close-on-exec: the parent reads EOF once the command runs) and exits 127.
  *
- * The child shares the agent's memory until it execs, so it makes raw system calls only: no
- * allocation, no lock, no glibc wrapper that signals the other threads (setuid's, setgroups')
- * and no Python. Everything it needs is prepared by the parent. Built by
+ * The child shares the agent's memory until it execs, so it makes system calls only (raw ones,
+ * or glibc's plain wrappers): no allocation, no lock, no wrapper that signals the other
+ * threads (setuid's, setgroups') and no Python. Everything it needs is prepared by the parent. Built by
  * sandhold.runtime.agentlib against the host's Python; without it the agent uses the helper. */
 #define PY_SSIZE_T_CLEAN
 #define _GNU_SOURCE
