@@ -125,6 +125,14 @@ class RuntimeSettings(CreateLimits, Layer):
         description="Sandboxes booted ahead per template, handed out to creates they can serve "
         '(runtime/pool.py), e.g. {"base": 8}; refilled in the background by `sandhold serve`.',
     )
+    pool_refill_quiet_ms: int = Field(
+        100,
+        ge=0,
+        le=10000,
+        description="How long creates must pause before a pool refills (0: at once): a burst "
+        "is served from the pool without boots competing for the CPU. A refill waits at most "
+        "1 s, whatever the load.",
+    )
     suspend_compress: bool = Field(
         True,
         description="Keep the memory image of a sandbox suspended to disk lz4-compressed (about "

@@ -1,6 +1,8 @@
 """Keeping the pools of sandboxes booted ahead (runtime/pool.py) filled to ``pool_sizes``: one
 boot at a time in the background (creates keep the CPU they need), woken by every create and
-otherwise every ``CHECK_S``; a template whose boot fails waits ``RETRY_S``. Pooled sandboxes a
+otherwise every ``CHECK_S``, once creates have paused for ``pool_refill_quiet_ms`` (a burst
+is served without boots beside it; at most ``MAX_DEFER_S``); a template whose boot fails waits
+``RETRY_S``. Pooled sandboxes a
 previous server left are killed at open; this server's are killed at close."""
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ log = logging.getLogger(__name__)
 
 CHECK_S = 5.0
 RETRY_S = 60.0
+MAX_DEFER_S = 1.0  # a refill waits for a pause in creates no longer than this
 
 
 class Pooler:
@@ -32,6 +35,7 @@ class Pooler:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._failed_at: dict[str, float] = {}
+        self._last_create = 0.0  # (monotonic)
 
     async def start(self) -> None:
         stale = await self.service._run(self.pools.drain)
@@ -41,7 +45,17 @@ class Pooler:
             self._task = asyncio.create_task(self._run(), name="sandhold-pool")
 
     def kick(self) -> None:
+        self._last_create = time.monotonic()
         self._wake.set()
+
+    async def _quiet(self) -> None:
+        """Until creates have paused for ``pool_refill_quiet_ms``, or ``MAX_DEFER_S`` passed."""
+        quiet = self.service.settings.pool_refill_quiet_ms / 1000
+        deadline = time.monotonic() + MAX_DEFER_S
+        while (left := self._last_create + quiet - time.monotonic()) > 0:
+            if time.monotonic() >= deadline:
+                return
+            await asyncio.sleep(min(left, deadline - time.monotonic()))
 
     async def close(self) -> None:
         if self._task is not None:
@@ -70,6 +84,7 @@ class Pooler:
                 except TimeoutError:
                     pass
                 continue
+            await self._quiet()
             try:
                 await self.service._run(self.pools.fill, name)
             except SandholdError as e:
