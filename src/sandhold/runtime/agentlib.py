@@ -17,6 +17,7 @@ from pathlib import Path
 AGENT_SRC = Path(__file__).parent / "agent"
 HELPER_SRC = AGENT_SRC / "spawn_helper.c"
 EXTENSION_SRC = AGENT_SRC / "native.c"
+CHILD_SRC = AGENT_SRC / "spawn_child.h"  # (included by both)
 # Where the headers of the Python that runs agents are, and its extension modules' suffix.
 PYTHON_PATHS = (
     "import sysconfig as s; print(s.get_paths()['include']); print(s.get_config_var('EXT_SUFFIX'))"
@@ -69,7 +70,7 @@ class AgentLib:
         import h11
 
         h11_src = Path(h11.__file__).parent
-        files = [*sorted(AGENT_SRC.glob("*.py")), HELPER_SRC, EXTENSION_SRC,
+        files = [*sorted(AGENT_SRC.glob("*.py")), HELPER_SRC, EXTENSION_SRC, CHILD_SRC,
                  *sorted(h11_src.glob("*.py"))]  # fmt: skip
         # Hashing the sources on every create cost ~2-4 ms: redo it only when a file changed.
         stamp = tuple((str(f), st.st_mtime_ns, st.st_size) for f in files for st in [f.stat()])

@@ -8,41 +8,40 @@
  * same work in a vfork-style child (clone with CLONE_VM | CLONE_VFORK, as posix_spawn itself):
  * the agent's memory is neither copied nor made copy-on-write, and the command is the one exec.
  *
- *   spawn(path, argv, envp, search, stdio, err_fd, switch, uid, gid, groups, keep, tty, cwd)
- *     path: what to exec; search: look it up in envp's PATH as execvp does, but a file that is
- *     no executable is "exec format error", as in envd (Go), not run by /bin/sh
+ *   spawn(path, argv, envp, stdio, err_fd, switch, uid, gid, groups, keep, tty, cwd)
+ *     path: what to exec, looked up in envp's PATH as execvp does (spawn_child.h's rule)
  *     stdio: the three descriptors for 0, 1 and 2; err_fd: where a failure is written
  *     switch: drop to uid/gid/groups keeping the capabilities in the bit mask keep
- *   -> the child's pid. A failure in the child writes "stage\0errno\0" up the error pipe (moved
- *   to fd 3, close-on-exec: the parent reads EOF once the command runs) and exits 127.
+ *   -> the child's pid. A failure in the child goes up the error pipe (moved to fd 3) as
+ *   spawn_child.h's ``fail`` writes it, and the child exits 127.
  *
  * The child shares the agent's memory until it execs, so it makes system calls only (raw ones,
  * or glibc's plain wrappers): no allocation, no lock, no wrapper that signals the other
- * threads (setuid's, setgroups') and no Python. Everything it needs is prepared by the parent. Built by
- * sandhold.runtime.agentlib against the host's Python; without it the agent uses the helper. */
+ * threads (setuid's, setgroups') and no Python. Everything it needs is prepared by the parent.
+ * Built by sandhold.runtime.agentlib against the host's Python; without it the agent uses the
+ * helper. */
 #define PY_SSIZE_T_CLEAN
 #define _GNU_SOURCE
 #include <Python.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <linux/capability.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
-#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#define ERR_FD 3
+#include "spawn_child.h"
+
 #define STACK_SIZE (64 * 1024)
 /* What a command starts with at its defaults whatever the agent set (spawn.py's list). */
 static const int DEFAULT_SIGNALS[] = {SIGPIPE, SIGXFSZ, SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD};
 
 struct job {
-  char **paths; /* candidates, in order (one unless searched) */
+  char **paths; /* the candidates, in order (one for a path with a slash) */
   char **argv, **envp;
   int stdio[3], err_fd, do_switch, tty, ngroups;
   uid_t uid;
@@ -52,47 +51,7 @@ struct job {
   const char *cwd;
 };
 
-/* "stage\0errno\0" up the error pipe (the parent words the error), then exit 127. */
-static void fail(const char *stage, int err) {
-  char buf[32], digits[12];
-  size_t n = strlen(stage);
-  memcpy(buf, stage, n);
-  buf[n++] = 0;
-  int d = 0;
-  unsigned v = (unsigned)err;
-  do digits[d++] = (char)('0' + v % 10);
-  while ((v /= 10) && d < 11);
-  while (d) buf[n++] = digits[--d];
-  buf[n++] = 0;
-  (void)!syscall(SYS_write, ERR_FD, buf, n);
-  syscall(SYS_exit_group, 127);
-  __builtin_unreachable();
-}
-
 static int sys_ok(long r) { return r >= 0; }
-
-static void drop_privileges(const struct job *j) {
-  syscall(SYS_prctl, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0); /* EINVAL: old kernel */
-  for (int cap = 0; cap < 64; cap++) {
-    if (j->keep & (1ULL << cap)) continue;
-    if (syscall(SYS_prctl, PR_CAPBSET_DROP, cap, 0, 0, 0) < 0 && errno == EINVAL) break;
-  }
-  if (syscall(SYS_getuid) != (long)j->uid || syscall(SYS_getgid) != (long)j->gid) {
-    if (!sys_ok(syscall(SYS_setgroups, j->ngroups, j->groups)) && errno != EPERM)
-      fail("setgroups", errno);
-    if (!sys_ok(syscall(SYS_setresgid, j->gid, j->gid, j->gid))) fail("setgid", errno);
-    if (!sys_ok(syscall(SYS_setresuid, j->uid, j->uid, j->uid))) fail("setuid", errno);
-  }
-  struct __user_cap_header_struct header = {_LINUX_CAPABILITY_VERSION_3, 0};
-  struct __user_cap_data_struct data[2];
-  memset(data, 0, sizeof data);
-  for (int cap = 0; cap < 64; cap++)
-    if (j->keep & (1ULL << cap)) {
-      data[cap / 32].effective |= 1u << (cap % 32);
-      data[cap / 32].permitted |= 1u << (cap % 32);
-    }
-  syscall(SYS_capset, &header, data); /* best effort, as the helper's */
-}
 
 static int child(void *arg) {
   const struct job *j = arg;
@@ -134,18 +93,15 @@ static int child(void *arg) {
     (void)!syscall(SYS_write, oom, "500", 3);
     syscall(SYS_close, oom);
   }
-  if (j->do_switch) drop_privileges(j);
+  if (j->do_switch) drop_privileges(j->uid, j->gid, j->groups, j->ngroups, j->keep);
   if (!sys_ok(syscall(SYS_chdir, j->cwd))) fail("chdir", errno);
 
-  /* execvp's search: ENOENT-like errors try the next, anything else stops; if all failed,
-   * an EACCES met on the way is the answer. */
   int err = ENOENT, denied = 0;
   for (char **p = j->paths; *p; p++) {
     syscall(SYS_execve, *p, j->argv, j->envp);
     err = errno;
-    if (err == EACCES) denied = 1;
-    else if (err != ENOENT && err != ENOTDIR && err != ESTALE && err != ENODEV && err != ETIMEDOUT)
-      fail("exec", err);
+    if (!exec_search_goes_on(err)) fail("exec", err);
+    denied |= err == EACCES;
   }
   fail("exec", denied ? EACCES : err);
   return 127;
@@ -198,11 +154,11 @@ error:
 }
 
 /* The paths execvp would try for ``file`` with ``envp``'s PATH (glibc's default without one). */
-static char **candidates(const char *file, char **envp, int search) {
+static char **candidates(const char *file, char **envp) {
   const char *path = NULL;
   for (char **e = envp; *e; e++)
     if (strncmp(*e, "PATH=", 5) == 0) path = *e + 5;
-  if (!search || strchr(file, '/') || !*file) {
+  if (strchr(file, '/') || !*file) {
     char **out = PyMem_Calloc(2, sizeof *out);
     if (out && !(out[0] = PyMem_Malloc(strlen(file) + 1))) {
       PyMem_Free(out);
@@ -240,14 +196,11 @@ static char **candidates(const char *file, char **envp, int search) {
 
 static PyObject *spawn(PyObject *self, PyObject *args) {
   PyObject *path_obj, *argv_obj, *envp_obj, *groups_obj, *path_bytes = NULL, *cwd_bytes = NULL;
-  int search, do_switch, tty, err_fd;
-  unsigned int uid, gid;
-  unsigned long long keep;
   struct job j;
   memset(&j, 0, sizeof j);
-  if (!PyArg_ParseTuple(args, "OOOp(iii)ipIIOKpO&:spawn", &path_obj, &argv_obj, &envp_obj,
-                        &search, &j.stdio[0], &j.stdio[1], &j.stdio[2], &err_fd, &do_switch,
-                        &uid, &gid, &groups_obj, &keep, &tty, PyUnicode_FSConverter, &cwd_bytes))
+  if (!PyArg_ParseTuple(args, "OOO(iii)ipIIOKpO&:spawn", &path_obj, &argv_obj, &envp_obj,
+                        &j.stdio[0], &j.stdio[1], &j.stdio[2], &j.err_fd, &j.do_switch, &j.uid,
+                        &j.gid, &groups_obj, &j.keep, &j.tty, PyUnicode_FSConverter, &cwd_bytes))
     return NULL;
   PyObject *result = NULL;
   Py_ssize_t argc = 0;
@@ -258,7 +211,7 @@ static PyObject *spawn(PyObject *self, PyObject *args) {
     PyErr_SetString(PyExc_ValueError, "argv must not be empty");
     goto done;
   }
-  if (!(j.paths = candidates(PyBytes_AS_STRING(path_bytes), j.envp, search))) goto done;
+  if (!(j.paths = candidates(PyBytes_AS_STRING(path_bytes), j.envp))) goto done;
   PyObject *groups = PySequence_Fast(groups_obj, "groups must be a sequence of ints");
   if (!groups) goto done;
   j.ngroups = (int)PySequence_Fast_GET_SIZE(groups);
@@ -271,12 +224,6 @@ static PyObject *spawn(PyObject *self, PyObject *args) {
     goto done;
   }
   if (PyErr_Occurred()) goto done;
-  j.err_fd = err_fd;
-  j.do_switch = do_switch;
-  j.tty = tty;
-  j.uid = uid;
-  j.gid = gid;
-  j.keep = keep;
   j.cwd = PyBytes_AS_STRING(cwd_bytes);
 
   stack = mmap(NULL, STACK_SIZE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK,

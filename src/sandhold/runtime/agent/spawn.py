@@ -23,6 +23,14 @@ HELPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandhold-spaw
 # and SIGXFSZ; an ignored signal stays ignored across exec).
 DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM,
                    signal.SIGHUP, signal.SIGQUIT, signal.SIGCHLD)  # fmt: skip
+# The compiled one-step spawn (native.c), if it was built for this Python. Loaded with the
+# agent, not at its first command (~0.6 ms of a pooled sandbox's first command here; 0.01 MiB
+# per idle agent).
+try:
+    from ._native import spawn as _native_spawn  # type: ignore[import-not-found]
+except ImportError:
+    _native_spawn = None
+_ext_spawn: Callable[..., int] | None = _native_spawn
 
 
 def go_errno(e: OSError) -> str:
@@ -85,7 +93,7 @@ class Spawned:
 async def start_child(spec: SpawnSpec, max_fd: int, on_fork: Callable[[int], None]) -> Spawned:
     """Fork and exec ``spec``; ``on_fork(pid)`` runs in the parent right after the fork, before
     any await, so the caller can be ready for an exit that comes at once."""
-    ext = _extension()
+    ext = _ext_spawn
     helper = ext is None and os.path.exists(HELPER)
     if can_switch() and ext is None and not helper:
         from . import libc  # noqa: F401  loaded before the fork; the child only calls it
@@ -160,9 +168,9 @@ async def start_child(spec: SpawnSpec, max_fd: int, on_fork: Callable[[int], Non
                 close_fd(fd)
         stage, _, rest = failure.decode(errors="replace").partition("\0")
         code, _, text = rest.partition("\0")
-        if not text and code.isdigit():  # (the extension sends the errno alone)
+        if not text and code.isdigit():  # (the compiled children send the errno alone)
             text = os.strerror(int(code))
-        text = text[:1].lower() + text[1:]  # (the helper's strerror, as go_errno words it)
+        text = text[:1].lower() + text[1:]  # (strerror's words, as go_errno puts them)
         usercmd = " ".join(spec.argv)
         if stage == "exec":
             detail = f"fork/exec {spec.argv[0]}: {text}"
@@ -172,22 +180,6 @@ async def start_child(spec: SpawnSpec, max_fd: int, on_fork: Callable[[int], Non
             detail = f"{stage}: {text}"
         raise RpcError("invalid_argument", f"error starting process '{usercmd}': {detail}")
     return Spawned(pid, outputs, stdin_fd, pty_fd)
-
-
-_UNKNOWN: Callable[..., int] = len  # (a sentinel: not looked for yet)
-_ext_spawn: Callable[..., int] | None = _UNKNOWN
-
-
-def _extension() -> Callable[..., int] | None:
-    """The compiled one-step spawn (native.c), if it was built for this Python."""
-    global _ext_spawn
-    if _ext_spawn is _UNKNOWN:
-        try:
-            from ._native import spawn  # type: ignore[import-not-found]
-        except ImportError:
-            spawn = None
-        _ext_spawn = spawn
-    return _ext_spawn
 
 
 def _spawn_in_one_step(
@@ -204,7 +196,7 @@ def _spawn_in_one_step(
         if not k or "=" in k:
             raise ValueError("illegal environment variable name")  # (as os.posix_spawn says)
         env.append(f"{k}={v}")
-    return ext(spec.argv[0], spec.argv, env, True, std, err_w, can_switch(),
+    return ext(spec.argv[0], spec.argv, env, std, err_w, can_switch(),
                user.uid, user.gid, spec.groups, sum(1 << c for c in keep), tty,
                spec.cwd)  # fmt: skip
 
@@ -299,8 +291,3 @@ async def _read_to_eof(fd: int) -> bytes:
         if not data:
             return bytes(out)
         out += data
-
-
-# Loaded with the agent, not at its first command (~0.6 ms of a pooled sandbox's first command
-# here; 0.01 MiB per idle agent).
-_extension()
