@@ -204,3 +204,25 @@ def test_output_written_just_before_a_cell_ends_belongs_to_it(sbx: Sandbox) -> N
         assert "".join(execution.logs.stdout) == f"a{i}b{i}\n"
         assert "".join(execution.logs.stderr) == f"e{i}"
         assert execution.text == str(i)
+
+
+def test_the_kernel_starts_without_what_it_cannot_use_and_user_code_still_imports_it(
+    sbx: Sandbox,
+) -> None:
+    # kernel_launcher.py keeps debugpy, jedi and the terminal IPython (prompt_toolkit) out of
+    # the kernel's start: a third of its memory. User code imports each of them as usual.
+    started = sbx.run_code(
+        "import sys\n"
+        "sorted({m.split('.')[0] for m in sys.modules}"
+        " & {'debugpy', '_pydevd_bundle', 'jedi', 'parso', 'prompt_toolkit'})"
+    )
+    assert started.error is None, started.error
+    assert started.text == "[]"
+    imported = sbx.run_code(
+        "import debugpy, jedi, prompt_toolkit, IPython\n"
+        "from IPython.terminal.embed import InteractiveShellEmbed\n"
+        "jedi.Script('import os\\nos.pa').complete()[0].name, callable(IPython.embed),"
+        " InteractiveShellEmbed.__module__"
+    )
+    assert imported.error is None, imported.error
+    assert imported.text == "('pardir', True, 'IPython.terminal.embed')"
