@@ -94,8 +94,11 @@ class CgroupSet:
         return [str(d / "cgroup.procs") for d in self.dirs()]
 
     def pids(self) -> list[int]:
+        # (a str path: a listing asks every sandbox's cgroup, and pathlib's joins cost more
+        # than the read)
         try:
-            text = _read(self.v1("pids") / "cgroup.procs")
+            with open(f"{CGROUP_ROOT}/pids/{self.parent}/{self.name}/cgroup.procs", "rb") as f:
+                text = f.read()
         except FileNotFoundError:
             return []
         return [int(p) for p in text.split()]

@@ -134,3 +134,27 @@ def view(info: SandboxInfo) -> Sandbox | None:
         return Sandbox(info, Lifecycle.model_validate(raw))
     except ValidationError:
         return None
+
+
+class Views:
+    """``view``, each version of a record validated once: a listing views every sandbox, and
+    validating a record costs ~10x the rest of its listing. A version is told by the record's
+    own object, which the runtime keeps (and hands out) until the file changes. Each call gets
+    its own copy: callers set fields of ``life`` before saving it."""
+
+    def __init__(self) -> None:
+        self._parsed: dict[str, tuple[dict[str, Any], Lifecycle]] = {}
+
+    def __call__(self, info: SandboxInfo) -> Sandbox | None:
+        raw = info.extra.get(RECORD_KEY)
+        hit = self._parsed.get(info.id)
+        if hit is not None and hit[0] is raw:
+            return Sandbox(info, hit[1].model_copy())
+        sbx = view(info)
+        if sbx is not None and isinstance(raw, dict):
+            self._parsed[info.id] = (raw, sbx.life.model_copy())
+        return sbx
+
+    def keep_only(self, ids: set[str]) -> None:
+        for gone in self._parsed.keys() - ids:
+            self._parsed.pop(gone, None)

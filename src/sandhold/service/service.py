@@ -39,7 +39,7 @@ from sandhold.service.locks import KeyedLocks
 from sandhold.service.metrics import Failures, Sample, Samples
 from sandhold.service.pooler import Pooler
 from sandhold.service.prom import ServiceMetrics
-from sandhold.service.records import RECORD_KEY, CreateSandbox, Lifecycle, Sandbox, view
+from sandhold.service.records import RECORD_KEY, CreateSandbox, Lifecycle, Sandbox, Views
 from sandhold.service.suspender import Suspender
 from sandhold.service.timers import Periodic, Timer
 from sandhold.service.warmer import WARM_CHECK_S, Warmer
@@ -65,6 +65,7 @@ class SandboxService:
         self.runtime = runtime
         self.settings = settings
         self._locks = KeyedLocks()
+        self._views = Views()
         self._executor = ThreadPoolExecutor(RUNTIME_THREADS, thread_name_prefix="sandhold-rt")
         self._timer = (
             Timer(self.query, self.expire, settings.lifecycle_interval_s) if timers else None
@@ -149,13 +150,14 @@ class SandboxService:
         except SandboxNotFound:
             return None
         self.failures.observe(info)
-        return view(info)
+        return self._views(info)
 
     def _list_now(self) -> list[SandboxInfo]:
         everything = self.runtime.list()
         for info in everything:
             self.failures.observe(info)
         self.failures.prune(lambda i: not (self.runtime.sandboxes_dir / i).exists())
+        self._views.keep_only({info.id for info in everything})
         return everything
 
     async def get(self, sandbox_id: str) -> Sandbox | None:
@@ -165,7 +167,7 @@ class SandboxService:
         """A running sandbox known at its current version, without a thread (``Runtime.peek``);
         None: ask ``get``."""
         info = self.runtime.peek(sandbox_id)
-        return view(info) if info is not None else None
+        return self._views(info) if info is not None else None
 
     async def owned(self, owner: str, sandbox_id: str) -> Sandbox:
         sbx = await self.get(sandbox_id)
@@ -197,7 +199,7 @@ class SandboxService:
         everything = await self._run(self._list_now)
         return [
             s
-            for s in map(view, everything)
+            for s in map(self._views, everything)
             if s is not None
             and (owner is None or s.owner == owner)
             and s.state in wanted
