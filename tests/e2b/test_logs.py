@@ -10,6 +10,7 @@ import signal
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,13 @@ def lines(log_dir: Path) -> list[dict[str, Any]]:
     for p in [*files, log_dir / "server.jsonl"]:
         out += [json.loads(line) for line in p.read_text().splitlines()]
     return out
+
+
+def has_line(log_dir: Path, request_id: str) -> bool:
+    try:  # (a read may meet a rotation or a line being written)
+        return any(r.get("request_id") == request_id for r in lines(log_dir))
+    except (OSError, ValueError):
+        return False
 
 
 def sandhold_logs(log_dir: Path, *args: str) -> list[dict[str, Any]]:
@@ -159,6 +167,12 @@ def test_rotation_and_a_killed_server_keeps_its_last_line(tmp_path: Path) -> Non
                 api.get(f"/sandboxes/rot{i}")
             last = api.get("/sandboxes/thelastone")
         rid = last.headers["x-request-id"]
+        # The line is written just after the response's last bytes: it must reach the file
+        # while the server runs (a buffered line would not), then the kill loses nothing.
+        deadline = time.monotonic() + 30
+        while not has_line(log_dir, rid):
+            assert time.monotonic() < deadline, "the last request's line never reached the file"
+            time.sleep(0.05)
         assert srv.proc is not None
         os.kill(srv.proc.pid, signal.SIGKILL)  # no shutdown, no flush at exit
         srv.proc.wait()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
-import functools
 import json
 import logging
 import os
@@ -85,6 +84,7 @@ class Runtime:
         self.pools = Pools(self)
         self._records: dict[str, tuple[tuple[int, int, int, int], SandboxInfo]] = {}
         self.layers = LayerStore(self.templates.root / ".layers", self.uids)
+        self._cgroup_group = self.settings.cgroup_group  # (a hash of the settings: once)
         self._opened = False
 
     def open(self) -> Runtime:
@@ -110,10 +110,6 @@ class Runtime:
     # -- helpers ------------------------------------------------------------------------------
     def _cg(self, sandbox_id: str) -> CgroupSet:
         return CgroupSet(sandbox_id, self._cgroup_group)
-
-    @functools.cached_property
-    def _cgroup_group(self) -> str:  # (derived from the settings: a hash, once)
-        return self.settings.cgroup_group
 
     @property
     def uid_base(self) -> int:
@@ -141,12 +137,10 @@ class Runtime:
             os.close(fd)
 
     def _load(self, d: Path) -> SandboxInfo:
-        """The record in ``d``: parsed and validated once per version of the file (a listing of
-        1,000 sandboxes read and validated each record every time, ~0.4 ms apiece), told apart
-        by inode, size and nanosecond times (``_save`` writes a new file each time)."""
+        """The record in ``d``, parsed and validated once per version of its file (a listing
+        loads every record), told by inode, size and ns times (``_save`` writes a new file)."""
         path = f"{d}/state.json"  # (str: a listing loads every record; pathlib's joins cost)
-        st = os.stat(path)
-        version = _version(st)
+        version = _version(os.stat(path))
         cached = self._records.get(d.name)
         if cached is None or cached[0] != version:
             with open(path) as f:
