@@ -1,7 +1,7 @@
 """The official SDK's ``Template`` builder against ``sandhold serve``: a template built from
 steps (files uploaded by hash, commands, env, workdir, a start command with its ready command),
 its build log streamed, sandboxes made of it with the start command serving, a cached rebuild,
-a failing step, tags, another team kept out, deletion."""
+a failing step, tags, another team kept out, deletion; a template read with its builds."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from e2b import Sandbox, Template, wait_for_port
+from e2b import ConnectionConfig, Sandbox, Template, wait_for_port
+from e2b.api.client.api.templates import get_default_templates, get_templates_template_id
+from e2b.api.client_sync import get_api_client
 from e2b.exceptions import BuildException, SandboxException, TemplateException
 
 from tests.e2b.conftest import KEY_A, KEY_B, Server, new_server
@@ -94,7 +96,9 @@ def test_build_run_rebuild_tag_and_delete(server: Server, tmp_path: Path) -> Non
     assert any(d for d in layers.iterdir() if not d.name.startswith("."))
     running = Sandbox.create("my-app:v1", **server.sdk())
     with httpx.Client(base_url=server.url, headers={"X-API-KEY": KEY_A}) as api:
+        assert api.get(f"/templates/{info.template_id}").json()["names"] == ["my-app"]
         assert api.delete(f"/templates/{info.template_id}").status_code == 204
+        assert api.get(f"/templates/{info.template_id}").status_code == 404
     assert not Template.exists("my-app", **server.sdk())
     with pytest.raises(SandboxException, match=r"does not exist|not found"):
         Sandbox.create("my-app:v1", **server.sdk())
@@ -162,3 +166,45 @@ def test_bad_input_is_refused_by_name(server: Server) -> None:
         r = api.get(f"/templates/{made['templateID']}/builds/{made['buildID']}/status")
         assert r.json()["status"] == "waiting"
     assert not Template.exists("raw", **server.sdk())
+
+
+def test_a_template_with_its_builds_a_page_at_a_time(server: Server) -> None:
+    # (last in this module: the deletion test above counts the layers left)
+    first = Template.build(Template().from_base_image().run_cmd("echo one"), "paged:v1",
+                           cpu_count=1, **server.sdk())  # fmt: skip
+    second = Template.build(Template().from_base_image().run_cmd("echo two"), "paged:v2",
+                            **server.sdk())  # fmt: skip
+    tid = first.template_id
+    assert second.template_id == tid
+    client = get_api_client(ConnectionConfig(api_key=KEY_A, api_url=server.url))
+    whole = get_templates_template_id.sync_detailed(tid, client=client)
+    assert whole.status_code == 200, whole.content
+    t = whole.parsed
+    assert t.template_id == tid and t.names == ["paged"] and not t.public
+    assert [str(b.build_id) for b in t.builds] == [second.build_id, first.build_id]  # newest 1st
+    assert [b.status.value for b in t.builds] == ["ready", "ready"]
+    assert [b.cpu_count for b in t.builds][1] == 1 and t.created_at <= t.updated_at
+    one = get_templates_template_id.sync_detailed(tid, client=client, limit=1)
+    assert [str(b.build_id) for b in one.parsed.builds] == [second.build_id]
+    token = one.headers["x-next-token"]
+    rest = get_templates_template_id.sync_detailed(tid, client=client, limit=1, next_token=token)
+    assert [str(b.build_id) for b in rest.parsed.builds] == [first.build_id]
+    assert "x-next-token" not in rest.headers
+    with httpx.Client(base_url=server.url, headers={"X-API-KEY": KEY_A}) as api:
+        # A build requested and not started yet is one of them, waiting.
+        made = api.post("/v3/templates", json={"name": "paged", "tags": ["v3"]}).json()
+        newest = api.get(f"/templates/{tid}").json()["builds"][0]
+        assert (newest["buildID"], newest["status"]) == (made["buildID"], "waiting")
+        for bad in ("limit=0", "limit=101", "limit=x", "nextToken=nope"):
+            r = api.get(f"/templates/{tid}?{bad}")
+            assert r.status_code == 400 and r.json()["code"] == 400, (bad, r.text)
+        assert api.get("/templates/not-a-template").status_code == 404
+    # Another team's template is not found, for that team; the built-ins are everyone's.
+    theirs = get_api_client(ConnectionConfig(api_key=KEY_B, api_url=server.url))
+    assert get_templates_template_id.sync_detailed(tid, client=theirs).status_code == 404
+    base = get_templates_template_id.sync_detailed("base", client=theirs).parsed
+    assert base.names == ["base"] and [b.status.value for b in base.builds] == ["ready"]
+    defaults = get_default_templates.sync(client=client)
+    assert defaults is not None
+    names = {n for d in defaults for n in d.names}
+    assert "base" in names and "paged" not in names

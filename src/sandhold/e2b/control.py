@@ -79,18 +79,6 @@ def path_id(request: Request) -> str:
     return wire.short_id(request.path_params["id"])
 
 
-def int_param(request: Request, name: str) -> int | None:
-    value = request.query_params.get(name)
-    if value is None or value == "":
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        raise InvalidRequest(
-            f"query parameter {name!r} must be an integer, got {value!r}"
-        ) from None
-
-
 class ControlPlane:
     def __init__(
         self, service: SandboxService, settings: Settings, volumes: VolumeStore, teams: Teams
@@ -273,7 +261,7 @@ class ControlPlane:
         order = q.get("order") or "desc"
         if order not in ("asc", "desc"):
             raise InvalidRequest(f"invalid order {order!r}: use asc or desc")
-        limit = int_param(request, "limit")
+        limit = models.int_param(request, "limit")
         limit = MAX_PAGE if limit is None else limit
         if not 1 <= limit <= MAX_PAGE:
             raise InvalidRequest(f"limit must be between 1 and {MAX_PAGE}")
@@ -410,7 +398,7 @@ class ControlPlane:
         return Response(status_code=204)
 
     async def metrics(self, request: Request, team: str) -> Response:
-        start, end = int_param(request, "start"), int_param(request, "end")
+        start, end = models.int_param(request, "start"), models.int_param(request, "end")
         sbx = await self.owned(team, request.path_params["id"])
         await self.service.sample(sbx)
         return JSONResponse([wire.metric(s) for s in self.service.history(sbx.id, start, end)])

@@ -1,4 +1,5 @@
-"""Request bodies of the E2B control plane, as the pinned SDK (e2b 2.63.0) sends them.
+"""Request bodies and query parameters of the E2B control plane, as the pinned SDK (e2b
+2.63.0) sends them.
 
 Every model forbids unknown keys and coerces nothing (``strict``): a wrong type or a key that
 is not part of the API is a 400 that names it, never silently ignored. Every key the SDK can
@@ -10,6 +11,7 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.requests import Request
 
 from sandhold.errors import InvalidRequest
 
@@ -130,3 +132,15 @@ def describe(e: ValidationError) -> str:
         else:
             problems.append(f"field {loc!r}: {err['msg']}")
     return "invalid request: " + "; ".join(problems)
+
+
+def int_param(request: Request, name: str) -> int | None:
+    value = request.query_params.get(name)
+    if value is None or value == "":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise InvalidRequest(
+            f"query parameter {name!r} must be an integer, got {value!r}"
+        ) from None

@@ -12,7 +12,10 @@ pinned SDK's ``Template.build`` sends and parses:
 - ``GET /templates/aliases/{name}`` → 200 ``{templateID, public}``, 403 (another team's), 404
 - ``POST /templates/tags`` ``{target, tags}`` → 201; ``DELETE /templates/tags`` ``{name, tags}``
   → 204; ``GET /templates/{id}/tags`` → 200; ``DELETE /templates/{id}`` → 204 (or a snapshot's)
-- ``GET /templates`` → 200: the built-in and operator templates and the team's own
+- ``GET /templates`` → 200: the built-in and operator templates and the team's own;
+  ``GET /default-templates`` → 200: the built-in and operator ones;
+  ``GET /templates/{id}?limit=&nextToken=`` → 200 the template and a page of its builds, newest
+  first (``X-Next-Token``); 404 for another team's (service/template_views.py)
 - ``PATCH /templates/{id}`` and ``PATCH /v2/templates/{id}`` ``{public}`` → 200 (v2: ``{names}``):
   a team's template usable by every team (by its id), or again its own only; 404 for another's
 """
@@ -31,6 +34,7 @@ from starlette.routing import Route
 
 from sandhold.e2b import models
 from sandhold.errors import Forbidden, InvalidRequest, NotFound
+from sandhold.service import template_views
 from sandhold.service.builds import Builds
 
 Handler = Callable[[Request, str], Awaitable[Response]]
@@ -133,7 +137,18 @@ def routes(builds: Builds, authed: Callable[[Handler], Any], max_upload: int) ->
         return JSONResponse(builds.tags(team, request.path_params["id"]))
 
     async def listed(request: Request, team: str) -> Response:
-        return JSONResponse(builds.listed(team))
+        return JSONResponse(template_views.listed(builds, team))
+
+    async def defaults(request: Request, team: str) -> Response:
+        return JSONResponse(template_views.listed(builds, team, defaults_only=True))
+
+    async def with_builds(request: Request, team: str) -> Response:
+        body, next_token = template_views.with_builds(
+            builds, team, request.path_params["id"], models.int_param(request, "limit"),
+            request.query_params.get("nextToken") or None,
+        )  # fmt: skip
+        headers = {"X-Next-Token": next_token} if next_token else None
+        return JSONResponse(body, headers=headers)
 
     async def update(request: Request, team: str) -> Response:
         body = models.parse(UpdateBody, await request.body())
@@ -145,6 +160,7 @@ def routes(builds: Builds, authed: Callable[[Handler], Any], max_upload: int) ->
     a = authed
     return [
         Route("/templates", a(listed), methods=["GET"]),
+        Route("/default-templates", a(defaults), methods=["GET"]),
         Route("/v3/templates", a(request_build), methods=["POST"]),
         Route("/templates/aliases/{alias}", a(alias), methods=["GET"]),
         Route("/templates/tags", a(assign_tags), methods=["POST"]),
@@ -154,6 +170,7 @@ def routes(builds: Builds, authed: Callable[[Handler], Any], max_upload: int) ->
         Route("/v2/templates/{id}/builds/{build}", a(start_build), methods=["POST"]),
         Route("/templates/{id}/builds/{build}/status", a(build_status), methods=["GET"]),
         Route("/templates/{id}/tags", a(list_tags), methods=["GET"]),
+        Route("/templates/{id}", a(with_builds), methods=["GET"]),
         Route("/templates/{id}", a(update), methods=["PATCH"]),
         Route("/v2/templates/{id}", a(update), methods=["PATCH"]),
     ]

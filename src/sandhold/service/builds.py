@@ -27,7 +27,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sandhold.envd import ENVD_VERSION
 from sandhold.errors import (
     Conflict,
     Forbidden,
@@ -104,6 +103,7 @@ class Job:
     upload_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
     started: bool = False
     finished: float | None = None  # when it ended, ready or not
+    created: float = field(default_factory=time.time)
 
     def emit(self, level: str, message: str, step: str | None = None) -> None:
         entry = {"timestamp": datetime.now(UTC).isoformat(), "level": level, "message": message}
@@ -171,36 +171,6 @@ class Builds:
         if any(t.alias == name and t.owner != team and t.tags for t in listed):
             raise Forbidden(f"template {name!r} belongs to another team")
         raise NotFound(f"template {name!r} not found")
-
-    def listed(self, team: str) -> list[dict[str, Any]]:
-        """E2B's ``GET /templates``: the built-in and operator templates, and the team's own
-        (one entry per template: its build with the default tag, else its newest), public or
-        not; as E2B, never another team's, public or not."""
-        out: dict[str, dict[str, Any]] = {}
-        builds: dict[str, int] = {}
-        for t in sorted(self.rt.templates.list(), key=lambda t: t.created_at):
-            if t.owner not in (None, team) or (t.owner is not None and not t.tags):
-                continue
-            key = t.template_id or t.name
-            builds[key] = builds.get(key, 0) + 1
-            if key in out and DEFAULT_TAG not in t.tags and DEFAULT_TAG in out[key]["_tags"]:
-                continue
-            made = datetime.fromtimestamp(t.created_at, UTC).isoformat()
-            name = t.alias or t.name
-            out[key] = {
-                "templateID": key, "buildID": t.build_id or str(uuid.UUID(int=0)),
-                "cpuCount": int(t.cpu or self.service.settings.default_cpu),
-                "memoryMB": t.memory_mb or self.service.settings.default_memory_mb,
-                "diskSizeMB": t.disk_mb or self.service.settings.default_disk_mb,
-                "public": t.owner is None or t.public, "aliases": [name], "names": [name],
-                "createdAt": made, "updatedAt": made, "createdBy": None,
-                "lastSpawnedAt": None, "spawnCount": 0, "buildCount": 0,
-                "envdVersion": ENVD_VERSION, "buildStatus": "ready", "_tags": t.tags,
-            }  # fmt: skip
-        for key, entry in out.items():
-            entry["buildCount"] = builds[key]
-            entry.pop("_tags")
-        return list(out.values())
 
     # -- a build ----------------------------------------------------------------------------
     def request(self, team: str, ref: str, tags: list[str], cpu: float | None,
@@ -427,6 +397,9 @@ class Builds:
         for t in builds:
             t.tags = []
             self.rt.templates.update(t)
+        gone = {t.template_id for t in builds}  # (and its failed builds' statuses with it)
+        for job in [j for j in self.jobs.values() if j.template_id in gone and j.finished]:
+            del self.jobs[job.build_id]
         self.prune()
         return bool(builds)
 
