@@ -32,13 +32,15 @@ from tests.tunnel.conftest import (
 )
 
 MAX_PENDING = 4
+MAX_POLLS = 3
 Answer = Callable[[dict[str, Any]], dict[str, Any] | None]
 
 
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     data_dir = scratch_dir("sandhold-gw-tunh-")
-    settings = {**TUNNEL_SETTINGS, "gateway_tunnel_max_pending": MAX_PENDING}
+    settings = {**TUNNEL_SETTINGS, "gateway_tunnel_max_pending": MAX_PENDING,
+                "gateway_tunnel_max_polls": MAX_POLLS}  # fmt: skip
     env = gateway_env(data_dir, "local", None, f"h{uuid.uuid4().hex[:10]}", **settings)
     g = Gateway(data_dir, env, tmp_path_factory.mktemp("tunh") / "gateway.log")
     g.start()
@@ -247,6 +249,27 @@ def test_requests_in_flight_are_bounded_per_tunnel(gw: Gateway) -> None:
             wait_until(lambda: held)
             fc.respond(held[0], result(held[0]["jsonrpc"]["id"], {"content": []}))
             assert again.result().status_code == 200
+
+
+def test_held_polls_are_bounded_per_tunnel(gw: Gateway) -> None:
+    """A connector that opens poll after poll cannot make the gateway hold more than
+    gateway_tunnel_max_polls of them (each a task reading the store): the rest are refused at
+    once, and polling works again when the held ones return."""
+    tunnel = create_tunnel(gw, "acme", "poller")
+    with FakeConnector(gw, tunnel, mcp_server([]), serve=False) as fc:
+
+        def poll(timeout_ms: int) -> httpx.Response:
+            with httpx.Client(base_url=gw.url, headers=fc.http.headers, timeout=30) as c:
+                return c.get(f"/v1/tunnels/{tunnel['id']}/poll", params={"timeout_ms": timeout_ms})
+
+        with ThreadPoolExecutor(MAX_POLLS + 1) as pool:  # one more than may be held
+            polls = [pool.submit(poll, 4000) for _ in range(MAX_POLLS + 1)]
+            answers = [p.result() for p in polls]
+        refused = [r for r in answers if r.status_code == 429]
+        assert sorted(r.status_code for r in answers) == [204] * MAX_POLLS + [429], answers
+        assert refused[0].json()["code"] == "quota_exceeded"
+        assert "gateway_tunnel_max_polls" in refused[0].json()["message"]
+        assert poll(0).status_code == 204  # room again
 
 
 TOOL = {"name": "t", "inputSchema": {"type": "object"}}

@@ -182,6 +182,12 @@ class GatewaySettings(Layer):
         description="Most requests of one tunnel queued or held by its connector at once (more "
         "are refused with 429, so no tenant fills the store or the memory).",
     )
+    gateway_tunnel_max_polls: int = Field(
+        16,
+        ge=1,
+        description="Most long-polls of one tunnel held at once by a replica (more are refused "
+        "with 429: each held poll reads the store; a connector process holds one).",
+    )
     gateway_tunnel_tools_ttl_s: float = Field(
         30.0, ge=0, description="How long a replica keeps a tunnel's tool list before asking again."
     )

@@ -12,7 +12,7 @@ its call fail after ``gateway_tunnel_stale_s``, since the internal server may or
 it (a tools/call need not be idempotent). Bounds: at most ``gateway_tunnel_max_pending``
 requests of a tunnel are queued or held at once (more are refused), a request waits
 ``gateway_tunnel_pickup_timeout_s`` for a connector to take it, and the call's own timeout for
-the answer.
+the answer; a replica holds at most ``gateway_tunnel_max_polls`` of a tunnel's polls at once.
 """
 
 from __future__ import annotations
@@ -240,13 +240,19 @@ class Relay:
     ) -> list[dict[str, Any]]:
         """The requests for this connector, waiting up to ``wait_s`` for some; ``seen`` records
         that it is alive (at once and every quarter of ``gateway_tunnel_stale_s``)."""
+        held, most = len(self._pollers.get(tunnel_id, ())), self.settings.gateway_tunnel_max_polls
+        if held >= most:
+            raise QuotaExceeded(
+                f"the tunnel has {held} polls held on this replica, the most it may hold "
+                "(gateway_tunnel_max_polls); poll again when one returns"
+            )
         refresh = self.settings.gateway_tunnel_stale_s / 4
         deadline = time.monotonic() + wait_s
         last_seen = time.monotonic()
-        await seen()
         event = asyncio.Event()
         self._pollers.setdefault(tunnel_id, set()).add(event)
         try:
+            await seen()
             while True:
                 event.clear()
                 if await self._db(self._pending, tunnel_id, channels):

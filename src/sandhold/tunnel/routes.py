@@ -32,6 +32,7 @@ from sandhold.errors import (
     InvalidRequest,
     NotFound,
     PayloadTooLarge,
+    QuotaExceeded,
     SandholdError,
     Unauthenticated,
 )
@@ -155,9 +156,12 @@ class TunnelRoutes:
             )
 
         channels = sorted(set(wanted) & set(serves)) if wanted else serves
-        commands = await self.t.relay.poll(
-            t.id, instance, channels, limit, wait_s, seen, request.is_disconnected
-        )
+        try:
+            commands = await self.t.relay.poll(
+                t.id, instance, channels, limit, wait_s, seen, request.is_disconnected
+            )
+        except QuotaExceeded as e:
+            return tunnel_error(e)
         if not commands:
             return Response(status_code=204)
         return JSONResponse({"commands": commands})
