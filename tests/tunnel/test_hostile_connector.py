@@ -275,6 +275,48 @@ def test_held_polls_are_bounded_per_tunnel(gw: Gateway) -> None:
 TOOL = {"name": "t", "inputSchema": {"type": "object"}}
 
 
+def test_a_stalled_connector_does_not_hold_up_the_tool_listing(gw: Gateway) -> None:
+    """A connector that takes a tools/list and never answers: the tenant's tool listing
+    answers without that tunnel's tools (after gateway_tunnel_list_wait_s at most) and shows
+    them once the answer comes; later, while a new list is asked for and not answered, the
+    last one is served."""
+    tunnel = create_tunnel(gw, "acme", "stall")
+    lists: list[dict[str, Any]] = []  # the tools/list commands the connector took
+    stalled = threading.Event()
+    stalled.set()
+    honest = mcp_server([TOOL])
+
+    def answer(cmd: dict[str, Any]) -> dict[str, Any] | None:
+        if cmd["jsonrpc"].get("method") == "tools/list" and stalled.is_set():
+            lists.append(cmd)
+            return None
+        return honest(cmd)
+
+    def listed(c: httpx.Client) -> set[str]:
+        r = c.get("/v1/tools")
+        assert r.status_code == 200, r.text
+        return {t["name"] for t in r.json()}
+
+    with FakeConnector(gw, tunnel, answer) as fc, rest(gw) as c:
+        first = listed(c)
+        assert "run_command" in first and "stall__t" not in first
+        wait_until(lambda: lists)  # taken, and not answered: the listing did not wait for it
+        stalled.clear()
+        r = fc.respond(lists[0], result(lists[0]["jsonrpc"]["id"], {"tools": [TOOL]}))
+        assert r.status_code == 200, r.text  # the fetch went on after the listing answered
+        wait_until(lambda: "stall__t" in listed(c))
+        stalled.set()
+        during: list[bool] = []
+
+        def asked_again() -> bool:
+            during.append("stall__t" in listed(c))
+            return len(lists) == 2
+
+        wait_until(asked_again)  # (the listing is kept gateway_tunnel_tools_ttl_s, 1 s here)
+        assert during and all(during)
+        assert "stall__t" in listed(c)  # the new list is not answered: the last one is served
+
+
 def test_a_channel_filter_hands_out_only_those_channels(gw: Gateway) -> None:
     """A poll asking only for a channel the connector does not serve gets nothing, not every
     channel's requests."""

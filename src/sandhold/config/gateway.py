@@ -191,6 +191,14 @@ class GatewaySettings(Layer):
     gateway_tunnel_tools_ttl_s: float = Field(
         30.0, ge=0, description="How long a replica keeps a tunnel's tool list before asking again."
     )
+    gateway_tunnel_list_wait_s: float = Field(
+        5.0,
+        gt=0,
+        le=60,
+        description="Longest a tenant's tool listing waits for a tunnel never listed before "
+        "(then it is listed without it, which comes in a later listing); a listed tunnel's "
+        "last tools are served while a new list is fetched.",
+    )
     gateway_tunnel_relay_interval_s: float = Field(
         0.2,
         gt=0,

@@ -1,5 +1,6 @@
 """The gateway as an MCP client of the servers behind a tunnel: the initialize handshake per
-channel (its ``Mcp-Session-Id`` kept per replica), ``tools/list`` cached briefly, ``tools/call``.
+channel (its ``Mcp-Session-Id`` kept per replica), ``tools/list`` cached briefly (and served
+stale while a new one is fetched), ``tools/call``.
 
 The messages are plain JSON-RPC, as MCP's streamable HTTP transport carries them, because the
 connector forwards them verbatim (ours, and OpenAI's tunnel-client alike).
@@ -68,6 +69,7 @@ class TunnelClient:
         self._sessions: dict[tuple[str, str], dict[str, str]] = {}
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._listings: dict[str, Listing] = {}
+        self._fetches: dict[str, asyncio.Task[Listing]] = {}  # tunnel id -> listing under way
 
     # -- JSON-RPC through the tunnel -----------------------------------------------------------
     async def _send(
@@ -135,7 +137,14 @@ class TunnelClient:
         raise AssertionError("unreachable")
 
     # -- tools ---------------------------------------------------------------------------------
-    async def listing(self, tunnel: TunnelInfo, force: bool = False) -> Listing:
+    async def listing(
+        self, tunnel: TunnelInfo, force: bool = False, wait_s: float | None = None
+    ) -> Listing:
+        """The tunnel's tools: the listing cached while it is fresh, else a new one (one fetch
+        at a time per tunnel). Meanwhile a stale listing is served at once, unless ``force``;
+        with none to serve, the caller waits ``wait_s`` at most (None: for the fetch) and then
+        gets an empty listing while the fetch goes on: a stalled connector must not hold up
+        the tenant's whole ``tools/list``."""
         cached = self._listings.get(tunnel.id)
         if cached is not None and not force and cached.expires > time.monotonic():
             return cached
@@ -143,24 +152,43 @@ class TunnelClient:
         channels = await asyncio.to_thread(
             self.registry.live_channels, tunnel.id, s.gateway_tunnel_stale_s
         )
+        if not channels:  # down: it offers nothing, at once (what it offered is not served)
+            self._listings[tunnel.id] = Listing(time.monotonic() + s.gateway_tunnel_tools_ttl_s)
+            return self._listings[tunnel.id]
+        task = self._fetches.get(tunnel.id)
+        if task is None:
+            task = asyncio.create_task(self._fetch(tunnel, channels, cached))
+            self._fetches[tunnel.id] = task
+            task.add_done_callback(lambda t: self._fetched(tunnel, t))
+        if cached is not None and not force:
+            return cached
+        try:
+            return await asyncio.wait_for(asyncio.shield(task), wait_s)
+        except TimeoutError:
+            return Listing(expires=0)
+
+    def _fetched(self, tunnel: TunnelInfo, task: asyncio.Task[Listing]) -> None:
+        self._fetches.pop(tunnel.id, None)
+        if not task.cancelled() and (e := task.exception()) is not None:
+            log.warning("tunnel %s: listing its tools failed: %s", tunnel.name, e)
+
+    async def _fetch(
+        self, tunnel: TunnelInfo, channels: list[str], cached: Listing | None
+    ) -> Listing:
+        s = self.settings
         timeout = min(s.gateway_tunnel_call_timeout_s, 15.0)
-        found: list[tuple[str, dict[str, Any]]] = []
-        for channel in channels:
+
+        async def tools_of(channel: str) -> list[tuple[str, dict[str, Any]]]:
             try:
-                found += [(channel, t) for t in await self._list(tunnel, channel, timeout)]
-            except Exception as e:  # a channel that does not answer offers nothing for now
-                log.warning(
-                    "tunnel %s channel %s: tools/list failed: %s",
-                    tunnel.name,
-                    channel,
-                    getattr(e, "message", e),
-                )
-                if cached is not None:
-                    found += [
-                        (v["channel"], v["tool"])
-                        for v in cached.tools.values()
-                        if v["channel"] == channel
-                    ]
+                return [(channel, t) for t in await self._list(tunnel, channel, timeout)]
+            except Exception as e:  # a channel that does not answer offers what it did
+                why = getattr(e, "message", e)
+                log.warning("tunnel %s channel %s: tools/list failed: %s", tunnel.name, channel,
+                            why)  # fmt: skip
+                old = cached.tools.values() if cached is not None else ()
+                return [(v["channel"], v["tool"]) for v in old if v["channel"] == channel]
+
+        found = [f for part in await asyncio.gather(*map(tools_of, channels)) for f in part]
         listing = _name(tunnel, found)
         listing.expires = time.monotonic() + s.gateway_tunnel_tools_ttl_s
         for why in listing.refused:
@@ -182,8 +210,10 @@ class TunnelClient:
         return tools
 
     async def tools_of(self, tunnels: list[TunnelInfo]) -> dict[str, dict[str, Any]]:
-        """Every tool the tenant's tunnels offer now, by exposed name."""
-        listings = await asyncio.gather(*(self.listing(t) for t in tunnels))
+        """Every tool the tenant's tunnels offer now, by exposed name (a tunnel never listed
+        yet is waited for ``gateway_tunnel_list_wait_s`` at most)."""
+        wait_s = self.settings.gateway_tunnel_list_wait_s
+        listings = await asyncio.gather(*(self.listing(t, wait_s=wait_s) for t in tunnels))
         return {name: entry for lst in listings for name, entry in lst.tools.items()}
 
     async def call(
