@@ -95,6 +95,8 @@ def steps_template(context: Path, files: tuple[str, str, str, str]) -> Template:
         .copy(["conf.txt", global_whl, user_whl, tgz], "/opt/in/")
         .copy(repo, "/opt/src.git/")
         .copy("conf.txt", "/opt/owned.txt", user="user", mode=0o640)
+        .copy("conf.txt", "/opt/mine/deep/conf.txt", user="user")  # and the directories made
+        .copy(["conf.txt"], "/opt/mydir/", user="user")
         .run_cmd("id -un > /opt/root-ran")
         .pip_install([f"/opt/in/{global_whl}"])  # as root, into the template's /usr/local
         .npm_install([f"/opt/in/{tgz}"], g=True)
@@ -117,7 +119,8 @@ CHECK = (
     "python3 -c 'import globalmod, usermod; print(globalmod.VALUE + usermod.VALUE)'; "
     "sandhold-hello; cat /opt/clone/README; cat /opt/clone/.git/HEAD; "
     "stat -c %a /home/user/private; readlink /home/user/link; cat /home/user/link; "
-    "ls /home/user/junk 2>&1 | grep -c 'No such'; ls /home/user/old /home/user/new 2>&1 | sort"
+    "ls /home/user/junk 2>&1 | grep -c 'No such'; ls /home/user/old /home/user/new 2>&1 | sort; "
+    "cd /opt && stat -c %U . mine mine/deep mine/deep/conf.txt mydir mydir/conf.txt"
 )
 
 
@@ -136,6 +139,7 @@ def test_every_step_of_the_builder(server: Server, tmp_path: Path) -> None:
         assert out[5:8] == ["gu", "hello from npm", "cloned"], (r.stdout, r.stderr)
         assert out[8:12] == ["ref: refs/heads/main", "700", "/opt/owned.txt", "conf"], r.stdout
         assert out[12:14] == ["1", "/home/user/new"] and "No such file" in out[14], r.stdout
+        assert out[15:] == ["root"] + ["user"] * 5, r.stdout  # what COPY made is the owner's
     finally:
         sbx.kill()
     # skip_cache(): the steps before it come from the cache, it and the ones after run again.

@@ -269,11 +269,17 @@ cd "$t"
 matches=( $SRC )
 [ ${#matches[@]} -gt 0 ] || { echo "COPY: nothing matches $SRC" >&2; exit 1; }
 done_=()
+made() {  # mkdir -p, and the topmost directory it made is the owner's too (Docker's --chown)
+  local d=$1 top=""
+  while [ ! -e "$d" ]; do top=$d; d=$(dirname "$d"); done
+  mkdir -p -- "$1"
+  if [ -n "$top" ]; then done_+=("$top"); fi
+}
 one=${matches[0]}
 if [ ${#matches[@]} -eq 1 ] && [ ! -d "$one" ] && [[ "$DEST" != */ ]] && [ ! -d "$DEST" ]; then
-  mkdir -p "$(dirname "$DEST")"; cp -a -- "$one" "$DEST"; done_=("$DEST")
+  made "$(dirname "$DEST")"; cp -a -- "$one" "$DEST"; done_+=("$DEST")
 else
-  mkdir -p "$DEST"
+  made "$DEST"
   for m in "${matches[@]}"; do
     if [ -d "$m" ]; then
       for e in "$m"/*; do cp -a -- "$e" "$DEST/"; done_+=("$DEST/$(basename "$e")"); done
