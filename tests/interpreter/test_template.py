@@ -18,6 +18,7 @@ from sandhold.interpreter.template import (
     TEMPLATE_NAME,
     build_code_interpreter_template,
     is_up_to_date,
+    prune_site_trees,
 )
 from sandhold.runtime.templates import TemplateStore
 from tests.interpreter.conftest import CACHE_DIR, InterpreterServer
@@ -113,3 +114,22 @@ def test_rebuild_from_cache_is_fast_and_atomic(interp: InterpreterServer, tmp_pa
     build_code_interpreter_template(store, name="ci-copy", cache_dir=CACHE_DIR, force=True)
     assert [t.name for t in store.list()] == ["ci-copy"]
     assert not [p for p in store.root.iterdir() if p.name.startswith((".build-", ".old-"))]
+
+
+def test_a_new_package_tree_replaces_the_old_ones_of_its_uid_base_only(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    def tree(name: str, complete: dict[str, object] | None) -> None:
+        (tmp_path / name / "numpy").mkdir(parents=True)
+        if complete is not None:
+            (tmp_path / name / ".complete").write_text(json.dumps(complete))
+
+    tree("site-new", {"packages": ["a==2"], "uid_base": 100000})
+    tree("site-old", {"packages": ["a==1"], "uid_base": 100000})  # replaced
+    tree("site-legacy", {"packages": ["a==1"]})  # from before trees said their uid_base
+    tree("site-torn", None)  # never completed
+    tree(".site-x1y2", None)  # a build cut short
+    tree("site-theirs", {"packages": ["a==1"], "uid_base": 200000})  # another server's
+    (tmp_path / "wheels").mkdir()
+    gone = prune_site_trees(tmp_path, tmp_path / "site-new", 100000)
+    assert sorted(gone) == [".site-x1y2", "site-legacy", "site-old", "site-torn"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["site-new", "site-theirs", "wheels"]
+    assert (tmp_path / "site-new" / "numpy").is_dir()

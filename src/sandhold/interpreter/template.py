@@ -172,46 +172,73 @@ def _missing_wheels(wheelhouse: Path) -> list[str]:
 
 
 def ensure_site_packages(cache_dir: Path, uid_base: int) -> Path:
-    """The installed package tree for this package list, built once and then reused."""
+    """The installed package tree for this package list, built once and then reused. Call it
+    holding the cache's lock (``_flock(cache_dir / ".lock")``) until done with the tree: a
+    build removes the trees it replaces (``prune_site_trees``)."""
     if shutil.which(PYTHON) is None:
         raise HostUnsupported(f"{PYTHON} is missing (apt-get install python3)")
     site = cache_dir / f"site-{packages_key(uid_base)}"
-    with _flock(cache_dir / ".lock"):
-        if (site / ".complete").exists():
-            return site
-        if subprocess.run([PYTHON, "-m", "pip", "--version"], capture_output=True).returncode:
-            raise HostUnsupported(f"pip for {PYTHON} is missing (apt-get install python3-pip)")
-        wheelhouse = cache_dir / "wheels"
-        wheelhouse.mkdir(parents=True, exist_ok=True)
-        missing = _missing_wheels(wheelhouse)
-        if missing:
-            t0 = time.monotonic()
-            _pip(
-                ["download", "--no-deps", "--only-binary=:all:", "-d", str(wheelhouse), *missing],
-                "downloading wheels",
-            )
-            log.info("downloaded %d wheels in %.1f s", len(missing), time.monotonic() - t0)
-        staging = Path(tempfile.mkdtemp(dir=cache_dir, prefix=".site-"))
-        try:
-            t0 = time.monotonic()
-            # --target disables pip's externally-managed check, so Debian's pip needs no
-            # --break-system-packages here; --no-index keeps the install offline.
-            _pip(
-                ["install", "--no-deps", "--no-index", "--find-links", str(wheelhouse),
-                 "--target", str(staging / "t"), *PACKAGES],
-                "installing packages",
-            )  # fmt: skip
-            log.info("installed %d packages in %.1f s", len(PACKAGES), time.monotonic() - t0)
-            tree = staging / "t"
-            # Readable by every sandbox user whatever our umask; writable by sandbox root only.
-            subprocess.run(["chmod", "-R", "u+rwX,go+rX,go-w", str(tree)], check=True)
-            _shift_ownership(tree, uid_base)
-            (tree / ".complete").write_text(json.dumps({"packages": list(PACKAGES)}))
-            shutil.rmtree(site, ignore_errors=True)
-            tree.rename(site)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+    if (site / ".complete").exists():
+        return site
+    if subprocess.run([PYTHON, "-m", "pip", "--version"], capture_output=True).returncode:
+        raise HostUnsupported(f"pip for {PYTHON} is missing (apt-get install python3-pip)")
+    wheelhouse = cache_dir / "wheels"
+    wheelhouse.mkdir(parents=True, exist_ok=True)
+    missing = _missing_wheels(wheelhouse)
+    if missing:
+        t0 = time.monotonic()
+        _pip(
+            ["download", "--no-deps", "--only-binary=:all:", "-d", str(wheelhouse), *missing],
+            "downloading wheels",
+        )
+        log.info("downloaded %d wheels in %.1f s", len(missing), time.monotonic() - t0)
+    staging = Path(tempfile.mkdtemp(dir=cache_dir, prefix=".site-"))
+    try:
+        t0 = time.monotonic()
+        # --target disables pip's externally-managed check, so Debian's pip needs no
+        # --break-system-packages here; --no-index keeps the install offline.
+        _pip(
+            ["install", "--no-deps", "--no-index", "--find-links", str(wheelhouse),
+             "--target", str(staging / "t"), *PACKAGES],
+            "installing packages",
+        )  # fmt: skip
+        log.info("installed %d packages in %.1f s", len(PACKAGES), time.monotonic() - t0)
+        tree = staging / "t"
+        # Readable by every sandbox user whatever our umask; writable by sandbox root only.
+        subprocess.run(["chmod", "-R", "u+rwX,go+rX,go-w", str(tree)], check=True)
+        _shift_ownership(tree, uid_base)
+        done = {"packages": list(PACKAGES), "uid_base": uid_base}
+        (tree / ".complete").write_text(json.dumps(done))
+        shutil.rmtree(site, ignore_errors=True)
+        tree.rename(site)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    prune_site_trees(cache_dir, site, uid_base)
     return site
+
+
+def prune_site_trees(cache_dir: Path, keep: Path, uid_base: int) -> list[str]:
+    """Remove the package trees ``keep`` replaces (this ``uid_base``'s, of other packages or
+    another Python, or of before trees recorded their ``uid_base``) and what a build cut short
+    left; trees of other ``uid_base`` values are other servers' and stay. Templates made of a
+    removed tree keep their hard-linked copies. Returns the names removed."""
+    gone = []
+    for d in cache_dir.iterdir():
+        if d == keep or not d.is_dir():
+            continue
+        if d.name.startswith(".site-"):  # (a build holds the lock: this one's is over)
+            gone.append(d.name)
+        elif d.name.startswith("site-"):
+            try:
+                owner = json.loads((d / ".complete").read_text()).get("uid_base", uid_base)
+            except (OSError, ValueError):
+                owner = uid_base  # never completed
+            if owner == uid_base:
+                gone.append(d.name)
+    for name in gone:
+        shutil.rmtree(cache_dir / name, ignore_errors=True)
+        log.info("removed the package tree %s, replaced by %s", name, keep.name)
+    return gone
 
 
 def _copy_tree(src: Path, dst: Path) -> None:
@@ -280,7 +307,6 @@ def build_code_interpreter_template(
         if not force and is_up_to_date(store, name):
             return store.get(name)
         t0 = time.monotonic()
-        site = ensure_site_packages(cache_dir, store.uid_base)
         staging_root = Path(tempfile.mkdtemp(dir=store.root, prefix=f".build-{name}-"))
         try:
             # A private store in the staging dir gives us the exact `base` skeleton without
@@ -288,10 +314,12 @@ def build_code_interpreter_template(
             base = TemplateStore(staging_root, store.uid_base).build_base(name)
             rootfs = base.rootfs
             (rootfs / "opt" / "sandhold").mkdir(parents=True, exist_ok=True)
-            _copy_tree(site, rootfs / SANDBOX_SITE.lstrip("/"))
-            _install_code(rootfs)
-            _shift_ownership(rootfs / "opt" / "sandhold", store.uid_base)
-            _font_cache(rootfs, site, store.uid_base)
+            with _flock(cache_dir / ".lock"):  # (no build prunes the tree while it is read)
+                site = ensure_site_packages(cache_dir, store.uid_base)
+                _copy_tree(site, rootfs / SANDBOX_SITE.lstrip("/"))
+                _install_code(rootfs)
+                _shift_ownership(rootfs / "opt" / "sandhold", store.uid_base)
+                _font_cache(rootfs, site, store.uid_base)
             # Like a bound workspace (the runtime gives it to `user`): code running as user
             # can write deliverables there even when no workspace is mounted.
             user_id = store.uid_base + SANDBOX_USER_UID
