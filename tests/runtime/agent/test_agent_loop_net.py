@@ -3,7 +3,9 @@ a unix server, a TCP server on loopback), each test running a coroutine with ``a
 
 from __future__ import annotations
 
+import contextlib
 import socket
+import threading
 from typing import Any
 
 import pytest
@@ -72,6 +74,26 @@ def test_readline_and_read_to_eof() -> None:
         b.close()
         assert await aio.wait_for(r.readline(), BOUND) == b"partial"  # the end, no newline
         w.close()
+
+    aio.run(main())
+
+
+def test_a_line_longer_than_the_limit_is_refused_not_buffered() -> None:
+    async def main() -> None:
+        a, b = socket.socketpair()
+        r, w = await aio.open_connection(sock=a, limit=1024)
+
+        def send() -> None:  # a peer that never ends its line
+            with contextlib.suppress(OSError):  # (until the reader hangs up)
+                b.sendall(b"x" * 1_000_000)
+
+        sender = threading.Thread(target=send, daemon=True)
+        sender.start()
+        with pytest.raises(ValueError, match="longer than the limit"):
+            await aio.wait_for(r.readline(), BOUND)
+        w.close()
+        sender.join(BOUND)
+        b.close()
 
     aio.run(main())
 

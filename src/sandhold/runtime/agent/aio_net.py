@@ -242,9 +242,14 @@ class StreamReader:
         return data
 
     async def readline(self) -> bytes:
+        """Up to and with the next newline (all that is left at the end). A line longer than
+        the limit raises ValueError and is dropped, as asyncio's: no peer makes it buffer more."""
         start = 0
         while (i := self._buffer.find(b"\n", start)) < 0:
             start = len(self._buffer)
+            if start > self._limit:
+                self._buffer.clear()
+                raise ValueError(f"a line longer than the limit ({self._limit} bytes)")
             if not await self._fill():
                 i = len(self._buffer) - 1
                 break
