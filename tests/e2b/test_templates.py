@@ -66,12 +66,10 @@ def test_build_run_rebuild_tag_and_delete(server: Server, tmp_path: Path) -> Non
         Sandbox.create("my-app", **server.sdk())  # its default tag was never built
     # An identical rebuild comes from the cache.
     again: list[str] = []
-    t0 = time.monotonic()
     Template.build(app_template(tmp_path), "my-app:v1", on_build_logs=lambda e:
                    again.append(e.message), **server.sdk())  # fmt: skip
     assert sum(line.startswith("CACHED") for line in again) >= 3, again
     assert any("Skipping upload of 'app.txt', already cached" in line for line in again)
-    assert time.monotonic() - t0 < 60
     # Tags.
     Template.assign_tags("my-app:v1", ["prod"], **server.sdk())
     assert {t.tag for t in Template.get_tags("my-app", **server.sdk())} == {"v1", "prod"}

@@ -77,10 +77,9 @@ def test_timeout_interrupts_and_context_stays_usable(
         with pytest.raises(TimeoutException):
             sbx.run_code(hang, context=ctx, timeout=2)
         assert time.monotonic() - started < 10
-        # The next execution is not stuck behind the interrupted one, and state survived.
-        started = time.monotonic()
+        # The next execution is not stuck behind the interrupted one (it would time out), and
+        # state survived.
         after = sbx.run_code(check, context=ctx, timeout=30)
-        assert time.monotonic() - started < 8
         assert after.error is None
         if expected is None:
             assert after.logs.stdout == ["yes\n"]
@@ -112,17 +111,18 @@ async def test_concurrent_executions_in_different_contexts(
         await asbx.create_code_context(),
         await asbx.create_code_context(language="javascript"),
     ]
+    # Each says when it started and ended, by the sandbox's clock: together, they overlap.
     code = {
-        "python": "import time\ntime.sleep(2)\n'done'",
-        "javascript": "await new Promise((r) => setTimeout(() => r('done'), 2000))",
+        "python": "import time\ns = time.time()\ntime.sleep(2)\nf'{s} {time.time()}'",
+        "javascript": "const s = Date.now() / 1000\n"
+        "await new Promise((r) => setTimeout(r, 2000))\n`${s} ${Date.now() / 1000}`",
     }
-    started = time.monotonic()
     results = await asyncio.gather(
         *(asbx.run_code(code[c.language], context=c, timeout=60) for c in contexts)
     )
-    elapsed = time.monotonic() - started
-    assert [r.text for r in results] == ["done"] * 3
-    assert elapsed < 4.5, f"contexts ran one after another ({elapsed:.1f} s)"
+    spans = [tuple(map(float, r.text.strip("'\"").split())) for r in results]
+    assert len(spans) == 3 and all(end - start >= 1.9 for start, end in spans), spans
+    assert max(s for s, _ in spans) < min(e for _, e in spans), f"one after another: {spans}"
     for c in contexts:
         await asbx.remove_code_context(c)
 

@@ -401,7 +401,7 @@ async def test_connect_timeout_ends_the_stream_and_kills_the_command(agent):
     assert res.end == {
         "error": {"code": "deadline_exceeded", "message": "context deadline exceeded"}
     }
-    assert 0.5 < elapsed < 3
+    assert 0.5 < elapsed < 20  # ended by the deadline, not by the command's end
     pid = res.pid
     for _ in range(50):  # and the command itself does not outlive its timeout (by much)
         if not (await ok(agent.client, "process.Process/List", {}))["processes"]:
@@ -413,7 +413,7 @@ async def test_connect_timeout_ends_the_stream_and_kills_the_command(agent):
 async def test_background_children_do_not_hold_the_end_event(agent):
     t0 = time.monotonic()
     res = await run(agent.client, "sleep 30 & echo $!")
-    assert time.monotonic() - t0 < 5
+    assert time.monotonic() - t0 < 30  # ended before the child did
     os.kill(int(res.output()), signal.SIGKILL)  # the orphan is ours to clean up
 
 
