@@ -144,5 +144,17 @@ def test_a_late_answer_never_lands_in_the_next_view(
         page.evaluate("() => new Promise((r) => setTimeout(r, 100))")  # (its continuation ran)
         expect(page.locator("main table")).to_have_count(1)
         expect(page.locator("main h2")).to_have_text("Sessions")
+        # A request that fails (the network, not the server) after its view was left: its
+        # error is not shown in the view now on screen either.
+        page.get_by_role("button", name="Overview").click()
+        expect(page.locator("main h2")).to_contain_text("Usage")
+        assert len(held) == 2
+        page.get_by_role("button", name="Sessions").click()
+        expect(page.locator("main table")).to_contain_text("conv-late")
+        with page.expect_event("requestfailed"):
+            held[1].abort()
+        page.evaluate("() => new Promise((r) => setTimeout(r, 100))")  # (its continuation ran)
+        expect(page.locator("main .error")).to_have_count(0)
+        expect(page.locator("main h2")).to_have_text("Sessions")
     finally:
         page.close()

@@ -27,18 +27,25 @@
     return e;
   }
 
-  // A view's answer that arrives after another view replaced it is dropped (it never settles),
-  // or it would be appended below the new view's own.
+  // A view's answer (or failure) that arrives after another view replaced it is dropped (it
+  // never settles), or it would be appended below the new view's own.
   let shown = 0;
   async function call(path, body) {
     const at = shown;
-    const r = await fetch("/console/api/" + path, {
-      method: "POST", credentials: "omit", cache: "no-store", referrerPolicy: "no-referrer",
-      headers: { "Authorization": "Bearer " + key, "Content-Type": "application/json" },
-      body: JSON.stringify(body || {}),
-    });
-    const data = await r.json().catch(() => ({}));
-    if (at !== shown) return new Promise(() => {});
+    const dropped = () => new Promise(() => {});
+    let r, data;
+    try {
+      r = await fetch("/console/api/" + path, {
+        method: "POST", credentials: "omit", cache: "no-store", referrerPolicy: "no-referrer",
+        headers: { "Authorization": "Bearer " + key, "Content-Type": "application/json" },
+        body: JSON.stringify(body || {}),
+      });
+      data = await r.json().catch(() => ({}));
+    } catch (e) {
+      if (at !== shown) return dropped();
+      throw e;
+    }
+    if (at !== shown) return dropped();
     if (r.status === 401) { signOut(); throw new Error(data.message || "not signed in"); }
     if (!r.ok) throw new Error(data.message || ("HTTP " + r.status));
     return data;
