@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from sandhold.errors import SandboxStartFailed
+from sandhold.runtime.cgroups import read_proc
 
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -34,11 +35,10 @@ def ending(pid: int) -> bool:
     its descriptors (the agent's socket) already closed, until the kernel has ended the rest
     of its pid namespace: calls sent then were refused though it looked alive."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rpartition(")")[2].split()
+        fields = read_proc(f"/proc/{pid}/stat").rpartition(b")")[2].split()
     except (FileNotFoundError, ProcessLookupError):  # (a read as it is reaped: ESRCH)
         return True
-    return fields[0] in ("Z", "X") or bool(int(fields[6]) & PF_EXITING)
+    return fields[0] in (b"Z", b"X") or bool(int(fields[6]) & PF_EXITING)
 
 
 def reap_init(init_pid: int | None, timeout: float = 5.0) -> None:
