@@ -40,6 +40,7 @@ bench: install
 	$(BENCH)/e2b_bench.py --n 20 --out $(BENCH_OUT)/e2b.json
 	$(BENCH)/pool_bench.py --n 10 --pool 20 --out $(BENCH_OUT)/pool.json
 	$(BENCH)/growth_bench.py --levels 0,1,100,500,1000 --n 10 --lists 3 --out $(BENCH_OUT)/growth.json
+	$(BENCH)/listing_bench.py --n 300 --rounds 2 --out $(BENCH_OUT)/listing.json
 	$(BENCH)/interpreter_bench.py --n 5 --iterations 100 --out $(BENCH_OUT)/interpreter.json
 	$(BENCH)/gateway_bench.py --n 20 --paused 200 --out $(BENCH_OUT)/gateway.json
 	$(BENCH)/egress_bench.py --n 300 --clients 16 --seconds 3 --out $(BENCH_OUT)/egress.json

@@ -137,10 +137,10 @@ def view(info: SandboxInfo) -> Sandbox | None:
 
 
 class Views:
-    """``view``, each version of a record validated once: a listing views every sandbox, and
-    validating a record costs ~10x the rest of its listing. A version is told by the record's
-    own object, which the runtime keeps (and hands out) until the file changes. Each call gets
-    its own copy: callers set fields of ``life`` before saving it."""
+    """``view``, each version of a record validated once: a listing views every sandbox
+    (bench/listing_bench.py). A version is told by the record's own object, which the runtime
+    keeps (and hands out) until the file changes. Each call gets its own copy: callers set
+    fields of ``life`` before saving it."""
 
     def __init__(self) -> None:
         self._parsed: dict[str, tuple[dict[str, Any], Lifecycle]] = {}
