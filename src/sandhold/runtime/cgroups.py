@@ -28,8 +28,7 @@ def _write(path: Path, value: str) -> None:
 
 
 def _read(path: Path) -> str:
-    with open(path) as f:
-        return f.read()
+    return read_proc(str(path)).decode()
 
 
 def read_proc(path: str) -> bytes:

@@ -53,17 +53,18 @@ def _resources(builds: Builds, t: Template) -> dict[str, Any]:
 
 
 def listed(builds: Builds, team: str, *, defaults_only: bool = False) -> list[dict[str, Any]]:
-    return list(_entries(builds, team, defaults_only).values())
+    visible = _visible(builds, team)
+    if defaults_only:
+        visible = [t for t in visible if t.owner is None]
+    return list(_entries(builds, visible).values())
 
 
-def _entries(builds: Builds, team: str, defaults_only: bool) -> dict[str, dict[str, Any]]:
+def _entries(builds: Builds, visible: list[Template]) -> dict[str, dict[str, Any]]:
     """One ``Template`` entry per template id: its build with the default tag, else its newest."""
     out: dict[str, dict[str, Any]] = {}
     count: dict[str, int] = {}
     tags: dict[str, list[str]] = {}
-    for t in _visible(builds, team):
-        if defaults_only and t.owner is not None:
-            continue
+    for t in visible:
         key = _key(t)
         count[key] = count.get(key, 0) + 1
         if key in out and DEFAULT_TAG not in t.tags and DEFAULT_TAG in tags[key]:
@@ -89,7 +90,7 @@ def with_builds(
     limit = MAX_BUILDS_PAGE if limit is None else limit
     if not 1 <= limit <= MAX_BUILDS_PAGE:
         raise InvalidRequest(f"limit must be between 1 and {MAX_BUILDS_PAGE}")
-    stored = [t for t in _visible(builds, team) if _key(t) == tid]
+    stored = [t for t in _visible(builds, team) if _key(t) == tid]  # (the store read once)
     # (a build that succeeded is one of the stored; the others are jobs of the last hour)
     pending = [j for j in builds.jobs.values()
                if j.team == team and j.template_id == tid and j.status != "ready"]  # fmt: skip
@@ -105,7 +106,7 @@ def with_builds(
             raise InvalidRequest(f"invalid nextToken {next_token!r}")
         entries = entries[at + 1 :]
     page = entries[:limit]
-    entry = _entries(builds, team, False).get(tid) or _pending_entry(builds, pending)
+    entry = _entries(builds, stored).get(tid) or _pending_entry(builds, pending)
     return {**entry, "builds": page}, (page[-1]["buildID"] if len(entries) > limit else None)
 
 
