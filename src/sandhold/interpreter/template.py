@@ -36,13 +36,13 @@ from sandhold.envd import INTERPRETER_PORT
 from sandhold.errors import HostUnsupported, TemplateBuildFailed
 from sandhold.interpreter.contexts import ENV_PATH, READY_PATH
 from sandhold.interpreter.packages import PACKAGES
+from sandhold.runtime.rootfs_owners import shift_ownership
 from sandhold.runtime.templates import (
     BASE_BIN,
     DEFAULT_PATH,
     SANDBOX_USER_UID,
     Template,
     TemplateStore,
-    _shift_ownership,
 )
 
 log = logging.getLogger(__name__)
@@ -206,7 +206,7 @@ def ensure_site_packages(cache_dir: Path, uid_base: int) -> Path:
         tree = staging / "t"
         # Readable by every sandbox user whatever our umask; writable by sandbox root only.
         subprocess.run(["chmod", "-R", "u+rwX,go+rX,go-w", str(tree)], check=True)
-        _shift_ownership(tree, uid_base)
+        shift_ownership(tree, uid_base)
         done = {"packages": list(PACKAGES), "uid_base": uid_base}
         (tree / ".complete").write_text(json.dumps(done))
         shutil.rmtree(site, ignore_errors=True)
@@ -318,7 +318,7 @@ def build_code_interpreter_template(
                 site = ensure_site_packages(cache_dir, store.uid_base)
                 _copy_tree(site, rootfs / SANDBOX_SITE.lstrip("/"))
                 _install_code(rootfs)
-                _shift_ownership(rootfs / "opt" / "sandhold", store.uid_base)
+                shift_ownership(rootfs / "opt" / "sandhold", store.uid_base)
                 _font_cache(rootfs, site, store.uid_base)
             # Like a bound workspace (the runtime gives it to `user`): code running as user
             # can write deliverables there even when no workspace is mounted.

@@ -31,11 +31,11 @@ import time
 from pathlib import Path
 
 from sandhold.errors import HostUnsupported, TemplateBuildFailed
+from sandhold.runtime.rootfs_owners import shift_ownership
 from sandhold.runtime.templates import (
     BASE_BIN,
     Template,
     TemplateStore,
-    _shift_ownership,
     flocked,
 )
 
@@ -152,7 +152,7 @@ def ensure_lib(cache_dir: Path, uid_base: int, key: str) -> Path:
                 raise TemplateBuildFailed("the mcp SDK does not import on the sandboxes' "
                                           f"{PYTHON}: {probe.stderr.strip()[-500:]}")  # fmt: skip
             subprocess.run(["chmod", "-R", "u+rwX,go+rX,go-w", str(tree)], check=True)
-            _shift_ownership(tree, uid_base)
+            shift_ownership(tree, uid_base)
             (tree / ".complete").write_text(key)
             shutil.rmtree(lib, ignore_errors=True)
             tree.rename(lib)

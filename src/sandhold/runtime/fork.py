@@ -18,14 +18,13 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-import shutil
 import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sandhold.errors import Conflict, InvalidRequest, SandholdError, Unsupported
-from sandhold.runtime import checkpoint, disk, images
+from sandhold.runtime import checkpoint, disk, images, safefs
 from sandhold.runtime import reconcile as reconciling
 from sandhold.runtime.launcher import new_boot
 from sandhold.runtime.records import SandboxInfo, new_sandbox_id
@@ -111,7 +110,7 @@ def start(
             extra=dict(extra), host_uid=host_uid, started_from=started_from,
         )  # fmt: skip
         rt._save(info)
-        shutil.rmtree(d / checkpoint.IMAGES, ignore_errors=True)
+        safefs.remove_quietly(d / checkpoint.IMAGES)
         return info
     except BaseException:
         rt._destroy(sandbox_id, None)
@@ -137,7 +136,7 @@ def fork(
         try:
             checkpoint_in_place(rt, source, taken)
         except BaseException:
-            shutil.rmtree(taken, ignore_errors=True)
+            safefs.remove_quietly(taken)
             raise
     try:
         out: list[SandboxInfo | SandholdError] = []
@@ -148,4 +147,4 @@ def fork(
                 out.append(e)
         return out
     finally:
-        shutil.rmtree(taken, ignore_errors=True)
+        safefs.remove_quietly(taken)

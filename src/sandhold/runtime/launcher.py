@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandhold.errors import HostUnsupported, SandboxStartFailed
+from sandhold.runtime import safefs
 from sandhold.runtime.cgroups import CgroupSet
 from sandhold.runtime.idmap import ID_RANGE
 from sandhold.runtime.seccomp import filter_fd
@@ -48,6 +49,10 @@ BOOT_ID_FILE = "boot_id"  # in the sandbox's handoff tmpfs: what is bound at BOO
 
 
 IDENTITY_FILE = "identity.json"  # in the handoff tmpfs too: E2B's E2B_SANDBOX_* env of commands
+# What bwrap mounts over in every sandbox's root, besides the template's and the spec's binds.
+# It makes a missing one itself, following links: each is made a real directory first
+# (make_mount_points), so a link planted in an image or a layer cannot send it onto the host.
+MOUNT_POINTS = ("/proc", "/dev", "/tmp", AGENT_LIB, HANDOFF_AT)
 
 
 def new_boot(handoff: Path, sandbox_id: str, template: str) -> None:
@@ -136,6 +141,22 @@ def bwrap_argv(
              "--config-fd", str(config_fd), "--socket-fd", str(socket_fd),
              "--ready-fd", str(ready_fd)]  # fmt: skip
     return argv
+
+
+def root_mount_points(agent_kit: bool) -> list[str]:
+    """The mount points of the runtime's own in a root (the template's binds aside)."""
+    return [*MOUNT_POINTS, KIT_USR] if agent_kit else list(MOUNT_POINTS)
+
+
+def make_mount_points(launch: Launch, owner: int) -> None:
+    """Make every directory of the root that bwrap binds or mounts over (or binds from: the
+    writable dirs) a chain of real directories, the missing ones ``owner``'s; one that goes
+    through a link is refused (safefs.make_dirs). Nothing in the sandbox runs meanwhile."""
+    points = [*root_mount_points(launch.agent_kit), *(dst for _src, dst in launch.ro_binds)]
+    points += [dst for _src, dst, _ro in launch.binds]
+    points += [f"/{RW_DIRS}/{d.lstrip('/')}" for d in launch.rw_dirs]
+    for point in points:
+        safefs.make_dirs(launch.root, point, 0o755, owner)
 
 
 def agent_kit_argv() -> list[str]:

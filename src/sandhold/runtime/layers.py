@@ -14,8 +14,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import logging
-import os
-import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -23,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sandhold.errors import TemplateBuildFailed
+from sandhold.runtime import safefs
 from sandhold.runtime.templates import flocked
 
 if TYPE_CHECKING:
@@ -58,9 +57,9 @@ class LayerStore:
             try:
                 staged.rename(self.root / layer_id)
             except OSError:  # made meanwhile by an identical build: the same layer
-                shutil.rmtree(staged, ignore_errors=True)
+                safefs.remove_quietly(staged)
         except BaseException:
-            shutil.rmtree(staged, ignore_errors=True)
+            safefs.remove_quietly(staged)
             raise
 
     @contextlib.contextmanager
@@ -88,12 +87,10 @@ class LayerStore:
         for d in self.root.iterdir():
             if d.name.startswith(".") or d.name in used:
                 continue
-            shutil.rmtree(d, ignore_errors=True)
+            safefs.remove_quietly(d)
             removed += 1
-        with contextlib.suppress(OSError):
-            for stale in self.root.glob(".new-*"):  # builds a crash cut short, an hour old
-                if stale.stat().st_mtime < os.path.getmtime(self.root) - 3600:
-                    shutil.rmtree(stale, ignore_errors=True)
+        for stale in self.root.glob(".new-*"):  # (no build runs: whatever made it was cut short)
+            safefs.remove_quietly(stale)
         if removed:
             log.info("collected %d unused template layers", removed)
         return removed

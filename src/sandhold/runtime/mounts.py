@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 from sandhold.errors import InvalidRequest
+from sandhold.runtime import safefs
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
@@ -85,14 +86,7 @@ def make_mount_point(root: Path, target: str, owner: int) -> None:
     """Create a bind target in the sandbox's root as sandbox root, mode 0755 (bwrap would make
     missing ones 0700, hiding the mount from `user`). Never through a symlink of the template:
     as host root that could create directories outside the sandbox."""
-    path = root
-    for part in target.strip("/").split("/"):
-        path = path / part
-        if path.is_symlink():
-            raise InvalidRequest(f"mount target {target} goes through a symlink in the template")
-        if not path.exists():
-            path.mkdir(mode=0o755)
-            os.lchown(path, owner, owner)
+    safefs.make_dirs(root, target, 0o755, owner)
 
 
 def check_traversable(path: Path) -> None:

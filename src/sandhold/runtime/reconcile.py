@@ -36,7 +36,6 @@ import contextlib
 import fcntl
 import logging
 import os
-import shutil
 import signal
 import time
 from collections.abc import Iterator
@@ -45,7 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sandhold.errors import SandboxNotFound, SandholdError
-from sandhold.runtime import cgroups, mounts
+from sandhold.runtime import cgroups, mounts, safefs
 from sandhold.runtime.reaping import parent_of
 from sandhold.runtime.spec import NAME_RE
 
@@ -111,7 +110,7 @@ def claim(d: Path) -> int:
             os.close(fd)
             raise
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        safefs.remove_quietly(staging)
         raise
     return fd
 
@@ -126,7 +125,7 @@ def remove_dir(d: Path) -> None:
         if e.name == "lock":
             continue
         if e.is_dir(follow_symlinks=False):
-            shutil.rmtree(e.path, ignore_errors=True)
+            safefs.remove_quietly(e.path)
         else:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(e.path)
@@ -322,7 +321,7 @@ def _sweep(rt: Runtime, d: Path, report: Report) -> None:
         if pid.isdigit() and _start_time(int(pid)) == start:
             report.in_flight += 1  # its creator is alive and will rename or remove it
             return
-        shutil.rmtree(d, ignore_errors=True)
+        safefs.remove_quietly(d)
         report.staging_removed += 1
         return
     if not NAME_RE.match(d.name) or not d.is_dir():

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from sandhold.runtime import safefs
 from sandhold.runtime.spec import SandboxSpec
 
 # failed: its processes are gone though nobody killed it (its agent died: a bug, the host
@@ -108,14 +109,7 @@ class Usage:
 
 
 def dir_size(path: Path) -> int:
-    total = 0
-    for dirpath, _dirnames, filenames in os.walk(path):
-        for name in filenames:
-            try:
-                total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
-            except FileNotFoundError:
-                pass
-    return total
+    return safefs.tree_size(path)
 
 
 def atomic_write(path: Path, text: str) -> None:

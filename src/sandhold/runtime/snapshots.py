@@ -27,7 +27,6 @@ import fcntl
 import json
 import os
 import secrets
-import shutil
 import string
 import tempfile
 import time
@@ -43,7 +42,7 @@ from sandhold.errors import (
     TemplateNotFound,
     Unsupported,
 )
-from sandhold.runtime import disk, fork
+from sandhold.runtime import disk, fork, safefs
 from sandhold.runtime.records import SandboxInfo
 from sandhold.runtime.snapshot_remote import remote_for
 from sandhold.runtime.spec import SandboxSpec
@@ -79,11 +78,7 @@ class Snapshot:
 
 
 def _size(path: Path) -> int:
-    total = 0
-    for dirpath, _dirs, files in os.walk(path):
-        for name in files:
-            total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
-    return total
+    return safefs.tree_size(path)
 
 
 class SnapshotStore:
@@ -221,7 +216,7 @@ class SnapshotStore:
                 if e.errno not in (errno.EEXIST, errno.ENOTEMPTY):
                     raise
         finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            safefs.remove_quietly(tmp)
 
     def take(self, sandbox_id: str, owner: str, name: str | None, mode: Mode,
              extra: dict[str, object] | None = None) -> Snapshot:  # fmt: skip
@@ -259,7 +254,7 @@ class SnapshotStore:
                         self.remote.delete(snapshot_id)
                 raise
         except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
+            safefs.remove_quietly(staging)
             raise
         snap.dir = self.root / snapshot_id
         return snap
@@ -307,7 +302,7 @@ def _discard(d: Path) -> None:
         d.rename(trash)  # gone for readers at once
     except FileNotFoundError:
         return
-    shutil.rmtree(trash, ignore_errors=True)
+    safefs.remove_quietly(trash)
 
 
 def _last_used(snap: Snapshot) -> float:

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sandhold.errors import CheckpointFailed, Conflict, HostUnsupported
-from sandhold.runtime import checkpoint, disk, mounts
+from sandhold.runtime import checkpoint, disk, mounts, safefs
 from sandhold.runtime.boot import boot, remount, save_handoff
 from sandhold.runtime.criu import FIX, criu_status
 from sandhold.runtime.launcher import listen
@@ -62,7 +61,7 @@ def suspend(rt: Runtime, sandbox_id: str) -> SandboxInfo:
             try:
                 checkpoint.dump(criu, d, info.init_pid)
             except CheckpointFailed:
-                shutil.rmtree(d / checkpoint.IMAGES, ignore_errors=True)
+                safefs.remove_quietly(d / checkpoint.IMAGES)
                 hand_back(d, info.init_pid)  # it carries on where it was
                 raise
         except BaseException:
@@ -124,7 +123,7 @@ def drop_processes(rt: Runtime, sandbox_id: str) -> SandboxInfo:
             if bwrap is not None:
                 bwrap.wait()
             reap_init(info.init_pid)
-        shutil.rmtree(d / checkpoint.IMAGES, ignore_errors=True)
+        safefs.remove_quietly(d / checkpoint.IMAGES)
         rt.uids.give_back(d)  # the boot binds them again
         rt.wsdisk.release(d)
         (d / "run" / "agent.sock").unlink(missing_ok=True)
@@ -171,7 +170,7 @@ def restore(rt: Runtime, d: Path, info: SandboxInfo) -> None:
         raise
     info.pid = info.init_pid = pid
     info.suspended = None
-    shutil.rmtree(d / checkpoint.IMAGES, ignore_errors=True)
+    safefs.remove_quietly(d / checkpoint.IMAGES)
 
 
 def hand_back(d: Path, agent_pid: int, rebind: bool = False) -> None:

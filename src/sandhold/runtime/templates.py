@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 import time
@@ -27,9 +29,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from sandhold.errors import HostUnsupported, InvalidRequest, TemplateNotFound
+from sandhold.runtime import rootfs_owners, safefs
+from sandhold.runtime.launcher import root_mount_points
 from sandhold.runtime.spec import NAME_RE
 
-SANDBOX_USER_UID = 1000
+log = logging.getLogger(__name__)
+
+SANDBOX_USER_UID = rootfs_owners.SANDBOX_USER_UID
 # What root may do in a build step (install packages, chown what it copies), as in a container
 # build, inside its user namespace only: agent/libc.py CAPS names them.
 BUILD_CAPS = ["CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL",
@@ -165,45 +171,6 @@ def _group() -> str:
     return "root:x:0:\nuser:x:1000:\nnogroup:x:65534:\n"
 
 
-def _shift_ownership(root: Path, uid_base: int) -> None:
-    """Make sandbox uid n own what host uid n owned (lchown: never follow symlinks out)."""
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in (*dirnames, *filenames):
-            p = os.path.join(dirpath, name)
-            st = os.lstat(p)
-            if st.st_uid < 65536 and st.st_gid < 65536:
-                os.lchown(p, st.st_uid + uid_base, st.st_gid + uid_base)
-                if not os.path.islink(p) and st.st_mode & 0o6000:
-                    os.chmod(p, st.st_mode & 0o1777)  # chown cleared setuid; keep it cleared
-    st = os.lstat(root)
-    os.lchown(root, st.st_uid % 65536 + uid_base, st.st_gid % 65536 + uid_base)
-
-
-def _add_users(rootfs: Path) -> None:
-    """Make sure the rootfs has `root` and `user` (uid 1000, home /home/user)."""
-    etc = rootfs / "etc"
-    etc.mkdir(exist_ok=True)
-    passwd = etc / "passwd"
-    existing = passwd.read_text() if passwd.exists() else ""
-    names = {line.split(":")[0] for line in existing.splitlines() if line}
-    if "user" not in names:
-        with open(passwd, "a") as f:
-            if "root" not in names:
-                f.write("root:x:0:0:root:/root:/bin/bash\n")
-            f.write("user:x:1000:1000:user:/home/user:/bin/bash\n")
-    group = etc / "group"
-    gexisting = group.read_text() if group.exists() else ""
-    if not any(line.startswith("user:") for line in gexisting.splitlines()):
-        with open(group, "a") as f:
-            f.write("user:x:1000:\n")
-    home = rootfs / "home" / "user"
-    home.mkdir(parents=True, exist_ok=True)
-    os.chown(home, SANDBOX_USER_UID, SANDBOX_USER_UID)
-    (rootfs / "root").mkdir(mode=0o700, exist_ok=True)
-    for mp in ("proc", "dev", "tmp", "run", "workspace", "opt"):
-        (rootfs / mp).mkdir(exist_ok=True)
-
-
 class TemplateStore:
     def __init__(self, root: Path, uid_base: int) -> None:
         self.root = root
@@ -265,7 +232,7 @@ class TemplateStore:
             trash = Path(tempfile.mkdtemp(dir=self.root, prefix=".old-"))
             final.rename(trash / "t")
             staged.rename(final)
-            shutil.rmtree(trash, ignore_errors=True)
+            safefs.remove_quietly(trash)
         else:
             staged.rename(final)
 
@@ -285,7 +252,7 @@ class TemplateStore:
         try:
             return self._commit(tpl, staging, rootfs=False)
         except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
+            safefs.remove_quietly(staging)
             raise
 
     def update(self, tpl: Template) -> None:
@@ -334,8 +301,8 @@ class TemplateStore:
             (rootfs / "etc/profile.d/sandhold.sh").write_text(
                 f'case ":$PATH:" in *:{BASE_BIN}:*) ;; *) PATH="$PATH:{BASE_BIN}" ;; esac\n'
             )
-            _add_users(rootfs)
-            _shift_ownership(rootfs, self.uid_base)
+            rootfs_owners.add_users(rootfs)
+            rootfs_owners.shift_ownership(rootfs, self.uid_base)
             tpl = Template(
                 name=name,
                 kind="host",
@@ -345,7 +312,7 @@ class TemplateStore:
             )
             return self._commit(tpl, staging)
         except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
+            safefs.remove_quietly(staging)
             raise
 
     @staticmethod
@@ -368,18 +335,29 @@ class TemplateStore:
             else:
                 shutil.copy2(src, target)
 
-    def build_from_rootfs(self, name: str, source: Path, *, copy: bool = True,
-                          **fields: object) -> Template:  # fmt: skip
+    def build_from_rootfs(
+        self,
+        name: str,
+        source: Path,
+        *,
+        copy: bool = True,
+        refuse_privileged: bool = False,
+        **fields: object,
+    ) -> Template:
         """Import a complete root filesystem directory (copied; the source is left untouched);
-        ``fields`` set the Template's (an image's env, workdir, user, ``agent_kit``)."""
+        ``fields`` set the Template's (an image's env, workdir, user, ``agent_kit``). What no
+        sandbox may have (devices, setuid bits, file capabilities) is dropped, or the root
+        refused with ``refuse_privileged``; so is one whose runtime mount points are links."""
         if not NAME_RE.match(name):
             raise InvalidRequest(f"template name {name!r} is not valid")
-        if not (source / "usr/bin").is_dir() and not fields.get("agent_kit"):
-            raise InvalidRequest(f"{source} does not look like a root filesystem (no usr/bin)")
-        if not (source / "usr/bin/python3").exists() and not fields.get("agent_kit"):
-            raise InvalidRequest(
-                f"{source} has no /usr/bin/python3, which the in-sandbox agent needs"
-            )
+        if not fields.get("agent_kit"):
+            with safefs.Root(source) as root:  # (as the sandbox will see it: links in the root)
+                if root.kind("usr/bin") != stat.S_IFDIR:
+                    raise InvalidRequest(f"{source} does not look like a root filesystem "
+                                         "(no usr/bin)")  # fmt: skip
+                if root.kind("usr/bin/python3") != stat.S_IFREG:
+                    raise InvalidRequest(f"{source} has no /usr/bin/python3, which the "
+                                         "in-sandbox agent needs")  # fmt: skip
         staging = self._staging(name)
         try:
             rootfs = staging / "rootfs"
@@ -387,15 +365,17 @@ class TemplateStore:
                 subprocess.run(["cp", "-a", "--", str(source), str(rootfs)], check=True)
             else:
                 source.rename(rootfs)
-            _add_users(rootfs)
-            _shift_ownership(rootfs, self.uid_base)
+            rootfs_owners.add_users(rootfs)
+            for point in root_mount_points(bool(fields.get("agent_kit"))):
+                safefs.make_dirs(rootfs, point, 0o755, 0)  # (bwrap would follow links there)
+            rootfs_owners.shift_ownership(rootfs, self.uid_base, refuse_privileged)
             tpl = Template(name=name, kind="rootfs", rootfs=rootfs,
                            env={"PATH": DEFAULT_PATH, "LANG": "C.UTF-8"})  # fmt: skip
             for k, v in fields.items():
                 setattr(tpl, k, v)
             return self._commit(tpl, staging)
         except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
+            safefs.remove_quietly(staging)
             raise
 
     def build_debootstrap(
@@ -418,17 +398,17 @@ class TemplateStore:
                 tail = (proc.stdout + proc.stderr).strip().splitlines()[-5:]
                 raise InvalidRequest(f"debootstrap failed ({proc.returncode}): {' | '.join(tail)}")
             for d in ("var/cache/apt/archives",):
-                shutil.rmtree(target / d, ignore_errors=True)
+                safefs.remove_quietly(target / d)
                 (target / d).mkdir(parents=True, exist_ok=True)
             return self.build_from_rootfs(name, target, copy=False)
         finally:
-            shutil.rmtree(work, ignore_errors=True)
+            safefs.remove_quietly(work)
 
     def remove(self, name: str) -> None:
         d = self._dir(name)
         if not (d / "template.json").exists():
             raise TemplateNotFound(f"template {name!r} does not exist")
-        shutil.rmtree(d)
+        safefs.remove_tree(d)
 
 
 def _builtin_uid_in_profile(profile: Path) -> None:

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from sandhold.errors import QuotaExceeded
-from sandhold.runtime import idmap, mounts
+from sandhold.runtime import idmap, mounts, safefs
 from sandhold.runtime.idmap import ID_RANGE
 
 log = logging.getLogger(__name__)
@@ -122,14 +122,15 @@ class UidPool:
         def shifted(i: int) -> int:
             return to_base + (i - lo) % ID_RANGE if lo <= i < hi else i
 
-        for path in [str(root), *_walk(root)]:
-            try:
-                st = os.lstat(path)
-                uid, gid = shifted(st.st_uid), shifted(st.st_gid)
-                if (uid, gid) != (st.st_uid, st.st_gid):
-                    os.lchown(path, uid, gid)  # (clears setuid/setgid bits: left cleared)
-            except FileNotFoundError:
-                pass
+        def shift(dir_fd: int | None, name: str, st: os.stat_result) -> None:
+            uid, gid = shifted(st.st_uid), shifted(st.st_gid)
+            if (uid, gid) != (st.st_uid, st.st_gid):  # (clears setuid/setgid bits: left so)
+                with contextlib.suppress(FileNotFoundError):
+                    os.chown(name, uid, gid, dir_fd=dir_fd, follow_symlinks=False)
+
+        with contextlib.suppress(FileNotFoundError):
+            shift(None, str(root), os.lstat(root))
+            safefs.walk(root, shift)
 
     # -- what a sandbox in range ``base`` sees of canonical trees --------------------------------
     @contextlib.contextmanager
@@ -198,10 +199,3 @@ class UidPool:
 VIEWS = "views"  # idmapped mounts of writable trees, under the sandbox's directory
 VIEW_LIST = "views.list"  # "<path inside>\t<view>" per line
 SHIFTED = "shifted"  # trees given to the sandbox's range by chown, one path per line
-
-
-def _walk(root: Path) -> list[str]:
-    out = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        out += [os.path.join(dirpath, n) for n in (*dirnames, *filenames)]
-    return out

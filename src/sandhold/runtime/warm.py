@@ -25,7 +25,6 @@ import contextlib
 import hashlib
 import json
 import logging
-import shutil
 import socket
 import tempfile
 import time
@@ -33,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sandhold.errors import InvalidRequest, SandboxStartFailed, SandholdError
-from sandhold.runtime import checkpoint
+from sandhold.runtime import checkpoint, safefs
 from sandhold.runtime import fork as forking
 from sandhold.runtime.boot import agent_config
 from sandhold.runtime.spec import SandboxSpec
@@ -130,11 +129,11 @@ class WarmStarts:
         with flocked(target.parent / ".lock"):  # one build at a time, in any process
             if not (target / META).exists():
                 for stale in target.parent.glob(".new-*"):  # a build a crash cut short
-                    shutil.rmtree(stale, ignore_errors=True)
+                    safefs.remove_quietly(stale)
                 self._build(template, target)
         for old in target.parent.iterdir():  # checkpoints of an older template, CRIU or agent
             if old != target and not old.name.startswith("."):
-                shutil.rmtree(old, ignore_errors=True)
+                safefs.remove_quietly(old)
         return target
 
     def _build(self, template: Template, target: Path) -> None:
@@ -154,14 +153,14 @@ class WarmStarts:
             (staged / META).write_text(json.dumps(meta))
             staged.rename(target)
         except BaseException:
-            shutil.rmtree(staged, ignore_errors=True)
+            safefs.remove_quietly(staged)
             raise
         finally:
             self.rt.kill(info.id)
         log.info("template %s starts warm from %s", name, target)
 
     def remove(self, name: str) -> None:
-        shutil.rmtree(self.root / name, ignore_errors=True)
+        safefs.remove_quietly(self.root / name)
 
 
 def _read(path: Path) -> str:

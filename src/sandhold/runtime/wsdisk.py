@@ -42,7 +42,7 @@ from pathlib import Path
 
 from sandhold.config import Settings
 from sandhold.errors import Conflict, InvalidRequest, QuotaExceeded, SandboxStartFailed
-from sandhold.runtime import images
+from sandhold.runtime import images, safefs
 from sandhold.runtime.images import BLOCK, BYTES_PER_INODE, MOUNT_FLAGS, MOUNT_OPTS
 from sandhold.runtime.spec import SandboxSpec
 from sandhold.runtime.templates import SANDBOX_USER_UID
@@ -241,10 +241,7 @@ class WorkspaceDisk:
         for name in names:  # in the image now: the originals go (a crash leaves them unseen)
             path = workspace / name
             try:
-                if path.is_dir() and not path.is_symlink():
-                    shutil.rmtree(path)
-                else:
-                    path.unlink()
+                safefs.remove_tree(path)
             except OSError as e:
                 log.warning("workspace %s: could not remove %s after moving it into the disk "
                             "image: %s", workspace, name, e)  # fmt: skip
