@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -24,7 +23,7 @@ import pytest
 from e2b import Sandbox
 
 from sandhold.config import Settings
-from sandhold.runtime import cgroups, mounts
+from sandhold.runtime import cgroups, mounts, safefs
 from sandhold.runtime.runtime import Runtime
 
 KEY_A = "sandhold-test-key-a"
@@ -131,7 +130,7 @@ class Server:
             for target in debris:
                 mounts.umount(Path(target))
             cgroups.remove_parent(settings.cgroup_group)
-            shutil.rmtree(self.data_dir, ignore_errors=True)
+            safefs.remove_quietly(self.data_dir)  # (a template's tree may be deep)
         assert not errors and not debris, f"cleanup failed: {errors}, still mounted: {debris}"
 
     def sdk(self, key: str = KEY_A) -> dict[str, str]:

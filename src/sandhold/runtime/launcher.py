@@ -149,14 +149,19 @@ def root_mount_points(agent_kit: bool) -> list[str]:
 
 
 def make_mount_points(launch: Launch, owner: int) -> None:
-    """Make every directory of the root that bwrap binds or mounts over (or binds from: the
-    writable dirs) a chain of real directories, the missing ones ``owner``'s; one that goes
-    through a link is refused (safefs.make_dirs). Nothing in the sandbox runs meanwhile."""
-    points = [*root_mount_points(launch.agent_kit), *(dst for _src, dst in launch.ro_binds)]
-    points += [dst for _src, dst, _ro in launch.binds]
+    """Make every point of the root that bwrap binds or mounts over (or binds from: the
+    writable dirs) a chain of real directories (a real file for a file's bind), the missing
+    ones ``owner``'s; one that goes through a link is refused (safefs). Nothing in the sandbox
+    runs meanwhile."""
+    points = root_mount_points(launch.agent_kit)
     points += [f"/{RW_DIRS}/{d.lstrip('/')}" for d in launch.rw_dirs]
+    files: list[str] = []
+    for src, dst in [*launch.ro_binds, *((src, dst) for src, dst, _ro in launch.binds)]:
+        (points if os.path.isdir(src) else files).append(dst)
     for point in points:
         safefs.make_dirs(launch.root, point, 0o755, owner)
+    for point in files:
+        safefs.make_file(launch.root, point, owner)
 
 
 def agent_kit_argv() -> list[str]:

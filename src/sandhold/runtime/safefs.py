@@ -25,6 +25,7 @@ import logging
 import os
 import stat
 from collections.abc import Callable, Iterator
+from contextlib import suppress
 from pathlib import Path
 
 from sandhold.errors import InvalidRequest
@@ -150,9 +151,36 @@ class Root:
 def make_dirs(top: Path, path: str, mode: int, owner: int) -> None:
     """Make ``path`` under ``top`` a chain of real directories, the missing ones ``owner``'s;
     a symlink or anything but a directory on the way is refused (never followed)."""
+    os.close(_dir_chain(top, _parts(path), path, mode, owner))
+
+
+def make_file(top: Path, path: str, owner: int) -> None:
+    """Make ``path`` under ``top`` a regular file (an empty one, ``owner``'s, if missing) at
+    the end of a chain of real directories: a file a bind will cover. A link there is replaced
+    (what is bound over it hides it anyway); a link on the way is refused."""
+    *dirs, name = _parts(path)
+    fd = _dir_chain(top, dirs, path, 0o755, owner)
+    try:
+        with suppress(FileNotFoundError):
+            st = os.lstat(name, dir_fd=fd)
+            if stat.S_ISREG(st.st_mode):
+                return
+            if not stat.S_ISLNK(st.st_mode):
+                raise InvalidRequest(f"mount point {path} in the sandbox's root is not a file")
+            os.unlink(name, dir_fd=fd)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        new = os.open(name, flags, 0o644, dir_fd=fd)
+        os.fchown(new, owner, owner)
+        os.close(new)
+    finally:
+        os.close(fd)
+
+
+def _dir_chain(top: Path, parts: list[str], path: str, mode: int, owner: int) -> int:
+    """The descriptor of ``top/parts...``, each a real directory (made if missing)."""
     fd = os.open(top, DIR_FLAGS)
     try:
-        for part in _parts(path):
+        for part in parts:
             try:
                 nxt = os.open(part, DIR_FLAGS, dir_fd=fd)
             except FileNotFoundError:
@@ -169,8 +197,10 @@ def make_dirs(top: Path, path: str, mode: int, owner: int) -> None:
                 ) from None
             os.close(fd)
             fd = nxt
-    finally:
+    except BaseException:
         os.close(fd)
+        raise
+    return fd
 
 
 def _parts(path: str) -> list[str]:
