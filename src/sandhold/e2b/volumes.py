@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import shutil
 import string
 import time
 from dataclasses import asdict, dataclass
@@ -19,6 +18,7 @@ from pathlib import Path
 
 from sandhold.config import Settings
 from sandhold.errors import Conflict, InvalidRequest, VolumeNotFound
+from sandhold.runtime import safefs
 from sandhold.runtime.spec import NAME_RE, NAME_RULE, clipped
 from sandhold.runtime.templates import SANDBOX_USER_UID
 
@@ -101,4 +101,4 @@ class VolumeStore:
 
     def delete(self, volume: Volume) -> None:
         (self.records_dir / f"{volume.volumeID}.json").unlink(missing_ok=True)
-        shutil.rmtree(self.path(volume), ignore_errors=True)
+        safefs.remove_quietly(self.path(volume))  # (a volume's tree may be deep)

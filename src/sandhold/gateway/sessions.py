@@ -28,7 +28,6 @@ import contextlib
 import logging
 import math
 import os
-import shutil
 import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -55,6 +54,7 @@ from sandhold.gateway.providers.base import (
     SandboxGone,
 )
 from sandhold.gateway.timeline import Timeline
+from sandhold.runtime import safefs
 from sandhold.service.locks import KeyedLocks
 from sandhold.store.db import SessionRow, Store
 
@@ -433,7 +433,7 @@ class SandboxSessionManager(SessionsBase):
                 raise SessionBusy("lost the session lock; retry")
         deleted = policy.workspace_on_close == "delete"
         if deleted:
-            await self.db(shutil.rmtree, self.workspace_dir(tenant_id, session_id), True)
+            await self.db(safefs.remove_quietly, self.workspace_dir(tenant_id, session_id))
         await self.timeline.record(
             tenant_id, session_id, "session_closed", sandbox_id=killed,
             reason=f"closed by the platform; workspace {'deleted' if deleted else 'kept'}",
