@@ -103,6 +103,14 @@ class RuntimeSettings(CreateLimits, Layer):
     template_image_ca_file: Path | None = Field(
         None, description="A PEM CA trusted for image registries (beside the system's)."
     )
+    template_unpack_max_depth: int = Field(
+        256,
+        ge=8,
+        le=4096,
+        description="Deepest path (in directories) an image's layers or a COPY archive may "
+        "unpack to; deeper is refused (the entries a build may unpack are "
+        "template_build_disk_mb / 16 KiB, its bytes template_build_disk_mb).",
+    )
     template_build_disk_mb: int = Field(
         10240, ge=64, description="Disk budget of a build step's writable layer."
     )

@@ -106,7 +106,7 @@ def routes(builds: Builds, authed: Callable[[Handler], Any], max_upload: int) ->
             raise InvalidRequest("the body must be JSON") from None
         if not isinstance(body, dict):
             raise InvalidRequest("the body must be a JSON object")
-        builds.start(job, body)
+        await builds.start(job, body)
         return Response(status_code=202)
 
     async def build_status(request: Request, team: str) -> Response:

@@ -11,10 +11,12 @@ directory, whiteouts and opaque directories included) becomes a **layer** of the
 its layers, stacked as overlay lower directories.
 
 **The cache**: a layer's id hashes its parent's id, the step and its inputs (a ``COPY``'s files
-hash, the env, user and workdir it runs with); an existing layer is reused unless the step (or
-one before it) is forced. So an identical rebuild runs nothing, and changing step k rebuilds
-from k. A failing step reports its exit code and output; nothing of the build is kept but the
-layers of the steps that succeeded (cache for the next attempt).
+hash and, for an uploaded archive, its content digest as the server computed it: layers are
+shared between teams only for identical bytes, never on a client's claim; the env, user and
+workdir it runs with); an existing layer is reused unless the step (or one before it) is
+forced. So an identical rebuild runs nothing, and changing step k rebuilds from k. A failing
+step reports its exit code and output; nothing of the build is kept but the layers of the steps
+that succeeded (cache for the next attempt).
 """
 
 from __future__ import annotations
@@ -60,6 +62,9 @@ class Step:
     args: list[str]
     files_hash: str | None = None
     force: bool = False
+    # A COPY's archive's sha256 as the server computed it (service/builds.py) when the files
+    # hash is the client's claim; None when the hash is our own (a Dockerfile's, dockerfile.py).
+    digest: str | None = None
 
     def check(self, index: int) -> None:
         where = f"step {index + 1} ({self.type})"
@@ -139,8 +144,11 @@ class Builder:
         for i, step in enumerate(req.steps):
             self._check_cancelled()
             label = f"[{i + 1}/{len(req.steps)}] {step.type} {' '.join(step.args)}"[:300]
-            key = _hash([key, step.type, step.args, step.files_hash, state.user,
-                         state.workdir, sorted(state.env.items())])  # fmt: skip
+            parts = [key, step.type, step.args, step.files_hash, state.user, state.workdir,
+                     sorted(state.env.items())]  # fmt: skip
+            if step.digest is not None:  # (what the layer holds: the bytes, not the claim)
+                parts.append(["content", step.digest])
+            key = _hash(parts)
             forced = forced or step.force
             if step.type == "ENV":
                 state.env.update(zip(step.args[::2], step.args[1::2], strict=True))
@@ -236,6 +244,10 @@ class Builder:
         assert step.files_hash is not None
         archive = self.upload(step.files_hash)
         data = archive.read_bytes()
+        if step.digest is not None and hashlib.sha256(data).hexdigest() != step.digest:
+            # (uploaded again since the build started: the layer's key names the bytes checked)
+            raise TemplateBuildFailed(f"COPY {step.args[0]}: its files were uploaded again "
+                                      "while the build ran; start the build again")  # fmt: skip
 
         async def put() -> None:
             async with AgentClient(info.agent_socket, timeout=None) as agent:

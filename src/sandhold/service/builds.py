@@ -9,6 +9,9 @@ it marked public: ``set_public``, by its template id); another team's private on
 found", as E2B answers for what one does not own. Only the owner rebuilds, tags, untags,
 deletes a template or reads its builds' status and logs, public or not. Uploads are kept per
 team (``data_dir/template-uploads/<team>/<hash>``): one team cannot plant the files of another's.
+A build's start reads each COPY's archive (runtime/copy_archive.py, bounded, never unpacked on
+the host): it must hold the files its hash names, and its content digest, not the client's
+hash, is what the layer cache keys on (another team's upload under the same hash is not ours).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from sandhold.errors import (
     SandholdError,
     TemplateNotFound,
 )
-from sandhold.runtime import oci
+from sandhold.runtime import copy_archive, oci
 from sandhold.runtime.build import Builder, BuildLog, BuildRequest, Step
 from sandhold.runtime.image_templates import from_image, qualified
 from sandhold.runtime.spec import NAME_RE
@@ -217,7 +220,7 @@ class Builds:
         finally:
             part.unlink(missing_ok=True)
 
-    def start(self, job: Job, body: dict[str, Any]) -> None:
+    async def start(self, job: Job, body: dict[str, Any]) -> None:
         if job.started:
             raise Conflict(f"build {job.build_id} was started already")
         raw = body.get("steps") or []
@@ -228,12 +231,16 @@ class Builds:
         for i, step in enumerate(steps):
             step.check(i)
             hashed = step.files_hash
-            if step.type == "COPY" and hashed and self.upload_path(job.team, hashed).exists():
-                os.utime(self.upload_path(job.team, hashed))  # (used: kept another week)
-            elif step.type == "COPY" and hashed:
+            if step.type == "COPY" and hashed and not self.upload_path(job.team, hashed).exists():
                 raise InvalidRequest(f"step {i + 1} (COPY {step.args[0]}): its files "
                                      f"({hashed}) were not uploaded")  # fmt: skip
         base = self._base(job.team, body)
+        job.started = True  # (a second start meanwhile is refused)
+        try:
+            await self.service._run(self._check_uploads, job.team, steps)
+        except BaseException:
+            job.started = False
+            raise
         image = base if isinstance(base, ImageBase) else None
         req = BuildRequest(
             name=f"{job.template_id}.{job.build_id[:8]}",
@@ -244,10 +251,43 @@ class Builds:
                   "template_id": job.template_id,
                   "alias": job.name, "build_id": job.build_id, "tags": list(job.tags)},
         )  # fmt: skip
-        job.started = True
         task = asyncio.get_running_loop().create_task(self._run(job, req, image))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def _check_uploads(self, team: str, steps: list[Step]) -> None:
+        """Each COPY's archive read as uploaded (never unpacked here): within the build's bounds
+        and holding the files its hash claims (the SDK's filesHash, recomputed), else 400 and
+        the upload removed (a retry uploads it again); its content digest goes to the step,
+        for the layer's key. Nothing else changes."""
+        s = self.service.settings
+        bounds = copy_archive.Bounds.for_disk(s.template_build_disk_mb,
+                                              s.template_unpack_max_depth)  # fmt: skip
+        for i, step in enumerate(steps):
+            if step.type != "COPY" or not step.files_hash:
+                continue
+            path = self.upload_path(team, step.files_hash)
+            label = f"step {i + 1} (COPY {step.args[0]} {step.args[1]})"
+            try:
+                f = path.open("rb")
+            except FileNotFoundError:  # (removed meanwhile: by a failed check of the same)
+                raise InvalidRequest(f"{label}: its files ({step.files_hash}) were not "
+                                     "uploaded") from None  # fmt: skip
+            with f:
+                try:
+                    step.digest = copy_archive.digest(f)
+                    got = copy_archive.files_hash(f, step.args[0], step.args[1], bounds)
+                    if got != step.files_hash:
+                        raise InvalidRequest(f"the archive's files hash to {got}, not to "
+                                             "the files hash the build names")  # fmt: skip
+                except InvalidRequest as e:
+                    with contextlib.suppress(OSError):
+                        if os.stat(path).st_ino == os.fstat(f.fileno()).st_ino:
+                            path.unlink()  # (the one read, not one uploaded since)
+                    raise InvalidRequest(f"{label}: its uploaded files ({step.files_hash}) "
+                                         f"are refused: {e.message}; the upload was "
+                                         "removed") from None  # fmt: skip
+            os.utime(path)  # (used: kept another week)
 
     def _base(self, team: str, body: dict[str, Any]) -> str | ImageBase:
         if tpl := body.get("fromTemplate"):
