@@ -263,3 +263,41 @@ def test_the_sdks_archives_of_every_kind_pass_the_check(server: Server, tmp_path
         "bins:", "big.bin", "hard.bin", "", "d:", "-dash.txt", "big.bin", "hard.bin", "link",
         "sub", "user 600", "user 600", "same", "",
     ], out  # fmt: skip
+
+
+def js_files_hash(src: str, dest: str, ctx: Path) -> str:
+    """The JS SDK's files hash (e2b@2.51.0): the Python SDK's, but with each directory's size on
+    the client's disk hashed too, which no archive carries."""
+    import hashlib
+    import stat as st
+
+    from e2b.template.utils import get_all_files_in_path
+
+    h = hashlib.sha256(f"COPY {src} {dest}".encode())
+    for path in get_all_files_in_path(src, str(ctx), [], True):
+        info = os.lstat(path)
+        h.update(os.path.relpath(path, ctx).encode())
+        h.update(str(info.st_mode).encode())
+        h.update(str(info.st_size).encode())
+        if st.S_ISREG(info.st_mode):
+            h.update(Path(path).read_bytes())
+    return h.hexdigest()
+
+
+def test_a_js_sdk_directory_copy_is_taken_on_the_servers_digest(
+    server: Server, tmp_path: Path
+) -> None:
+    """The JS SDK's claim for a directory cannot be recomputed from the archive: the copy is
+    accepted, keyed (as every copy) on the archive's own digest."""
+    (tmp_path / "site" / "css").mkdir(parents=True)
+    (tmp_path / "site" / "css" / "a.css").write_text("body{}\n")
+    tpl = Template(file_context_path=str(tmp_path)).from_base_image().copy("site", "/opt/site/")
+    claimed = js_files_hash("site", "/opt/site/", tmp_path)
+    assert claimed != calculate_files_hash("site", "/opt/site/", str(tmp_path), [], False, None)
+    job, url = upload_link(server, KEY_A, "js-dir", claimed)
+    with tar_file_stream("site", str(tmp_path), [], False, True) as archive:
+        put(url, archive.read())
+    sent = body(tpl)
+    sent["steps"][-1]["filesHash"] = claimed
+    start(server, KEY_A, job, sent)
+    assert run(server, KEY_A, "js-dir", "cat /opt/site/css/a.css") == "body{}\n"

@@ -77,8 +77,10 @@ def digest(f: BinaryIO) -> str:
     return h.hexdigest()
 
 
-def files_hash(f: BinaryIO, src: str, dest: str, bounds: Bounds) -> str:
-    """The SDK's files hash of ``COPY src dest`` over archive ``f``; InvalidRequest for an
+def files_hash(f: BinaryIO, src: str, dest: str, bounds: Bounds) -> tuple[str, bool]:
+    """The Python SDK's files hash of ``COPY src dest`` over archive ``f``, and whether the
+    archive holds a directory (the JS SDK hashes a directory's size on the client's disk too,
+    which no archive carries: its claim cannot be recomputed then); InvalidRequest for an
     archive that is not a tar (plain, gzip, bzip2 or xz), out of ``bounds``, or holding what
     the SDK never sends (duplicate, absolute or ``..`` paths, hard links to nothing)."""
     entries = _list(f, bounds)
@@ -94,7 +96,7 @@ def files_hash(f: BinaryIO, src: str, dest: str, bounds: Bounds) -> str:
                 h.update(_utf8(e.target))
             elif e.content is not None and e.size:
                 contents.feed(e.content, h.update)
-    return h.hexdigest()
+    return h.hexdigest(), any(stat.S_ISDIR(e.mode) for e in entries)
 
 
 def _list(f: BinaryIO, bounds: Bounds) -> list[_Entry]:
