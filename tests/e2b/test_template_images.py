@@ -64,7 +64,8 @@ def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, registry: Registry) -> Iterator[Server]:
     srv = new_server(tmp_path_factory.mktemp("images"), template_build_allow_out="[]",
-                     template_image_ca_file=str(registry.ca))  # fmt: skip
+                     template_image_ca_file=str(registry.ca),
+                     template_image_registries=json.dumps([registry.host]))  # fmt: skip
     srv.start()
     yield srv
     srv.destroy()

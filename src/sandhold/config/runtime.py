@@ -5,6 +5,8 @@ no prefix, so the keys are the field names."""
 from __future__ import annotations
 
 import hashlib
+import ipaddress
+import re
 from pathlib import Path
 from typing import Annotated, ClassVar
 
@@ -13,6 +15,11 @@ from pydantic import Field, model_validator
 from sandhold.config.layer import Layer
 from sandhold.config.limits import CreateLimits
 from sandhold.errors import ConfigError
+
+# host[:port] as an image reference writes it (oci.py's grammar), and a path prefix after it
+_LABEL = r"[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?"
+_REGISTRY = re.compile(rf"{_LABEL}(?:\.{_LABEL})*(?::[0-9]{{1,5}})?")
+_PREFIX = re.compile(rf"{_REGISTRY.pattern}(?:/[a-z0-9._/-]+)?")
 
 
 class RuntimeSettings(CreateLimits, Layer):
@@ -103,6 +110,28 @@ class RuntimeSettings(CreateLimits, Layer):
     template_image_ca_file: Path | None = Field(
         None, description="A PEM CA trusted for image registries (beside the system's)."
     )
+    template_image_registries: list[str] = Field(
+        default_factory=list,
+        description="Registries (host[:port], as references write them) that images may be "
+        "pulled from besides the default one (template_image_registry, or skopeo's default when "
+        "unset); a reference naming any other registry is refused before any traffic. A "
+        "registry written as an IP address is dialled as written (the operator named the "
+        "address); one written as a host name must resolve only to addresses the egress guard "
+        "passes: no loopback, link-local, private (RFC 1918, CGNAT, unique-local), multicast or "
+        "this host's own addresses, outside template_image_open_cidrs.",
+    )
+    template_image_open_cidrs: list[str] = Field(
+        default_factory=list,
+        description="Internal ranges (e.g. 10.1.2.0/24) that registries named by host name may "
+        "resolve to after all (an internal registry); empty: none.",
+    )
+    template_image_public: list[str] | None = Field(
+        None,
+        description="Registries (host[:port]) or reference prefixes (host[:port]/path) whose "
+        "images, pulled anonymously, every team shares without proving access again; any other "
+        "image is usable only by the teams whose own pull or manifest fetch of it succeeded. "
+        "Unset: template_image_registry when set, else none.",
+    )
     template_unpack_max_depth: int = Field(
         256,
         ge=8,
@@ -187,6 +216,24 @@ class RuntimeSettings(CreateLimits, Layer):
                 f"default_disk_mb={self.default_disk_mb} is above max_disk_mb={self.max_disk_mb}: "
                 "raise max_disk_mb or lower default_disk_mb"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _check_registries(self) -> RuntimeSettings:
+        """Refuse entries no reference could match (a scheme, a path where none belongs)."""
+        for key, pattern, form in (
+            ("template_image_registries", _REGISTRY, "host[:port]"),
+            ("template_image_public", _PREFIX, "host[:port][/path]"),
+        ):
+            for entry in getattr(self, key) or []:
+                if not pattern.fullmatch(entry):
+                    raise ConfigError(f"{key}: {entry!r} is not a registry ({form})")
+        for cidr in self.template_image_open_cidrs:
+            try:
+                ipaddress.ip_network(cidr, strict=False)
+            except ValueError:
+                raise ConfigError(f"template_image_open_cidrs: {cidr!r} is not an IP network "
+                                  "(e.g. 10.0.0.0/8)") from None  # fmt: skip
         return self
 
     @property

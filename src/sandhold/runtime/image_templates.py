@@ -6,26 +6,36 @@ workdir, user); its root needs no Python of ours: the agent runs on the host's (
 References without a registry (``python:3``, ``team/app``) go to ``template_image_registry``
 when the operator names one (a mirror of Docker Hub, say), else to skopeo's default; registries
 listed in ``template_image_insecure`` are reached without TLS verification, and
-``template_image_ca_file`` is trusted for the others.
+``template_image_ca_file`` is trusted for the others. Only registries the operator allows are
+reached (registry_access.py).
+
+An image's template is a team's only once the team proved it may pull the image (issue 27): its
+own pull succeeded, or its own manifest fetch (``skopeo inspect --raw`` with its credentials, or
+none) returned the digest of a template this host holds, fetched from the same repository, so
+the layers need no second download. ``Template.teams`` records who proved it; only they list and
+start it. An image pulled anonymously from where the operator marked public
+(``template_image_public``) is every team's (``Template.public``); a pull with credentials never
+is.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import shutil
-import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from sandhold.runtime import oci
-from sandhold.runtime.templates import DEFAULT_PATH, SANDBOX_USER_UID, Template, flocked
+from sandhold.runtime import oci, registry_access
+from sandhold.runtime.staging import make as make_staging
+from sandhold.runtime.templates import DEFAULT_PATH, PULL, SANDBOX_USER_UID, Template, flocked
 
 if TYPE_CHECKING:
     from sandhold.runtime.runtime import Runtime
 
 log = logging.getLogger(__name__)
 REFS = ".images.json"  # in the template store: reference -> template, for the next build
+PREFIX = "img-"  # an image's template: img-<its digest's first 24 hex digits>
 
 
 def qualified(rt: Runtime, ref: str) -> str:
@@ -36,36 +46,87 @@ def qualified(rt: Runtime, ref: str) -> str:
     return ref
 
 
-def from_image(rt: Runtime, ref: str, *, username: str | None = None,
-               password: str | None = None, force: bool = False) -> Template:  # fmt: skip
-    """The template of image ``ref`` (pulled now, or the one a build of it made before unless
-    ``force``)."""
+def restricted(t: Template) -> bool:
+    """Whether ``t`` is an image's template, usable only by the teams in ``t.teams`` (a record
+    from before teams were kept holds none: each team proves access again)."""
+    legacy = t.agent_kit and t.owner is None and t.name.startswith(PREFIX)
+    return t.teams is not None or legacy
+
+
+def may_use(t: Template, team: str | None) -> bool:
+    """Whether ``team`` (None: the operator) may see and start ``t``."""
+    if team is None or not restricted(t):
+        return True
+    return team in (t.teams or []) or (t.public and t.teams is not None)
+
+
+def from_image(rt: Runtime, ref: str, *, team: str | None = None, username: str | None = None,
+               password: str | None = None, force: bool = False,
+               log_to: Callable[[str], None] | None = None) -> Template:  # fmt: skip
+    """The template of image ``ref`` for ``team`` (None: the operator): pulled now with these
+    credentials, or the one a pull made before (unless ``force``) if the team may use it
+    already or proves it may by fetching the manifest with its own credentials."""
+    s = rt.settings
     full = qualified(rt, ref)
+    r = oci.parse_reference(full)
+    registry_access.check_allowed(s, r.domain)
+    registry_access.check_addresses(s, r.domain)
+    anonymous = username is None
+    shared = registry_access.shared(s, r, anonymous)
+    opts: dict[str, Any] = {"username": username, "password": password,
+                            "insecure": (r.domain or "") in s.template_image_insecure,
+                            "ca_file": s.template_image_ca_file}  # fmt: skip
     store = rt.templates
     with flocked(store.root / ".images.lock"):
         known = _refs(store.root)
-        if not force and (name := known.get(full)) and store.exists(name):
-            return store.get(name)
-        staging = Path(tempfile.mkdtemp(dir=store.root, prefix=".pull-"))
+        name = known.get(full)
+        if not force and name and store.exists(name):
+            t = store.get(name)
+            if team is None or team in (t.teams or []) or (shared and may_use(t, team)):
+                return _grant(rt, t, team, shared)
+        if not force:  # the team's own manifest fetch: is it an image this host holds?
+            name = image_name(oci.resolve(full, store.root, **opts))
+            repo = {oci.parse_reference(k).name for k, v in known.items() if v == name}
+            if store.exists(name) and (r.name in repo or may_use(store.get(name), team)):
+                known[full] = name  # (fetched by digest from the same repository: its layers)
+                _write_refs(store.root, known)
+                return _grant(rt, store.get(name), team, shared)
+        staging = make_staging(store.root, PULL)
         try:
-            s = rt.settings
-            domain = oci.parse_reference(full).domain or ""
-            cfg = oci.pull(full, staging / "rootfs", username=username, password=password,
-                           insecure=domain in s.template_image_insecure,
-                           ca_file=s.template_image_ca_file)  # fmt: skip
-            name = "img-" + cfg.digest.split(":")[-1][:24]
+            limits = oci.bounds(s.template_build_disk_mb, s.template_unpack_max_depth)
+            cfg = oci.pull(full, staging / "rootfs", limits=limits, **opts)
+            if cfg.devices and log_to is not None:
+                shown = ", ".join(cfg.devices[:10]) + (" ..." if len(cfg.devices) > 10 else "")
+                log_to(f"FROM {ref}: dropped {len(cfg.devices)} device nodes of the image "
+                       f"(a sandbox's /dev is its own): {shown}")  # fmt: skip
+            name = image_name(cfg.digest)
             if not store.exists(name):
                 env = {"PATH": DEFAULT_PATH, "LANG": "C.UTF-8", **cfg.env}
                 store.build_from_rootfs(name, staging / "rootfs", copy=False, env=env,
                                         workdir=cfg.workdir or "/",
                                         user=_user(cfg.user, staging / "rootfs"),
-                                        agent_kit=True)  # fmt: skip
+                                        agent_kit=True, teams=[], public=False)  # fmt: skip
                 log.info("imported image %s (%s) as template %s", full, cfg.digest, name)
             known[full] = name
             _write_refs(store.root, known)
-            return store.get(name)
+            return _grant(rt, store.get(name), team, shared)
         finally:
-            shutil.rmtree(staging, ignore_errors=True)
+            oci.remove(staging)
+
+
+def image_name(digest: str) -> str:
+    return PREFIX + digest.split(":")[-1][:24]
+
+
+def _grant(rt: Runtime, t: Template, team: str | None, shared: bool) -> Template:
+    """Record that ``team`` proved access to ``t`` (and, ``shared``, that every team may use
+    it: it came anonymously from where the operator marked public)."""
+    teams = sorted({*(t.teams or []), *([team] if team else [])})
+    public = (t.public and t.teams is not None) or shared
+    if teams != t.teams or public != t.public:
+        t.teams, t.public = teams, public
+        rt.templates.update(t)
+    return t
 
 
 def _user(image_user: str, rootfs: Path) -> str:

@@ -7,8 +7,16 @@ to gzip where needed, since umoci reads only tar and tar+gzip), and applies the 
 with ``umoci raw unpack``: whiteouts and opaque directories, numeric owners and modes from the
 tars, every path resolved inside the root (umoci's secure join: ``..``, absolute names and
 symlinks lead nowhere outside it). Device nodes are dropped afterwards (a sandbox's ``/dev`` is
-its own; one in a lower layer would be a door to the host's disks). The root appears at
-``dest`` only when complete; the temporary layout is always removed.
+its own; one in a lower layer would be a door to the host's disks) and named in the result. The
+root appears at ``dest`` only when complete; the temporary layout is always removed.
+
+Pulls are bounded (``Bounds``: the build's disk budget, its files, path depth): the manifest's
+declared layer sizes before ``skopeo copy``, then every layer's tar read as a stream before
+``umoci raw unpack`` (layer_scan.py), then the unpacked tree's depth (symlinks can chain paths).
+
+Registry errors name the registry's answer (unauthorized, not found, an untrusted certificate,
+plain HTTP) and say nothing else: refused, filtered, reset or another protocol all read
+"registry unreachable", so a pull is no port scanner (the details go to the server's log).
 
 Credentials go to skopeo in an auth file (0600, in the temporary directory), never on its
 command line; without them the pull is anonymous (``--no-creds``): the host's own logins are
@@ -20,11 +28,11 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import logging
 import os
 import platform
 import re
 import shutil
-import stat
 import subprocess
 import tempfile
 import time
@@ -33,6 +41,9 @@ from pathlib import Path
 from typing import Any
 
 from sandhold.errors import HostUnsupported, InvalidRequest, TemplateBuildFailed
+from sandhold.runtime.layer_scan import Bounds, OverBound, Refused, deepest, drop_devices, scan
+
+log = logging.getLogger(__name__)
 
 TOOLS = ("skopeo", "umoci")
 LAYOUT = "layout"  # the OCI layout's directory in the temporary directory
@@ -49,6 +60,14 @@ _LABEL = r"[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?"
 _DOMAIN = re.compile(rf"{_LABEL}(?:\.{_LABEL})*(?::[0-9]{{1,5}})?")
 _TAG = re.compile(r"[\w][\w.-]{0,127}")
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+MiB = 1 << 20
+INODE_RATIO = 16 << 10  # ext4's bytes per inode: a budget's worth of files
+DEFAULT_BOUNDS = Bounds(10240 * MiB, 10240 * MiB // INODE_RATIO, 256)  # (the settings' defaults)
+
+
+def bounds(disk_mb: int, max_depth: int) -> Bounds:
+    """A pull's bounds from ``template_build_disk_mb`` and ``template_unpack_max_depth``."""
+    return Bounds(disk_mb * MiB, disk_mb * MiB // INODE_RATIO, max_depth)
 
 
 @dataclass
@@ -61,6 +80,7 @@ class ImageConfig:
     entrypoint: list[str] = field(default_factory=list)
     cmd: list[str] = field(default_factory=list)
     digest: str = ""  # the registry's digest of the (platform's) image manifest
+    devices: list[str] = field(default_factory=list)  # device nodes of its layers, dropped
 
 
 @dataclass(frozen=True)
@@ -120,8 +140,9 @@ def tool_status() -> tuple[bool, str]:
 
 
 class _Puller:
-    def __init__(self, ref: str, work: Path, deadline: float, secret: str | None) -> None:
-        self.ref = ref
+    def __init__(self, ref: Reference, work: Path, deadline: float, secret: str | None) -> None:
+        self.ref = str(ref)
+        self.host = ref.domain
         self.work = work
         self.deadline = deadline
         self.secret = secret
@@ -152,25 +173,32 @@ class _Puller:
         return re.sub(r'^Error parsing image name "[^"]*": ', "", line)[-400:]
 
     def explain(self, stderr: str) -> str:
-        """The registry's answer, in a few words, then skopeo's or umoci's last line."""
+        """The registry's answer in a few words (with skopeo's last line), or, for anything
+        else (refused, filtered, reset, another protocol), the same words whatever it was."""
         detail = self.last_line(stderr)
         low = stderr.lower()
         kinds = (
             ("unauthorized", ("unauthorized", "authentication required", "denied",
                               "invalid username/password", " 401")),
-            ("not found", ("manifest unknown", "name unknown", "not found", " 404")),
+            ("not found", ("manifest unknown", "name unknown", " 404")),
             ("TLS certificate not trusted (give ca_file, or insecure=True)",
-             ("x509:", "certificate")),
+             ("x509:",)),
             ("the registry speaks plain HTTP (insecure=True allows it)",
              ("http response to https client",)),
-            ("registry unreachable", ("connection refused", "no such host", "i/o timeout",
-                                      "network is unreachable", "no route to host",
-                                      "connection reset", "dial tcp", "unexpected eof")),
         )  # fmt: skip
         for kind, needles in kinds:
             if any(n in low for n in needles):
                 return f"{kind}: {detail}"
-        return detail
+        log.warning("pulling %s: %s", self.ref, detail)  # (the operator's to read)
+        return unreachable(self.host)
+
+
+def unreachable(host: str | None) -> str:
+    """What a team is told when no registry answered: one text for every cause."""
+    return f"registry unreachable: nothing answered as a registry at {host or DEFAULT_NAME}"
+
+
+DEFAULT_NAME = "skopeo's default registry"
 
 
 def _auth_args(r: Reference, work: Path, username: str | None, password: str | None,
@@ -242,29 +270,9 @@ def _read_config(p: _Puller, layout: Path, digest: str, arch: str) -> ImageConfi
     )
 
 
-def _drop_devices(root: Path) -> None:
-    for dirpath, _dirs, files in os.walk(root):
-        for name in files:
-            path = os.path.join(dirpath, name)
-            mode = os.lstat(path).st_mode
-            if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-                os.unlink(path)
-
-
-def pull(
-    ref: str,
-    dest: Path,
-    *,
-    username: str | None = None,
-    password: str | None = None,
-    insecure: bool = False,
-    ca_file: Path | None = None,
-    timeout_s: float = 600,
-) -> ImageConfig:
-    """Fetch image ``ref`` and unpack its layers into the new directory ``dest`` (a root
-    filesystem owned by the tars' numeric ids). ``insecure`` skips TLS verification and allows
-    plain HTTP; ``ca_file`` is a PEM CA to trust for this registry. On failure ``dest`` does not
-    exist; the temporary OCI layout never outlives the call."""
+def _checked(ref: str, username: str | None, password: str | None,
+             ca_file: Path | None) -> Reference:  # fmt: skip
+    """``ref`` parsed, with what the caller gave checked, before any traffic."""
     r = parse_reference(ref)
     if (username is None) != (password is None):
         raise InvalidRequest("give both username and password for a registry, or neither")
@@ -278,42 +286,155 @@ def pull(
     ok, why = tool_status()
     if not ok:
         raise HostUnsupported(f"pulling OCI images needs skopeo and umoci: {why}")
+    return r
+
+
+def _json(p: _Puller, raw: bytes) -> dict[str, Any]:
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        raise TemplateBuildFailed(f"pulling {p.ref}: the manifest is not JSON") from None
+    if not isinstance(data, dict):
+        raise TemplateBuildFailed(f"pulling {p.ref}: the manifest is not a JSON object")
+    return data
+
+
+def _manifest(p: _Puller, r: Reference, opts: list[str], arch: str) -> tuple[str, dict[str, Any]]:
+    """The digest and manifest of ``r``'s linux/``arch`` image, as this caller's credentials
+    fetch them; the digest is the hash of the bytes fetched (never a registry's word for it)."""
+    src = f"{r.name}@{r.digest}" if r.digest else str(r)  # skopeo takes no tag with it
+    raw = p.run("reading the manifest", ["skopeo", "inspect", "--raw", *opts, f"docker://{src}"])
+    digest = "sha256:" + hashlib.sha256(raw).hexdigest()
+    if r.digest and digest != r.digest:
+        raise TemplateBuildFailed(f"pulling {p.ref}: the registry's manifest is not {r.digest}")
+    manifest = _json(p, raw)
+    if manifest.get("schemaVersion") == 1:
+        raise TemplateBuildFailed(f"pulling {p.ref}: Docker schema 1 images are not supported")
+    if manifest.get("mediaType") in _LISTS or "manifests" in manifest:
+        digest = _pick_platform(p, manifest, arch)
+        by_digest = f"docker://{r.name}@{digest}"
+        raw = p.run("reading the manifest", ["skopeo", "inspect", "--raw", *opts, by_digest])
+        if "sha256:" + hashlib.sha256(raw).hexdigest() != digest:
+            raise TemplateBuildFailed(f"pulling {p.ref}: the registry's manifest is not {digest}")
+        manifest = _json(p, raw)
+        if manifest.get("mediaType") in _LISTS or "manifests" in manifest:
+            raise TemplateBuildFailed(f"pulling {p.ref}: an index inside an index")
+    return digest, manifest
+
+
+def _too_big(ref: str, b: Bounds, what: str) -> TemplateBuildFailed:
+    mib = b.bytes // MiB
+    return TemplateBuildFailed({
+        "bytes": f"image {ref} unpacks to more than {mib} MiB (template_build_disk_mb)",
+        "entries": f"image {ref} has more than {b.entries} files, the most {mib} MiB hold "
+                   "(template_build_disk_mb)",
+        "depth": f"image {ref} has paths deeper than {b.depth} directories "
+                 "(template_unpack_max_depth)",
+    }[what])  # fmt: skip
+
+
+def _declared(p: _Puller, manifest: dict[str, Any], b: Bounds) -> None:
+    """The layers' sizes as the manifest declares them (compressed; skopeo holds the registry
+    to them) against the budget: a pull that cannot fit is not downloaded."""
+    try:
+        sizes = [int(d.get("size") or 0) for d in manifest.get("layers") or []]
+        sizes.append(int((manifest.get("config") or {}).get("size") or 0))
+    except (TypeError, ValueError, AttributeError):
+        raise TemplateBuildFailed(f"pulling {p.ref}: the manifest's sizes are no numbers") from None
+    if sum(sizes) > b.bytes:
+        raise _too_big(p.ref, b, "bytes")
+
+
+def _layers(layout: Path) -> list[tuple[Path, str]]:
+    index = json.loads((layout / "index.json").read_text())
+    manifest = _blob(layout, index["manifests"][0]["digest"])
+    out = []
+    for d in manifest.get("layers") or []:
+        digest = str(d.get("digest"))
+        if not _DIGEST.fullmatch(digest):
+            raise TemplateBuildFailed(f"the OCI layout names a blob {digest!r}")
+        out.append((layout / "blobs/sha256" / digest.split(":", 1)[1], str(d.get("mediaType"))))
+    return out
+
+
+def remove(path: Path) -> None:
+    """Remove a tree however deep (rm walks without recursion; shutil.rmtree would not)."""
+    if path.exists() or path.is_symlink():
+        subprocess.run(["rm", "-rf", "--one-file-system", "--", str(path)],
+                       stdin=subprocess.DEVNULL, capture_output=True, check=False)  # fmt: skip
+
+
+def resolve(
+    ref: str,
+    workdir: Path,
+    *,
+    username: str | None = None,
+    password: str | None = None,
+    insecure: bool = False,
+    ca_file: Path | None = None,
+    timeout_s: float = 120,
+) -> str:
+    """The digest of ``ref``'s image for this host, as these credentials (or none) fetch its
+    manifest: proof that they may pull it. A temporary directory in ``workdir`` holds the auth
+    file while it runs."""
+    r = _checked(ref, username, password, ca_file)
+    work = Path(tempfile.mkdtemp(dir=workdir, prefix=".oci-pull-"))
+    p = _Puller(r, work, time.monotonic() + timeout_s, password or None)
+    try:
+        opts = _auth_args(r, work, username, password, insecure, ca_file)
+        return _manifest(p, r, opts, host_arch())[0]
+    finally:
+        remove(work)
+
+
+def pull(
+    ref: str,
+    dest: Path,
+    *,
+    username: str | None = None,
+    password: str | None = None,
+    insecure: bool = False,
+    ca_file: Path | None = None,
+    timeout_s: float = 600,
+    limits: Bounds = DEFAULT_BOUNDS,
+) -> ImageConfig:
+    """Fetch image ``ref`` and unpack its layers into the new directory ``dest`` (a root
+    filesystem owned by the tars' numeric ids), within ``limits``. ``insecure`` skips TLS
+    verification and allows plain HTTP; ``ca_file`` is a PEM CA to trust for this registry. On
+    failure ``dest`` does not exist; the temporary OCI layout never outlives the call."""
+    r = _checked(ref, username, password, ca_file)
     dest = Path(dest).absolute()
     if dest.exists() or dest.is_symlink():
         raise InvalidRequest(f"{dest} already exists")
     dest.parent.mkdir(parents=True, exist_ok=True)
     arch = host_arch()
     work = Path(tempfile.mkdtemp(dir=dest.parent, prefix=".oci-pull-"))
-    p = _Puller(str(r), work, time.monotonic() + timeout_s, password or None)
+    p = _Puller(r, work, time.monotonic() + timeout_s, password or None)
     try:
         opts = _auth_args(r, work, username, password, insecure, ca_file)
-        src = f"{r.name}@{r.digest}" if r.digest else str(r)  # skopeo takes no tag with it
-        raw = p.run("reading the manifest",
-                    ["skopeo", "inspect", "--raw", *opts, f"docker://{src}"])  # fmt: skip
-        digest = r.digest if r.digest else "sha256:" + hashlib.sha256(raw).hexdigest()
-        try:
-            manifest = json.loads(raw)
-        except ValueError:
-            raise TemplateBuildFailed(f"pulling {p.ref}: the manifest is not JSON") from None
-        if not isinstance(manifest, dict):
-            raise TemplateBuildFailed(f"pulling {p.ref}: the manifest is not a JSON object")
-        if manifest.get("schemaVersion") == 1:
-            raise TemplateBuildFailed(f"pulling {p.ref}: Docker schema 1 images are not supported")
-        if manifest.get("mediaType") in _LISTS or "manifests" in manifest:
-            digest = _pick_platform(p, manifest, arch)
+        digest, manifest = _manifest(p, r, opts, arch)
+        _declared(p, manifest, limits)
         src_opts = [o.replace("--", "--src-", 1) for o in opts]
         p.run("copying the image", [
             "skopeo", "copy", "--quiet", "--remove-signatures", "--dest-compress-format=gzip",
             *src_opts, f"docker://{r.name}@{digest}", f"oci:{LAYOUT}:{LAYOUT_TAG}",
         ])  # fmt: skip
         config = _read_config(p, work / LAYOUT, digest, arch)
+        try:
+            scan(_layers(work / LAYOUT), limits)
+        except OverBound as e:
+            raise _too_big(p.ref, limits, e.what) from None
+        except (Refused, OSError, ValueError, LookupError, TypeError, AttributeError) as e:
+            raise TemplateBuildFailed(f"pulling {p.ref}: {e}") from None
         rootfs = work / "rootfs"
         unpack = ["umoci", "raw", "unpack", f"--image={LAYOUT}:{LAYOUT_TAG}", str(rootfs)]
         if os.geteuid() != 0:
             unpack.insert(3, "--rootless")
         p.run("unpacking the layers", unpack, registry=False)
-        _drop_devices(rootfs)
+        if deepest(rootfs, limits.depth) > limits.depth:  # (through its symlinks)
+            raise _too_big(p.ref, limits, "depth")
+        config.devices = drop_devices(rootfs)
         rootfs.rename(dest)
         return config
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        remove(work)

@@ -91,6 +91,9 @@ class Template:
     alias: str | None = None
     build_id: str | None = None
     tags: list[str] = field(default_factory=list)
+    # An image's template (image_templates.py): the teams that proved they may pull the image,
+    # who alone see it and, unless ``public``, use it; None: not an image's.
+    teams: list[str] | None = None
 
     # Capabilities its root processes keep in their user namespace: build sandboxes' BUILD_CAPS;
     # code-interpreter-v1's (and what is built on it) file ones, for E2B's root kernels.

@@ -38,9 +38,9 @@ from sandhold.errors import (
     SandholdError,
     TemplateNotFound,
 )
-from sandhold.runtime import copy_archive, oci
+from sandhold.runtime import copy_archive, oci, registry_access
 from sandhold.runtime.build import Builder, BuildLog, BuildRequest, Step
-from sandhold.runtime.image_templates import from_image, qualified
+from sandhold.runtime.image_templates import from_image, may_use, qualified
 from sandhold.runtime.spec import NAME_RE
 from sandhold.runtime.templates import Template
 
@@ -83,6 +83,7 @@ class ImageBase:
     ref: str
     username: str | None = None
     password: str | None = field(default=None, repr=False)
+    team: str | None = None  # whose build: the image is theirs only if their pull succeeds
 
 
 @dataclass(frozen=True)
@@ -156,13 +157,16 @@ class Builds:
             return found.name, Defaults(found.cpu, found.memory_mb)
         if NAME_RE.match(ref) and self.rt.templates.exists(ref):
             t = self.rt.templates.get(ref)
+            if not may_use(t, team):  # (an image another team pulled: as its private builds)
+                raise TemplateNotFound(f"template {ref!r} not found")
             return ref, Defaults(t.cpu, t.memory_mb)
         if ":" in ref:  # name:tag of no build of the team's
             raise TemplateNotFound(f"template {ref!r} not found")
         return ref, Defaults()
 
     def alias(self, team: str, name: str) -> dict[str, Any]:
-        if self.rt.templates.exists(name) and (t := self.rt.templates.get(name)).owner is None:
+        if (self.rt.templates.exists(name) and (t := self.rt.templates.get(name)).owner is None
+                and may_use(t, team)):  # fmt: skip
             return {"templateID": t.name, "public": True}
         tid = template_id(team, name)
         mine = [t for t in self._builds(team, tid) if t.tags]
@@ -182,7 +186,8 @@ class Builds:
         for t in tags:
             if not TAG.match(t):
                 raise InvalidRequest(f"invalid tag {t!r}")
-        if self.rt.templates.exists(name) and self.rt.templates.get(name).owner is None:
+        store = self.rt.templates  # (another team's image: not even its name is told)
+        if store.exists(name) and store.get(name).owner is None and may_use(store.get(name), team):
             raise Conflict(f"template {name!r} is built in; choose another name")
         all_tags = sorted({tag or DEFAULT_TAG, *tags})
         job = Job(team, name, template_id(team, name), str(uuid.uuid4()), all_tags, cpu, memory_mb)
@@ -297,7 +302,8 @@ class Builds:
             found = self.find(team, str(tpl))
             if found is not None:
                 return found.name
-            if self.rt.templates.exists(str(tpl)):
+            store = self.rt.templates
+            if store.exists(str(tpl)) and may_use(store.get(str(tpl)), team):
                 return str(tpl)
             raise InvalidRequest(f"unknown base template {tpl!r}")
         image = body.get("fromImage")
@@ -305,13 +311,14 @@ class Builds:
             return "base"
         if not isinstance(image, str):
             raise InvalidRequest("fromImage must be an image reference")
-        oci.parse_reference(qualified(self.rt, image))  # (400 for one that does not parse)
+        ref = oci.parse_reference(qualified(self.rt, image))  # (400 for one that does not parse)
+        registry_access.check_allowed(self.rt.settings, ref.domain)  # (before any traffic)
         registry = body.get("fromImageRegistry") or {}
         if not isinstance(registry, dict) or registry.get("type", "registry") != "registry":
             kind = registry.get("type") if isinstance(registry, dict) else registry
             raise InvalidRequest(f"fromImageRegistry {kind!r} is not supported: only a "
                                  "registry with a username and password")  # fmt: skip
-        return ImageBase(image, registry.get("username"), registry.get("password"))
+        return ImageBase(image, registry.get("username"), registry.get("password"), team)
 
     async def _run(self, job: Job, req: BuildRequest, image: ImageBase | None) -> None:
         async with self._running:
@@ -322,7 +329,7 @@ class Builds:
             try:
                 if image is not None:
                     emit("info", f"FROM {image.ref}: pulling")
-                    base = await self.service._run(self._pull, image, req.force)
+                    base = await self.service._run(self._pull, image, req.force, emit)
                     req.base = base.name
                     emit("info", f"FROM {image.ref}: template {base.name}")
                 await self._build(builder, req, emit)
@@ -355,9 +362,10 @@ class Builds:
                 await running
             raise
 
-    def _pull(self, image: ImageBase, force: bool) -> Template:
-        return from_image(self.rt, image.ref, username=image.username,
-                          password=image.password, force=force)  # fmt: skip
+    def _pull(self, image: ImageBase, force: bool, emit: BuildLog) -> Template:
+        return from_image(self.rt, image.ref, team=image.team, username=image.username,
+                          password=image.password, force=force,
+                          log_to=lambda line: emit("info", line))  # fmt: skip
 
     def status(self, job: Job, offset: int) -> dict[str, Any]:
         entries = job.logs[offset : offset + MAX_LOG_PAGE]

@@ -1,6 +1,7 @@
 """E2B's read-only views of templates, as a team sees them:
 
-* ``GET /templates``: one entry per template, the built-in and operator ones and the team's own;
+* ``GET /templates``: one entry per template, the built-in and operator ones, the images the
+  team pulled itself and the team's own;
 * ``GET /default-templates``: the built-in and operator ones alone;
 * ``GET /templates/{id}``: one template (the entry ``GET /templates`` has of it) with its
   builds, newest first, a page at a time (the stored builds, and those waiting, building or
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from sandhold.envd import ENVD_VERSION
 from sandhold.errors import InvalidRequest, NotFound
+from sandhold.runtime.image_templates import restricted
 from sandhold.service.builds import DEFAULT_TAG, Builds, Job
 
 if TYPE_CHECKING:
@@ -34,11 +36,13 @@ def _key(t: Template) -> str:
 
 
 def _visible(builds: Builds, team: str) -> list[Template]:
-    """The stored builds the team sees, oldest first: built-in and operator templates, and the
+    """The stored builds the team sees, oldest first: built-in and operator templates, the
+    templates of images the team itself pulled (never another team's, public or not), and the
     team's own that still carry a tag (an untagged build is on its way out)."""
     return sorted(
         (t for t in builds.rt.templates.list()
-         if t.owner is None or (t.owner == team and t.tags)),
+         if (t.owner is None and (not restricted(t) or team in (t.teams or [])))
+         or (t.owner == team and t.tags)),
         key=lambda t: t.created_at,
     )  # fmt: skip
 
