@@ -115,9 +115,19 @@ def impostors() -> Iterator[dict[str, int]]:
 
 
 @pytest.fixture(scope="module")
+def named_trap() -> Iterator[Listener]:
+    """A port the operator allowed by host name (``localhost:PORT``), which resolves to
+    loopback: nothing may connect to it."""
+    trap = Listener(None, accepting=False)
+    yield trap
+    trap.close()
+
+
+@pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, registry: Registry,
-           impostors: dict[str, int]) -> Iterator[Server]:  # fmt: skip
-    allowed = [registry.host, *(f"127.0.0.1:{p}" for p in impostors.values())]
+           impostors: dict[str, int], named_trap: Listener) -> Iterator[Server]:  # fmt: skip
+    allowed = [registry.host, *(f"127.0.0.1:{p}" for p in impostors.values()),
+               f"localhost:{named_trap.port}"]  # fmt: skip
     srv = new_server(tmp_path_factory.mktemp("image-attacks"), template_build_allow_out="[]",
                      template_image_ca_file=str(registry.ca),
                      template_image_registries=json.dumps(allowed),
@@ -329,3 +339,14 @@ def test_what_is_no_registry_reads_the_same_whatever_it_is(
     assert len(set(texts.values())) == 1, texts
     assert "registry unreachable" in texts["closed"]
     assert not re.search(r"refused|reset|EOF|timeout|handshake|first record", texts["closed"])
+
+
+def test_an_allowed_name_that_resolves_to_an_internal_address_is_refused(
+    server: Server, named_trap: Listener
+) -> None:
+    """A registry the operator named by host name must resolve outside the internal ranges
+    (template_image_open_cidrs opens one): loopback here, never connected to."""
+    host = f"localhost:{named_trap.port}"
+    msg = _build_error(Template().from_image(f"{host}/internal/svc:1"), "named", server, KEY_B)
+    assert re.search(rf"registry {host} resolves to (127\.0\.0\.1|::1), an ", msg), msg
+    assert not named_trap.pending()
