@@ -15,13 +15,12 @@ import contextlib
 import fcntl
 import logging
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sandhold.errors import TemplateBuildFailed
-from sandhold.runtime import safefs
+from sandhold.runtime import safefs, staging
 from sandhold.runtime.templates import flocked
 
 if TYPE_CHECKING:
@@ -29,6 +28,7 @@ if TYPE_CHECKING:
     from sandhold.runtime.uids import UidPool
 
 log = logging.getLogger(__name__)
+NEW = ".new-"  # a layer being kept (staging.py)
 
 
 class LayerStore:
@@ -45,7 +45,7 @@ class LayerStore:
     def commit(self, layer_id: str, upper: Path) -> None:
         """Keep ``upper`` (a stopped build sandbox's) as layer ``layer_id``."""
         self.root.mkdir(mode=0o755, parents=True, exist_ok=True)
-        staged = Path(tempfile.mkdtemp(dir=self.root, prefix=".new-"))
+        staged = staging.make(self.root, NEW)
         try:
             # cp -a keeps what overlayfs needs of a lower layer: whiteout devices, xattrs.
             r = subprocess.run(["cp", "-a", "--", f"{upper}/.", f"{staged}/"],
@@ -89,8 +89,7 @@ class LayerStore:
                 continue
             safefs.remove_quietly(d)
             removed += 1
-        for stale in self.root.glob(".new-*"):  # (no build runs: whatever made it was cut short)
-            safefs.remove_quietly(stale)
+        staging.sweep(self.root, [NEW])  # (what a crash cut short)
         if removed:
             log.info("collected %d unused template layers", removed)
         return removed

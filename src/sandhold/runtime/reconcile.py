@@ -47,6 +47,7 @@ from sandhold.errors import SandboxNotFound, SandholdError
 from sandhold.runtime import cgroups, mounts, safefs
 from sandhold.runtime.reaping import parent_of
 from sandhold.runtime.spec import NAME_RE
+from sandhold.runtime.staging import start_time
 
 if TYPE_CHECKING:
     from sandhold.runtime.runtime import Runtime
@@ -83,15 +84,6 @@ class Report:
 # -- the contract with create and destroy ---------------------------------------------------------
 
 
-def _start_time(pid: int) -> str | None:
-    """A process's start time (clock ticks since boot): with the pid, it names one process."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[19]
-    except (FileNotFoundError, IndexError):
-        return None
-
-
 def claim(d: Path) -> int:
     """Make the sandbox directory ``d`` with its lock file held; returns the lock's fd, which
     the caller keeps open until its create is over (then the directory is either a sandbox
@@ -99,7 +91,7 @@ def claim(d: Path) -> int:
     if d.exists():
         raise FileExistsError(d)
     pid = os.getpid()
-    staging = d.with_name(f"{STAGING}{d.name}-{pid}-{_start_time(pid)}")
+    staging = d.with_name(f"{STAGING}{d.name}-{pid}-{start_time(pid)}")
     staging.mkdir()
     try:
         fd = os.open(staging / "lock", os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
@@ -318,7 +310,7 @@ def _sweep(rt: Runtime, d: Path, report: Report) -> None:
     if d.name.startswith(STAGING):
         parts = d.name[len(STAGING) :].split("-")  # <id>-<pid>-<start>
         pid, start = (parts[1], parts[2]) if len(parts) == 3 else ("", "")
-        if pid.isdigit() and _start_time(int(pid)) == start:
+        if pid.isdigit() and start_time(int(pid)) == start:
             report.in_flight += 1  # its creator is alive and will rename or remove it
             return
         safefs.remove_quietly(d)

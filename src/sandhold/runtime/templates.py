@@ -21,7 +21,6 @@ import os
 import shutil
 import stat
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from sandhold.errors import HostUnsupported, InvalidRequest, TemplateNotFound
-from sandhold.runtime import rootfs_owners, safefs
+from sandhold.runtime import rootfs_owners, safefs, staging
 from sandhold.runtime.launcher import root_mount_points
 from sandhold.runtime.spec import NAME_RE
 
@@ -54,6 +53,11 @@ HOST_ETC_ENTRIES = (
 )  # fmt: skip
 # Never copied even when nested in an entry above.
 HOST_ETC_EXCLUDE = ("ssl/private",)
+
+# Where the store's work is staged (staging.py): a template's, the one it replaced, debootstrap's,
+# an image's pull (image_templates.py).
+BUILD, OLD, DEBOOTSTRAP, PULL = ".build-", ".old-", ".debootstrap-", ".pull-"
+STAGING = (BUILD, OLD, DEBOOTSTRAP, PULL)
 
 # Templates that are built on first use: name -> "module:function(store, name) -> Template".
 BUILTIN_TEMPLATES = {
@@ -179,6 +183,7 @@ class TemplateStore:
         self.root = root
         self.uid_base = uid_base
         self.root.mkdir(parents=True, exist_ok=True)
+        staging.sweep(self.root, STAGING)  # (what work cut short by a crash left)
 
     def _dir(self, name: str) -> Path:
         return self.root / name
@@ -232,7 +237,7 @@ class TemplateStore:
         goes after), so a half-built template is never visible under its name."""
         final = self._dir(name)
         if final.exists():
-            trash = Path(tempfile.mkdtemp(dir=self.root, prefix=".old-"))
+            trash = staging.make(self.root, OLD)
             final.rename(trash / "t")
             staged.rename(final)
             safefs.remove_quietly(trash)
@@ -268,7 +273,7 @@ class TemplateStore:
     def _staging(self, name: str) -> Path:
         if not NAME_RE.match(name):
             raise InvalidRequest(f"template name {name!r} is not valid")
-        return Path(tempfile.mkdtemp(dir=self.root, prefix=f".build-{name}-"))
+        return staging.make(self.root, BUILD)
 
     def build_base(self, name: str = "base") -> Template:
         """The host-backed template: our skeleton root plus the host's /usr, read-only."""
@@ -391,7 +396,7 @@ class TemplateStore:
         if shutil.which("debootstrap") is None:
             raise HostUnsupported("debootstrap is not installed (apt-get install debootstrap)")
         mirror = mirror or debian_archive()
-        work = Path(tempfile.mkdtemp(dir=self.root, prefix=f".debootstrap-{name}-"))
+        work = staging.make(self.root, DEBOOTSTRAP)
         try:
             target = work / "rootfs"
             cmd = ["debootstrap", "--variant=minbase", f"--include={','.join(include)}",
