@@ -8,7 +8,7 @@ import hashlib
 import ipaddress
 import re
 from pathlib import Path
-from typing import Annotated, ClassVar
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -131,6 +131,11 @@ class RuntimeSettings(CreateLimits, Layer):
         "images, pulled anonymously, every team shares without proving access again; any other "
         "image is usable only by the teams whose own pull or manifest fetch of it succeeded. "
         "Unset: template_image_registry when set, else none.",
+    )
+    template_image_privileged: Literal["drop", "refuse"] = Field(
+        "drop",
+        description="What an image's setuid/setgid bits, file capabilities and device nodes get: "
+        "dropped at import (the build log names device nodes), or the image refused.",
     )
     template_unpack_max_depth: int = Field(
         256,

@@ -26,7 +26,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sandhold.runtime import oci, registry_access
+from sandhold.errors import InvalidRequest, TemplateBuildFailed
+from sandhold.runtime import oci, registry_access, safefs
 from sandhold.runtime.staging import make as make_staging
 from sandhold.runtime.templates import DEFAULT_PATH, PULL, SANDBOX_USER_UID, Template, flocked
 
@@ -94,7 +95,13 @@ def from_image(rt: Runtime, ref: str, *, team: str | None = None, username: str 
         staging = make_staging(store.root, PULL)
         try:
             limits = oci.bounds(s.template_build_disk_mb, s.template_unpack_max_depth)
+            refuse = s.template_image_privileged == "refuse"
             cfg = oci.pull(full, staging / "rootfs", limits=limits, **opts)
+            if cfg.devices and refuse:
+                raise TemplateBuildFailed(
+                    f"FROM {ref}: the image has device nodes ({cfg.devices[0]}), which "
+                    "template_image_privileged=refuse does not allow"
+                )
             if cfg.devices and log_to is not None:
                 shown = ", ".join(cfg.devices[:10]) + (" ..." if len(cfg.devices) > 10 else "")
                 log_to(f"FROM {ref}: dropped {len(cfg.devices)} device nodes of the image "
@@ -105,13 +112,14 @@ def from_image(rt: Runtime, ref: str, *, team: str | None = None, username: str 
                 store.build_from_rootfs(name, staging / "rootfs", copy=False, env=env,
                                         workdir=cfg.workdir or "/",
                                         user=_user(cfg.user, staging / "rootfs"),
-                                        agent_kit=True, teams=[], public=False)  # fmt: skip
+                                        agent_kit=True, teams=[], public=False,
+                                        refuse_privileged=refuse)  # fmt: skip
                 log.info("imported image %s (%s) as template %s", full, cfg.digest, name)
             known[full] = name
             _write_refs(store.root, known)
             return _grant(rt, store.get(name), team, shared)
         finally:
-            oci.remove(staging)
+            safefs.remove_quietly(staging)
 
 
 def image_name(digest: str) -> str:
@@ -137,9 +145,10 @@ def _user(image_user: str, rootfs: Path) -> str:
     if not name.isdigit():
         return name or "root"
     uid = int(name)
-    try:
-        lines = (rootfs / "etc/passwd").read_text(errors="replace").splitlines()
-    except OSError:
+    try:  # (as the sandbox sees it: the image's etc/passwd may be a link to anywhere)
+        with safefs.Root(rootfs) as root:
+            lines = root.read_text("etc/passwd").splitlines()
+    except (OSError, InvalidRequest):
         lines = []
     for line in lines:
         fields = line.split(":")

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
+from sandhold.runtime import safefs
+
 try:
     from compression import zstd  # type: ignore[import-not-found]
 except ImportError:  # Python < 3.14
@@ -241,16 +243,13 @@ def deepest(root: Path, limit: int) -> int:
 
 def drop_devices(root: Path) -> list[str]:
     """Remove the device nodes under ``root`` (a sandbox's /dev is its own; one in a layer would
-    be a door to the host's disks), walked without recursion; returns their paths."""
-    dropped, stack = [], [str(root)]
-    while stack:
-        path = stack.pop()
-        with os.scandir(path) as it:
-            for e in it:
-                mode = e.stat(follow_symlinks=False).st_mode
-                if stat.S_ISDIR(mode):
-                    stack.append(e.path)
-                elif stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-                    os.unlink(e.path)
-                    dropped.append(os.path.relpath(e.path, root))
+    be a door to the host's disks), walked without recursion; returns their names."""
+    dropped = []
+
+    def drop(dir_fd: int, name: str, st: os.stat_result) -> None:
+        if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
+            os.unlink(name, dir_fd=dir_fd)
+            dropped.append(name)
+
+    safefs.walk(root, drop)
     return sorted(dropped)

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from sandhold.errors import HostUnsupported, InvalidRequest, TemplateBuildFailed
+from sandhold.runtime import safefs
 from sandhold.runtime.layer_scan import Bounds, OverBound, Refused, deepest, drop_devices, scan
 
 log = logging.getLogger(__name__)
@@ -357,13 +358,6 @@ def _layers(layout: Path) -> list[tuple[Path, str]]:
     return out
 
 
-def remove(path: Path) -> None:
-    """Remove a tree however deep (rm walks without recursion; shutil.rmtree would not)."""
-    if path.exists() or path.is_symlink():
-        subprocess.run(["rm", "-rf", "--one-file-system", "--", str(path)],
-                       stdin=subprocess.DEVNULL, capture_output=True, check=False)  # fmt: skip
-
-
 def resolve(
     ref: str,
     workdir: Path,
@@ -384,7 +378,7 @@ def resolve(
         opts = _auth_args(r, work, username, password, insecure, ca_file)
         return _manifest(p, r, opts, host_arch())[0]
     finally:
-        remove(work)
+        safefs.remove_quietly(work)
 
 
 def pull(
@@ -437,4 +431,4 @@ def pull(
         rootfs.rename(dest)
         return config
     finally:
-        remove(work)
+        safefs.remove_quietly(work)
