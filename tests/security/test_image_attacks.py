@@ -310,6 +310,28 @@ def test_declared_sizes_and_entries_are_bounded_before_unpacking(
     assert not dest.exists() and leftovers(dest.parent) == []
 
 
+def test_a_size_hidden_behind_a_second_pax_header_is_counted(
+    registry: Registry, tmp_path: Path
+) -> None:
+    """Go's tar reader (umoci's) keeps only the last pax header before an entry: a first one
+    saying ``size=0`` must not hide the 2 MiB the entry's own header announces."""
+    pax = tarfile.TarInfo._create_pax_generic_header  # type: ignore[attr-defined]
+    info = tarfile.TarInfo("big")
+    info.size, info.mode, info.mtime = 2 << 20, 0o644, 1_700_000_000
+    tar = (pax({"size": "0"}, tarfile.XHDTYPE, "utf-8") + pax({"path": "big"}, tarfile.XHDTYPE,
+           "utf-8") + info.tobuf(tarfile.USTAR_FORMAT) + bytes(2 << 20) + bytes(1024))  # fmt: skip
+    layer = zlib.compressobj(9, zlib.DEFLATED, 31)
+    data = layer.compress(tar) + layer.flush()
+    _push_layers(
+        registry, tmp_path, "evil/two-pax:1", [(data, "sha256:" + hashlib.sha256(tar).hexdigest())]
+    )
+    dest = tmp_path / "out" / "rootfs"
+    with pytest.raises(TemplateBuildFailed, match=r"unpacks to more than 1 MiB"):
+        oci.pull(f"{registry.host}/evil/two-pax:1", dest, username=USER, password=PASSWORD,
+                 ca_file=registry.ca, limits=oci.Bounds(1 << 20, 200, DEPTH))  # fmt: skip
+    assert not dest.exists() and leftovers(dest.parent) == []
+
+
 # --- the server-side request forgery -----------------------------------------------------------
 
 

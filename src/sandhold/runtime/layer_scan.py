@@ -187,11 +187,13 @@ def _scan_tar(s: _Stream) -> None:
             s.count(size)
             data = s.exact(size)
             s.skip(-size % BLOCK)
-            if kind == b"x":
-                pax.update(_pax(data))
+            if kind == b"x":  # (Go keeps the last one only: so does umoci)
+                pax = _pax(data)
             elif kind == b"L":
                 long_name = data.split(b"\0", 1)[0].decode(errors="replace")
-            continue  # (g: Go applies no global header to the entries after it)
+            elif kind == b"g":  # (Go returns it as an entry: what came before it is dropped)
+                pax, long_name = {}, None
+            continue
         if kind == b"S" or any(k.startswith("GNU.sparse.") for k in pax):
             raise Refused("a layer holds a sparse file, which is not supported")
         name = _name(block, pax, long_name)
