@@ -21,7 +21,10 @@ import pytest
 from e2b import Sandbox, Template
 from e2b.exceptions import BuildException
 
+from sandhold.errors import InvalidRequest
 from sandhold.runtime import oci
+from sandhold.runtime.build import Builder, BuildRequest, Step
+from sandhold.runtime.runtime import Runtime
 from tests.e2b.conftest import Server, new_server
 from tests.e2b.test_template_images import tiny_root
 from tests.runtime.test_oci import PASSWORD, USER, Registry, entry, push_image, running_registry
@@ -179,6 +182,27 @@ def test_a_layers_mount_point_link_never_reaches_the_host(server: Server, canary
         Sandbox.create("rw-link", **server.sdk())
     assert snapshot(canary) == before
     assert healthy(server) and staging(server) == []
+
+
+def test_a_workspace_link_planted_by_a_step_never_reaches_the_host(
+    runtime: Runtime, canary: Path
+) -> None:
+    """bwrap binds a sandbox's workspace at /workspace, making it through a link: a step that
+    left ``/workspace`` a link to ``/oldroot/<dir>/made`` would have it made on the host at each
+    start of a sandbox of that template with a workspace. The start is refused instead."""
+    before = snapshot(canary)
+    plant = f"rmdir /workspace && ln -s /oldroot{canary}/made /workspace"
+    Builder(runtime, {}.__getitem__).build(
+        BuildRequest("ws-link", "base", [Step("RUN", [plant, "root"])]), lambda _l, _m: None
+    )
+    try:
+        sandboxes = {i.id for i in runtime.list()}
+        with pytest.raises(InvalidRequest, match="workspace in the sandbox's root is a symlink"):
+            runtime.create({"template": "ws-link", "workspace_id": "ws-link-1"})
+        assert {i.id for i in runtime.list()} == sandboxes
+        assert snapshot(canary) == before
+    finally:
+        runtime.templates.remove("ws-link")
 
 
 def test_a_step_nesting_1500_directories_builds(server: Server) -> None:

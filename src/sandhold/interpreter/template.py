@@ -36,9 +36,11 @@ from sandhold.envd import INTERPRETER_PORT
 from sandhold.errors import HostUnsupported, TemplateBuildFailed
 from sandhold.interpreter.contexts import ENV_PATH, READY_PATH
 from sandhold.interpreter.packages import PACKAGES
+from sandhold.runtime import staging
 from sandhold.runtime.rootfs_owners import shift_ownership
 from sandhold.runtime.templates import (
     BASE_BIN,
+    BUILD,
     DEFAULT_PATH,
     SANDBOX_USER_UID,
     Template,
@@ -307,7 +309,7 @@ def build_code_interpreter_template(
         if not force and is_up_to_date(store, name):
             return store.get(name)
         t0 = time.monotonic()
-        staging_root = Path(tempfile.mkdtemp(dir=store.root, prefix=f".build-{name}-"))
+        staging_root = staging.make(store.root, BUILD)  # (swept if a crash cuts it short)
         try:
             # A private store in the staging dir gives us the exact `base` skeleton without
             # exposing a half-built template in the real store.

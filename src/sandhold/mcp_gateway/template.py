@@ -31,9 +31,11 @@ import time
 from pathlib import Path
 
 from sandhold.errors import HostUnsupported, TemplateBuildFailed
+from sandhold.runtime import staging
 from sandhold.runtime.rootfs_owners import shift_ownership
 from sandhold.runtime.templates import (
     BASE_BIN,
+    BUILD,
     Template,
     TemplateStore,
     flocked,
@@ -177,7 +179,7 @@ def build_mcp_gateway_template(store: TemplateStore, name: str = TEMPLATE_NAME) 
             return store.get(name)
         t0 = time.monotonic()
         lib = ensure_lib(store.root.parent / "cache" / "mcp-gateway", store.uid_base, key)
-        staging_root = Path(tempfile.mkdtemp(dir=store.root, prefix=f".build-{name}-"))
+        staging_root = staging.make(store.root, BUILD)  # (swept if a crash cuts it short)
         try:
             # `base`'s skeleton, built in a private store: nothing half-built is ever visible.
             base = TemplateStore(staging_root, store.uid_base).build_base(name)

@@ -242,6 +242,7 @@ def spawn(
 ) -> tuple[subprocess.Popen[bytes], int]:
     """Start the sandbox; returns bwrap's Popen and the host pid of the sandbox's init (its
     agent). ``launch.run_dir`` holds ``agent.json`` and gets the agent's socket."""
+    make_mount_points(launch, host_uid)
     sock = listen(launch.run_dir / "agent.sock")
     try:
         config = os.open(launch.run_dir / "agent.json", os.O_RDONLY | os.O_CLOEXEC)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
+from sandhold.errors import TemplateBuildFailed
 from sandhold.runtime import safefs
 
 try:
@@ -40,16 +41,20 @@ _DEVICES = b"34"
 _META = b"xgLK"  # pax (entry, global), GNU long name, long link name
 
 
-class Refused(Exception):
-    """The layers are not tars this reader vouches for; ``str`` says what is wrong."""
+def refused(why: str) -> TemplateBuildFailed:
+    """The layers are not tars this reader vouches for."""
+    return TemplateBuildFailed(f"is refused: {why}")
 
 
-class OverBound(Refused):
-    """The layers exceed a bound: ``what`` is ``bytes``, ``entries`` or ``depth``."""
-
-    def __init__(self, what: str) -> None:
-        super().__init__(what)
-        self.what = what
+def over(b: Bounds, what: str) -> TemplateBuildFailed:
+    """The layers exceed bound ``what`` (``bytes``, ``entries`` or ``depth``) of ``b``."""
+    mib = b.bytes >> 20
+    return TemplateBuildFailed({
+        "bytes": f"unpacks to more than {mib} MiB (template_build_disk_mb)",
+        "entries": f"has more than {b.entries} files, the most {mib} MiB hold "
+                   "(template_build_disk_mb)",
+        "depth": f"has paths deeper than {b.depth} directories (template_unpack_max_depth)",
+    }[what])  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -75,13 +80,13 @@ def _number(raw: bytes) -> int:
     if raw and raw[0] & 0x80:
         value = int.from_bytes(bytes([raw[0] & 0x7F]) + raw[1:], "big")
         if raw[0] & 0x40:  # (negative)
-            raise Refused("a tar header has a negative number")
+            raise refused("a tar header has a negative number")
         return value
     text = raw.replace(b"\0", b" ").strip()
     try:
         return int(text, 8) if text else 0
     except ValueError:
-        raise Refused(f"a tar header has a number that does not parse: {text[:20]!r}") from None
+        raise refused(f"a tar header has a number that does not parse: {text[:20]!r}") from None
 
 
 def _checksum_ok(block: bytes) -> bool:
@@ -98,11 +103,11 @@ def _pax(data: bytes) -> dict[str, str]:
     while data:
         length, sep, _ = data.partition(b" ")
         if not sep or not length.isdigit() or not 0 < int(length) <= len(data):
-            raise Refused("a tar pax header does not parse")
+            raise refused("a tar pax header does not parse")
         record, data = data[: int(length)], data[int(length) :]
         key, eq, value = record[len(length) + 1 : -1].partition(b"=")
         if not eq or not record.endswith(b"\n"):
-            raise Refused("a tar pax record does not parse")
+            raise refused("a tar pax record does not parse")
         out[key.decode(errors="replace")] = value.decode(errors="replace")
     return out
 
@@ -122,7 +127,7 @@ class _Stream:
             if not more:
                 if not data:
                     return b""
-                raise Refused("a layer's tar is truncated")
+                raise refused("a layer's tar is truncated")
             data += more
         return data
 
@@ -130,13 +135,13 @@ class _Stream:
         while n > 0:
             got = self.f.read(min(n, CHUNK))
             if not got:
-                raise Refused("a layer's tar is truncated")
+                raise refused("a layer's tar is truncated")
             n -= len(got)
 
     def count(self, size: int) -> None:
         self.tally.bytes += size
         if self.tally.bytes > self.bounds.bytes:
-            raise OverBound("bytes")
+            raise over(self.bounds, "bytes")
 
 
 @contextmanager
@@ -151,19 +156,19 @@ def _open(blob: Path, media_type: str) -> Iterator[BinaryIO]:
         elif media_type.endswith("tar"):
             yield raw
         else:
-            raise Refused(f"a layer of type {media_type!r}, which is not a tar")
+            raise refused(f"a layer of type {media_type!r}, which is not a tar")
 
 
 def scan(layers: list[tuple[Path, str]], bounds: Bounds) -> Tally:
-    """Count what ``layers`` (blob path, media type; the lowest first) write; OverBound at a
-    bound, Refused with what is wrong."""
+    """Count what ``layers`` (blob path, media type; the lowest first) write; TemplateBuildFailed
+    (``over``) at a bound, or (``refused``) saying what is wrong."""
     tally = Tally()
     for blob, media_type in layers:
         try:
             with _open(blob, media_type) as f:
                 _scan_tar(_Stream(f, tally, bounds))
         except (OSError, EOFError, zstd.ZstdError) as e:
-            raise Refused(f"a layer does not decompress: {e}") from None
+            raise refused(f"a layer does not decompress: {e}") from None
     return tally
 
 
@@ -175,15 +180,15 @@ def _scan_tar(s: _Stream) -> None:
         if not block or block == bytes(BLOCK):
             return  # (the end; Go refuses data after a lone zero block, so nothing hides there)
         if not _checksum_ok(block):
-            raise Refused("a layer holds a tar header with a bad checksum")
+            raise refused("a layer holds a tar header with a bad checksum")
         kind = block[156:157]
         size = _number(block[124:136])
         s.tally.entries += 1
         if s.tally.entries > s.bounds.entries:
-            raise OverBound("entries")
+            raise over(s.bounds, "entries")
         if kind in _META:
             if size > MAX_META:
-                raise Refused("a layer holds a tar header over 1 MiB")
+                raise refused("a layer holds a tar header over 1 MiB")
             s.count(size)
             data = s.exact(size)
             s.skip(-size % BLOCK)
@@ -195,15 +200,15 @@ def _scan_tar(s: _Stream) -> None:
                 pax, long_name = {}, None
             continue
         if kind == b"S" or any(k.startswith("GNU.sparse.") for k in pax):
-            raise Refused("a layer holds a sparse file, which is not supported")
+            raise refused("a layer holds a sparse file, which is not supported")
         name = _name(block, pax, long_name)
         if "size" in pax:
             if not pax["size"].isdigit():
-                raise Refused("a tar pax size does not parse")
+                raise refused("a tar pax size does not parse")
             size = int(pax["size"])
         pax, long_name = {}, None
         if _depth(name) > s.bounds.depth:
-            raise OverBound("depth")
+            raise over(s.bounds, "depth")
         if kind in _DEVICES:
             s.tally.devices.append(name.removeprefix("./"))
         if kind and kind in _HEADER_ONLY:

@@ -34,19 +34,19 @@ import platform
 import re
 import shutil
 import subprocess
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sandhold.errors import HostUnsupported, InvalidRequest, TemplateBuildFailed
-from sandhold.runtime import safefs
-from sandhold.runtime.layer_scan import Bounds, OverBound, Refused, deepest, drop_devices, scan
+from sandhold.runtime import safefs, staging
+from sandhold.runtime.layer_scan import Bounds, deepest, drop_devices, over, scan
 
 log = logging.getLogger(__name__)
 
 TOOLS = ("skopeo", "umoci")
+WORK = ".oci-pull-"  # a pull's temporary directory (staging.py: swept once its maker is gone)
 LAYOUT = "layout"  # the OCI layout's directory in the temporary directory
 LAYOUT_TAG = "image"
 BULLETS = " \t\u2022\u2a2f"  # umoci starts its lines with these
@@ -324,14 +324,7 @@ def _manifest(p: _Puller, r: Reference, opts: list[str], arch: str) -> tuple[str
 
 
 def _too_big(ref: str, b: Bounds, what: str) -> TemplateBuildFailed:
-    mib = b.bytes // MiB
-    return TemplateBuildFailed({
-        "bytes": f"image {ref} unpacks to more than {mib} MiB (template_build_disk_mb)",
-        "entries": f"image {ref} has more than {b.entries} files, the most {mib} MiB hold "
-                   "(template_build_disk_mb)",
-        "depth": f"image {ref} has paths deeper than {b.depth} directories "
-                 "(template_unpack_max_depth)",
-    }[what])  # fmt: skip
+    return TemplateBuildFailed(f"image {ref} {over(b, what).message}")
 
 
 def _declared(p: _Puller, manifest: dict[str, Any], b: Bounds) -> None:
@@ -372,7 +365,7 @@ def resolve(
     manifest: proof that they may pull it. A temporary directory in ``workdir`` holds the auth
     file while it runs."""
     r = _checked(ref, username, password, ca_file)
-    work = Path(tempfile.mkdtemp(dir=workdir, prefix=".oci-pull-"))
+    work = staging.make(workdir, WORK)
     p = _Puller(r, work, time.monotonic() + timeout_s, password or None)
     try:
         opts = _auth_args(r, work, username, password, insecure, ca_file)
@@ -402,7 +395,7 @@ def pull(
         raise InvalidRequest(f"{dest} already exists")
     dest.parent.mkdir(parents=True, exist_ok=True)
     arch = host_arch()
-    work = Path(tempfile.mkdtemp(dir=dest.parent, prefix=".oci-pull-"))
+    work = staging.make(dest.parent, WORK)
     p = _Puller(r, work, time.monotonic() + timeout_s, password or None)
     try:
         opts = _auth_args(r, work, username, password, insecure, ca_file)
@@ -416,9 +409,9 @@ def pull(
         config = _read_config(p, work / LAYOUT, digest, arch)
         try:
             scan(_layers(work / LAYOUT), limits)
-        except OverBound as e:
-            raise _too_big(p.ref, limits, e.what) from None
-        except (Refused, OSError, ValueError, LookupError, TypeError, AttributeError) as e:
+        except TemplateBuildFailed as e:  # (a bound, or what is wrong with the layers)
+            raise TemplateBuildFailed(f"image {p.ref} {e.message}") from None
+        except (OSError, ValueError, LookupError, TypeError, AttributeError) as e:
             raise TemplateBuildFailed(f"pulling {p.ref}: {e}") from None
         rootfs = work / "rootfs"
         unpack = ["umoci", "raw", "unpack", f"--image={LAYOUT}:{LAYOUT_TAG}", str(rootfs)]

@@ -55,7 +55,11 @@ def shift_ownership(root: Path, uid_base: int, refuse_privileged: bool = False) 
 
 
 def _shifted(host_id: int, uid_base: int) -> int:
-    return uid_base + (host_id if host_id < 65536 else NOBODY)
+    """Host id n becomes the sandbox's n; one of the sandbox's range already (a tree shifted
+    before: the interpreter's packages) stays; any other, a host id, becomes nobody's."""
+    if host_id < 65536:
+        return uid_base + host_id
+    return host_id if uid_base <= host_id < uid_base + 65536 else uid_base + NOBODY
 
 
 def _privileged(fd: int, name: str, st: os.stat_result) -> str | None:

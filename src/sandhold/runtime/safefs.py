@@ -63,7 +63,9 @@ def openat2(dir_fd: int, path: str, flags: int, mode: int = 0, resolve: int = IN
 
 
 class Root:
-    """A tree's top, open; paths given to its methods resolve inside it (``IN_ROOT``)."""
+    """A tree's top, open; paths given to its methods resolve inside it (``IN_ROOT``). What
+    cannot be resolved there (a link loop, a name too long) is the tree's fault: InvalidRequest
+    naming the path."""
 
     def __init__(self, top: Path) -> None:
         self.top = top
@@ -76,14 +78,19 @@ class Root:
         os.close(self.fd)
 
     def open(self, path: str, flags: int, mode: int = 0o644) -> int:
-        return openat2(self.fd, path, flags, mode)
+        try:
+            return openat2(self.fd, path, flags, mode)
+        except OSError as e:
+            if e.errno in (errno.ELOOP, errno.ENAMETOOLONG):
+                raise InvalidRequest(f"/{path} in the template: {e.strerror}") from None
+            raise
 
     def kind(self, path: str) -> int | None:
         """``path``'s file type (``stat.S_IFMT``) as the tree resolves it; None if missing."""
         try:
-            fd = self.open(path, os.O_PATH)
+            fd = openat2(self.fd, path, os.O_PATH)
         except OSError as e:
-            if e.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+            if e.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.ENAMETOOLONG):
                 return None
             raise
         try:
@@ -94,20 +101,25 @@ class Root:
     def read_text(self, path: str) -> str:
         """A regular file's text ('' if there is none), at most MAX_READ bytes of it."""
         try:
-            fd = self.open(path, os.O_RDONLY | os.O_NONBLOCK)  # (a FIFO must not hang us)
+            fd = self._regular(path, os.O_RDONLY)
         except FileNotFoundError:
             return ""
         with os.fdopen(fd, "rb") as f:
-            self._regular(f.fileno(), path)
             data = f.read(MAX_READ + 1)
         if len(data) > MAX_READ:
             raise InvalidRequest(f"/{path} in the template is larger than {MAX_READ >> 20} MiB")
         return data.decode(errors="replace")
 
     def append(self, path: str, text: str) -> None:
-        fd = self.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK)
+        flags = os.O_WRONLY | os.O_APPEND
+        try:
+            fd = self._regular(path, flags)
+        except FileNotFoundError:  # (O_EXCL: a dangling link there is refused, not followed)
+            try:
+                fd = self.open(path, flags | os.O_CREAT | os.O_EXCL)
+            except FileExistsError:
+                raise InvalidRequest(f"/{path} in the template is a dangling symlink") from None
         with os.fdopen(fd, "w") as f:
-            self._regular(f.fileno(), path)
             f.write(text)
 
     def make_dirs(self, path: str, mode: int = 0o755, owner: int | None = None) -> None:
@@ -123,11 +135,15 @@ class Root:
                     try:
                         os.mkdir(part, mode, dir_fd=fd)
                     except FileExistsError:  # a link to nothing
-                        raise InvalidRequest(f"/{path} in the template goes through a dangling "
-                                             f"symlink ({part})") from None  # fmt: skip
-                    nxt = openat2(fd, part, os.O_RDONLY | os.O_DIRECTORY, resolve=0)
+                        raise InvalidRequest(
+                            f"/{path} in the template goes through a dangling symlink ({part})"
+                        ) from None
+                    nxt = os.open(part, DIR_FLAGS, dir_fd=fd)
+                    os.close(fd)
+                    fd = nxt
                     if owner is not None:
-                        os.fchown(nxt, owner, owner)
+                        os.fchown(fd, owner, owner)
+                    continue
                 except NotADirectoryError:
                     raise InvalidRequest(f"/{path} in the template is not a directory") from None
                 os.close(fd)
@@ -136,16 +152,22 @@ class Root:
             os.close(fd)
 
     def chown(self, path: str, uid: int, gid: int) -> None:
-        fd = self.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        fd = self.open(path, os.O_PATH)
         try:
-            os.fchown(fd, uid, gid)
+            os.chown(f"/proc/self/fd/{fd}", uid, gid)  # (the very file: its link is magic)
         finally:
             os.close(fd)
 
-    @staticmethod
-    def _regular(fd: int, path: str) -> None:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise InvalidRequest(f"/{path} in the template is not a regular file")
+    def _regular(self, path: str, flags: int) -> int:
+        """``path`` opened with ``flags`` if it is a regular file (looked at before it is
+        opened: a device node or a FIFO is never opened)."""
+        where = self.open(path, os.O_PATH)
+        try:
+            if not stat.S_ISREG(os.fstat(where).st_mode):
+                raise InvalidRequest(f"/{path} in the template is not a regular file")
+            return os.open(f"/proc/self/fd/{where}", flags | os.O_CLOEXEC)
+        finally:
+            os.close(where)
 
 
 def make_dirs(top: Path, path: str, mode: int, owner: int) -> None:
@@ -170,8 +192,10 @@ def make_file(top: Path, path: str, owner: int) -> None:
             os.unlink(name, dir_fd=fd)
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         new = os.open(name, flags, 0o644, dir_fd=fd)
-        os.fchown(new, owner, owner)
-        os.close(new)
+        try:
+            os.fchown(new, owner, owner)
+        finally:
+            os.close(new)
     finally:
         os.close(fd)
 
@@ -186,7 +210,11 @@ def _dir_chain(top: Path, parts: list[str], path: str, mode: int, owner: int) ->
             except FileNotFoundError:
                 os.mkdir(part, mode, dir_fd=fd)
                 nxt = os.open(part, DIR_FLAGS, dir_fd=fd)
-                os.fchown(nxt, owner, owner)
+                try:
+                    os.fchown(nxt, owner, owner)
+                except BaseException:
+                    os.close(nxt)
+                    raise
             except OSError as e:
                 if e.errno not in (errno.ELOOP, errno.ENOTDIR):
                     raise
@@ -233,7 +261,7 @@ def tree_size(path: Path) -> int:
 
     try:
         walk(path, add)
-    except (FileNotFoundError, NotADirectoryError):
+    except OSError:  # (gone, or changed while it was walked: what was counted)
         pass
     return total
 
@@ -282,7 +310,12 @@ def _dirs(
         while True:
             if todo:
                 name = todo.pop()
-                child = os.open(name, DIR_FLAGS, dir_fd=fd)
+                try:
+                    child = os.open(name, DIR_FLAGS, dir_fd=fd)
+                except OSError as e:  # (gone, or no longer a directory, since it was listed)
+                    if e.errno in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR):
+                        continue
+                    raise
                 if one_fs and os.fstat(child).st_dev != here[0]:
                     os.close(child)
                     raise OSError(errno.EXDEV, "a mount point is in the way", name)

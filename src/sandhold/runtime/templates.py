@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from sandhold.errors import HostUnsupported, InvalidRequest, TemplateNotFound
-from sandhold.runtime import rootfs_owners, safefs, staging
+from sandhold.runtime import oci, rootfs_owners, safefs, staging
 from sandhold.runtime.launcher import root_mount_points
 from sandhold.runtime.spec import NAME_RE
 
@@ -55,9 +55,9 @@ HOST_ETC_ENTRIES = (
 HOST_ETC_EXCLUDE = ("ssl/private",)
 
 # Where the store's work is staged (staging.py): a template's, the one it replaced, debootstrap's,
-# an image's pull (image_templates.py).
+# an image's pull (image_templates.py), a manifest fetch's (oci.py: its auth file too).
 BUILD, OLD, DEBOOTSTRAP, PULL = ".build-", ".old-", ".debootstrap-", ".pull-"
-STAGING = (BUILD, OLD, DEBOOTSTRAP, PULL)
+STAGING = (BUILD, OLD, DEBOOTSTRAP, PULL, oci.WORK)
 
 # Templates that are built on first use: name -> "module:function(store, name) -> Template".
 BUILTIN_TEMPLATES = {
