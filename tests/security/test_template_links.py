@@ -128,8 +128,10 @@ def test_an_images_etc_and_home_links_never_reach_the_host(
     server: Server, registry: Registry, canary: Path, tmp_path: Path
 ) -> None:
     before = snapshot(canary)
-    links = [entry("etc", "symlink", link=str(canary)), entry("home", "symlink",
-             link=f"{canary}/keep")]  # fmt: skip
+    links = [
+        entry("etc", "symlink", link=str(canary)),
+        entry("home", "symlink", link=f"{canary}/keep"),
+    ]
     root = [e for e in tiny_root() if not e[0].name.startswith("etc")]
 
     # The links lead nowhere inside the image: refused, by name.
@@ -207,8 +209,11 @@ def test_a_workspace_link_planted_by_a_step_never_reaches_the_host(
 
 def test_a_step_nesting_1500_directories_builds(server: Server) -> None:
     deep = "/".join(["d"] * 1500)
-    tpl = Template().from_base_image().run_cmd(f"mkdir -p /home/user/{deep} && touch "
-                                               f"/home/user/{deep}/bottom")  # fmt: skip
+    tpl = (
+        Template()
+        .from_base_image()
+        .run_cmd(f"mkdir -p /home/user/{deep} && touch /home/user/{deep}/bottom")
+    )
     Template.build(tpl, "deep", **server.sdk())
     sbx = Sandbox.create("deep", **server.sdk())
     try:
@@ -233,8 +238,11 @@ def test_nothing_privileged_from_an_image_reaches_its_template(
     hostid = entry("usr/bin/hostid", data=b"#!/bin/sh\n", mode=0o6755, uid=70000, gid=70000)
     capped = entry("usr/bin/capped", data=b"#!/bin/sh\n", mode=0o755)
     capped[0].pax_headers = {"SCHILY.xattr.security.capability": capability(13)}  # NET_RAW
-    devices = [entry("dev/", "dir"), entry("dev/mem", "chardev", dev=(1, 1)),
-               entry("srv/disk", "blockdev", dev=(8, 0))]  # fmt: skip
+    devices = [
+        entry("dev/", "dir"),
+        entry("dev/mem", "chardev", dev=(1, 1)),
+        entry("srv/disk", "blockdev", dev=(8, 0)),
+    ]
     ref = image_with(registry, tmp_path, [*tiny_root(), setuid, hostid, capped, *devices])
     name = build(server, ref, "privileged")
 

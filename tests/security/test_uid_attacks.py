@@ -173,7 +173,9 @@ def test_ranges_are_given_back_and_reused(runtime):
     assert runtime.uids.held() == before
     again = runtime.create({})
     try:
-        assert again.host_uid == info.host_uid  # the lowest free range, once nothing is left
+        # The lowest free range, once nothing is left: the one given back, or a lower one
+        # another test of the host (ranges are host-wide) gave back meanwhile.
+        assert again.host_uid <= info.host_uid
     finally:
         runtime.kill(again.id)
 

@@ -118,14 +118,18 @@ def _list(f: BinaryIO, bounds: Bounds) -> list[_Entry]:
 
 def _entry(i: int, m: tarfile.TarInfo, seen: dict[str, _Entry], bounds: Bounds) -> _Entry:
     if i >= bounds.max_entries:
-        raise InvalidRequest(f"the archive has more than {bounds.max_entries} entries (the "
-                             "build's disk budget / 16 KiB, ext4's bytes per inode)")  # fmt: skip
+        raise InvalidRequest(
+            f"the archive has more than {bounds.max_entries} entries (the "
+            "build's disk budget / 16 KiB, ext4's bytes per inode)"
+        )
     parts = [p for p in m.name.split("/") if p not in ("", ".")]
     if m.name.startswith("/") or ".." in parts:
         raise InvalidRequest(f"the archive's entry {m.name!r} is outside its root")
     if len(parts) > bounds.max_depth:
-        raise InvalidRequest(f"the archive's entry {m.name[:100]!r}... is deeper than "
-                             f"{bounds.max_depth} (template_unpack_max_depth)")  # fmt: skip
+        raise InvalidRequest(
+            f"the archive's entry {m.name[:100]!r}... is deeper than "
+            f"{bounds.max_depth} (template_unpack_max_depth)"
+        )
     if m.name in seen:
         raise InvalidRequest(f"the archive has {m.name!r} twice")
     perm = m.mode & 0o7777
@@ -138,14 +142,16 @@ def _entry(i: int, m: tarfile.TarInfo, seen: dict[str, _Entry], bounds: Bounds) 
     if m.islnk():  # (the SDK stats the file: its target's)
         to = seen.get(m.linkname)
         if to is None or to.content is None:
-            raise InvalidRequest(f"the archive's hard link {m.name!r} is to {m.linkname!r}, "
-                                 "no file before it")  # fmt: skip
+            raise InvalidRequest(
+                f"the archive's hard link {m.name!r} is to {m.linkname!r}, no file before it"
+            )
         return _Entry(i, m.name, to.mode, to.size, to.content)
     if m.ischr() or m.isblk() or m.isfifo():
         kind = stat.S_IFCHR if m.ischr() else stat.S_IFBLK if m.isblk() else stat.S_IFIFO
         return _Entry(i, m.name, kind | perm, 0, None)
-    raise InvalidRequest(f"the archive's entry {m.name!r} is of a kind a copy does not hold "
-                         f"(tar type {m.type!r})")  # fmt: skip
+    raise InvalidRequest(
+        f"the archive's entry {m.name!r} is of a kind a copy does not hold (tar type {m.type!r})"
+    )
 
 
 class _Iter:
@@ -277,8 +283,10 @@ class _Contents:
         if index <= self.it.index:
             self.rewinds += 1
             if self.rewinds > MAX_REWINDS:
-                raise InvalidRequest("the archive's entries are not in the order of their paths "
-                                     "(as the SDK writes them): too many to reread")  # fmt: skip
+                raise InvalidRequest(
+                    "the archive's entries are not in the order of their paths "
+                    "(as the SDK writes them): too many to reread"
+                )
             self.it.close()
             self.it = _Iter(self.f, self.bounds)
         for i, m in self.it:
@@ -297,8 +305,10 @@ class _Contents:
 
 
 def _too_big(limit: int) -> str:
-    return (f"the archive unpacks to more than {limit >> 20} MiB (the build's disk budget, "
-            "template_build_disk_mb)")  # fmt: skip
+    return (
+        f"the archive unpacks to more than {limit >> 20} MiB (the build's disk budget, "
+        "template_build_disk_mb)"
+    )
 
 
 def _utf8(s: str) -> bytes:

@@ -49,12 +49,14 @@ def refused(why: str) -> TemplateBuildFailed:
 def over(b: Bounds, what: str) -> TemplateBuildFailed:
     """The layers exceed bound ``what`` (``bytes``, ``entries`` or ``depth``) of ``b``."""
     mib = b.bytes >> 20
-    return TemplateBuildFailed({
-        "bytes": f"unpacks to more than {mib} MiB (template_build_disk_mb)",
-        "entries": f"has more than {b.entries} files, the most {mib} MiB hold "
-                   "(template_build_disk_mb)",
-        "depth": f"has paths deeper than {b.depth} directories (template_unpack_max_depth)",
-    }[what])  # fmt: skip
+    return TemplateBuildFailed(
+        {
+            "bytes": f"unpacks to more than {mib} MiB (template_build_disk_mb)",
+            "entries": f"has more than {b.entries} files, the most {mib} MiB hold "
+            "(template_build_disk_mb)",
+            "depth": f"has paths deeper than {b.depth} directories (template_unpack_max_depth)",
+        }[what]
+    )
 
 
 @dataclass(frozen=True)

@@ -33,14 +33,21 @@ def shift_ownership(root: Path, uid_base: int, refuse_privileged: bool = False) 
         what = _privileged(fd, name, st)
         if what is not None:
             if refuse_privileged:
-                raise InvalidRequest(f"the image has a {what} ({name}), which "
-                                     "template_image_privileged=refuse does not allow")  # fmt: skip
+                raise InvalidRequest(
+                    f"the image has a {what} ({name}), which "
+                    "template_image_privileged=refuse does not allow"
+                )
             dropped[what] += 1
             if kind in (stat.S_IFCHR, stat.S_IFBLK):
                 os.unlink(name, dir_fd=fd)
                 return
-        os.chown(name, _shifted(st.st_uid, uid_base), _shifted(st.st_gid, uid_base),
-                 dir_fd=fd, follow_symlinks=False)  # fmt: skip
+        os.chown(
+            name,
+            _shifted(st.st_uid, uid_base),
+            _shifted(st.st_gid, uid_base),
+            dir_fd=fd,
+            follow_symlinks=False,
+        )
         if what == "setuid or setgid file":  # (chown cleared them as it changed the ids; if
             os.chmod(name, st.st_mode & 0o1777, dir_fd=fd)  # it did not, this does)
         elif what == "file with capabilities":

@@ -42,8 +42,7 @@ log = logging.getLogger(__name__)
 
 
 class _OpenHow(ctypes.Structure):
-    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64),
-                ("resolve", ctypes.c_uint64)]  # fmt: skip
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -53,8 +52,9 @@ def openat2(dir_fd: int, path: str, flags: int, mode: int = 0, resolve: int = IN
     """The descriptor of ``path`` looked up from ``dir_fd`` under ``resolve``'s rules."""
     how = _OpenHow(flags | os.O_CLOEXEC, mode if flags & os.O_CREAT else 0, resolve)
     while True:
-        fd = _libc.syscall(SYS_OPENAT2, dir_fd, path.encode(), ctypes.byref(how),
-                           ctypes.sizeof(how))  # fmt: skip
+        fd = _libc.syscall(
+            SYS_OPENAT2, dir_fd, path.encode(), ctypes.byref(how), ctypes.sizeof(how)
+        )
         if fd >= 0:
             return int(fd)
         err = ctypes.get_errno()
