@@ -22,7 +22,7 @@ from e2b import Sandbox, Template
 from e2b.exceptions import BuildException
 
 from sandhold.errors import InvalidRequest
-from sandhold.runtime import oci
+from sandhold.runtime import mounts, oci
 from sandhold.runtime.build import Builder, BuildRequest, Step
 from sandhold.runtime.runtime import Runtime
 from tests.e2b.conftest import Server, new_server
@@ -199,9 +199,11 @@ def test_a_workspace_link_planted_by_a_step_never_reaches_the_host(
     )
     try:
         sandboxes = {i.id for i in runtime.list()}
+        mounted = mounts.mounts_under(runtime.settings.data_dir / "sandboxes")
         with pytest.raises(InvalidRequest, match="workspace in the sandbox's root is a symlink"):
             runtime.create({"template": "ws-link", "workspace_id": "ws-link-1"})
         assert {i.id for i in runtime.list()} == sandboxes
+        assert mounts.mounts_under(runtime.settings.data_dir / "sandboxes") == mounted
         assert snapshot(canary) == before
     finally:
         runtime.templates.remove("ws-link")

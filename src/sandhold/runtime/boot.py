@@ -17,7 +17,7 @@ from sandhold.envd import ENVD_VERSION
 from sandhold.errors import Unavailable
 from sandhold.runtime import checkpoint, disk, images, mounts
 from sandhold.runtime.agent.libc import CAPS
-from sandhold.runtime.launcher import BOOT_ID_FILE, IDENTITY_FILE, RW_DIRS, Launch, new_boot, spawn
+from sandhold.runtime.launcher import BOOT_ID_FILE, IDENTITY_FILE, Launch, new_boot, spawn
 from sandhold.runtime.reaping import wait_ready
 from sandhold.runtime.records import session_of
 from sandhold.runtime.spec import SandboxSpec
@@ -65,7 +65,6 @@ def prepare_binds(
         view = rt.uids.writable(d, files, host_uid, "/workspace")
         binds.append((str(view), "/workspace", False))
     for m in spec.mounts:
-        mounts.make_mount_point(d / "root", m.target, host_uid)
         source = m.source
         if not m.read_only:
             source = rt.uids.writable(d, m.source, host_uid, m.target)
@@ -151,8 +150,6 @@ def boot(
     proc: subprocess.Popen[bytes] | None = None
     try:
         root, run_dir = d / "root", d / "run"
-        for rw in template.rw_dirs:  # (in the root's layer: made as its root's)
-            mounts.make_mount_point(root, f"/{RW_DIRS}/{rw.lstrip('/')}", host_uid)
         binds, workspace, spec = prepare_binds(rt, d, spec, host_uid)
         egress_env: dict[str, str] = {}
         egress_agent: dict[str, object] | None = None

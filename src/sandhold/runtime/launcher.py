@@ -151,8 +151,8 @@ def root_mount_points(agent_kit: bool) -> list[str]:
 def make_mount_points(launch: Launch, owner: int) -> None:
     """Make every point of the root that bwrap binds or mounts over (or binds from: the
     writable dirs) a chain of real directories (a real file for a file's bind), the missing
-    ones ``owner``'s; one that goes through a link is refused (safefs). Nothing in the sandbox
-    runs meanwhile."""
+    ones ``owner``'s, mode 0755 (bwrap would make them 0700, hiding the mounts from `user`);
+    one that goes through a link is refused (safefs). Nothing in the sandbox runs meanwhile."""
     points = root_mount_points(launch.agent_kit)
     points += [f"/{RW_DIRS}/{d.lstrip('/')}" for d in launch.rw_dirs]
     files: list[str] = []

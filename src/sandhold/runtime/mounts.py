@@ -9,7 +9,6 @@ import os
 from pathlib import Path
 
 from sandhold.errors import InvalidRequest
-from sandhold.runtime import safefs
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
@@ -80,13 +79,6 @@ def mounts_under(prefix: Path) -> list[str]:
     p = str(prefix).rstrip("/") + "/"
     with open("/proc/self/mountinfo") as f:
         return [line.split()[4] for line in f if line.split()[4].startswith(p)]
-
-
-def make_mount_point(root: Path, target: str, owner: int) -> None:
-    """Create a bind target in the sandbox's root as sandbox root, mode 0755 (bwrap would make
-    missing ones 0700, hiding the mount from `user`). Never through a symlink of the template:
-    as host root that could create directories outside the sandbox."""
-    safefs.make_dirs(root, target, 0o755, owner)
 
 
 def check_traversable(path: Path) -> None:
