@@ -95,3 +95,17 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     s.put_tenant("acme", {}, None)
     yield s
     s.close()
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """A real image registry on loopback for a module's tests (tests/runtime/test_oci.py)."""
+    from sandhold.runtime import oci
+
+    ok, detail = oci.tool_status()
+    if not ok:
+        pytest.skip(detail)
+    from tests.runtime.test_oci import running_registry  # (it skips a module without tools)
+
+    with running_registry(tmp_path_factory.mktemp("registry")) as reg:
+        yield reg

@@ -16,7 +16,6 @@ import pytest
 from e2b import Sandbox, Template
 from e2b.exceptions import BuildException
 
-from sandhold.runtime import oci
 from tests.e2b.conftest import Server, new_server
 from tests.runtime.test_oci import PASSWORD, USER, Registry, entry, push_image, running_registry
 
@@ -50,15 +49,6 @@ def tiny_root() -> list:
                 entry("etc/image-marker", data=b"from the image\n"),
                 entry("etc/ld.so.cache", data=Path("/etc/ld.so.cache").read_bytes())]  # fmt: skip
     return entries
-
-
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
-    ok, detail = oci.tool_status()
-    if not ok:
-        pytest.skip(detail)
-    with running_registry(tmp_path_factory.mktemp("registry")) as reg:
-        yield reg
 
 
 @pytest.fixture(scope="module")

@@ -45,7 +45,6 @@ from tests.runtime.test_oci import (
     entry,
     leftovers,
     push_image,
-    running_registry,
 )
 
 BUDGET_MB = 64  # the server's template_build_disk_mb (the least it takes)
@@ -93,15 +92,6 @@ def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
-    ok, detail = oci.tool_status()
-    if not ok:
-        pytest.skip(detail)
-    with running_registry(tmp_path_factory.mktemp("registry")) as reg:
-        yield reg
 
 
 @pytest.fixture(scope="module")

@@ -22,23 +22,14 @@ from e2b import Sandbox, Template
 from e2b.exceptions import BuildException
 
 from sandhold.errors import InvalidRequest
-from sandhold.runtime import mounts, oci
+from sandhold.runtime import mounts
 from sandhold.runtime.build import Builder, BuildRequest, Step
 from sandhold.runtime.runtime import Runtime
 from tests.e2b.conftest import Server, new_server
 from tests.e2b.test_template_images import tiny_root
-from tests.runtime.test_oci import PASSWORD, USER, Registry, entry, push_image, running_registry
+from tests.runtime.test_oci import PASSWORD, USER, Registry, entry, push_image
 
 Entry = tuple[tarfile.TarInfo, bytes]
-
-
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
-    ok, detail = oci.tool_status()
-    if not ok:
-        pytest.skip(detail)
-    with running_registry(tmp_path_factory.mktemp("registry")) as reg:
-        yield reg
 
 
 @pytest.fixture(scope="module")
