@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from sandhold import http_body
 from sandhold.config import Settings
 from sandhold.console import server as console
 from sandhold.e2b import forks, models, secrets, snapshots, templates, wire
@@ -34,7 +35,6 @@ from sandhold.errors import (
     Conflict,
     InvalidRequest,
     NotFound,
-    PayloadTooLarge,
     SandholdError,
 )
 from sandhold.service import Sandbox, SandboxService
@@ -100,22 +100,7 @@ class ControlPlane:
         return await self.service.owned(team, wire.short_id(sandbox_id))
 
     async def read_body(self, request: Request) -> bytes:
-        """The request's body, refused (413) past ``server_max_body_bytes``: from its
-        Content-Length before reading anything, else as soon as the stream passes the limit."""
-        limit = self.settings.server_max_body_bytes
-        refused = PayloadTooLarge(
-            f"request body is larger than {limit} bytes (setting server_max_body_bytes)"
-        )
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > limit:
-            raise refused
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise refused
-            chunks.append(chunk)
-        return b"".join(chunks)
+        return await http_body.read_body(request, self.settings.server_max_body_bytes)
 
     def authed(self, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
@@ -155,7 +140,12 @@ class ControlPlane:
             Route("/sandboxes/{id}/fork", a(self.fork), methods=["POST"]),
             Route("/sandboxes/{id}/snapshots", a(self.create_snapshot), methods=["POST"]),
             Route("/snapshots", a(self.list_snapshots), methods=["GET"]),
-            *templates.routes(self.service.builds, a, self.settings.template_upload_max_mb << 20),
+            *templates.routes(
+                self.service.builds,
+                a,
+                self.settings.template_upload_max_mb << 20,
+                self.settings.server_max_body_bytes,
+            ),
             Route("/templates/{id:path}", a(self.delete_template), methods=["DELETE"]),
             *secrets.routes(self.settings, a),
             *console.routes(self.service, self.teams),

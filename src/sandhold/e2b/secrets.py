@@ -17,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from sandhold import http_body
 from sandhold.config import Settings
 from sandhold.e2b import models
 from sandhold.egress.secret_values import SecretValues, ValueInfo
@@ -74,7 +75,9 @@ def routes(settings: Settings, authed: Callable[[Any], Any]) -> list[Route]:
         return JSONResponse([public(s) for s in page], headers=more)
 
     async def create(request: Request, team: str) -> Response:
-        body = models.parse(NewSecret, await request.body())
+        body = models.parse(
+            NewSecret, await http_body.read_body(request, settings.server_max_body_bytes)
+        )
         info = values_of(settings).create(team, body.name, body.value, body.metadata)
         return JSONResponse(public(info), status_code=201)
 
@@ -82,7 +85,9 @@ def routes(settings: Settings, authed: Callable[[Any], Any]) -> list[Route]:
         return JSONResponse(public(values_of(settings).get(team, request.path_params["id"])))
 
     async def update(request: Request, team: str) -> Response:
-        body = models.parse(SecretUpdate, await request.body())
+        body = models.parse(
+            SecretUpdate, await http_body.read_body(request, settings.server_max_body_bytes)
+        )
         info = values_of(settings).update(team, request.path_params["id"], body.value,
                                           body.metadata)  # fmt: skip
         return JSONResponse(public(info))

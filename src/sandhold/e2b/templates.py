@@ -32,6 +32,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from sandhold import http_body
 from sandhold.e2b import models
 from sandhold.errors import Forbidden, InvalidRequest, NotFound
 from sandhold.service import template_views
@@ -60,9 +61,14 @@ class TagsBody(models.Body):
     tags: list[str]
 
 
-def routes(builds: Builds, authed: Callable[[Handler], Any], max_upload: int) -> list[Route]:
+def routes(
+    builds: Builds, authed: Callable[[Handler], Any], max_upload: int, max_body: int
+) -> list[Route]:
+    async def body_of(request: Request) -> bytes:
+        return await http_body.read_body(request, max_body)
+
     async def request_build(request: Request, team: str) -> Response:
-        body = models.parse(BuildRequestBody, await request.body())
+        body = models.parse(BuildRequestBody, await body_of(request))
         ref = body.name or body.alias
         if not ref:
             raise InvalidRequest("name is required")
@@ -101,7 +107,7 @@ def routes(builds: Builds, authed: Callable[[Handler], Any], max_upload: int) ->
     async def start_build(request: Request, team: str) -> Response:
         job = builds.job(team, request.path_params["id"], request.path_params["build"])
         try:
-            body = json.loads(await request.body() or b"{}")
+            body = json.loads(await body_of(request) or b"{}")
         except ValueError:
             raise InvalidRequest("the body must be JSON") from None
         if not isinstance(body, dict):
@@ -121,13 +127,13 @@ def routes(builds: Builds, authed: Callable[[Handler], Any], max_upload: int) ->
         return JSONResponse(builds.alias(team, request.path_params["alias"]))
 
     async def assign_tags(request: Request, team: str) -> Response:
-        body = models.parse(TagsBody, await request.body())
+        body = models.parse(TagsBody, await body_of(request))
         if not body.target:
             raise InvalidRequest("target is required")
         return JSONResponse(builds.assign(team, body.target, body.tags), status_code=201)
 
     async def remove_tags(request: Request, team: str) -> Response:
-        body = models.parse(TagsBody, await request.body())
+        body = models.parse(TagsBody, await body_of(request))
         if not body.name:
             raise InvalidRequest("name is required")
         builds.remove_tags(team, body.name, body.tags)
@@ -151,7 +157,7 @@ def routes(builds: Builds, authed: Callable[[Handler], Any], max_upload: int) ->
         return JSONResponse(body, headers=headers)
 
     async def update(request: Request, team: str) -> Response:
-        body = models.parse(UpdateBody, await request.body())
+        body = models.parse(UpdateBody, await body_of(request))
         names = builds.set_public(team, request.path_params["id"], body.public)
         if request.url.path.startswith("/v2/"):
             return JSONResponse(names)
