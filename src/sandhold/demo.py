@@ -97,11 +97,25 @@ def tour(url: str) -> None:
         console.print("  [green]✓[/green] killed")
 
 
+SETPRIV = "/usr/bin/setpriv"  # util-linux: execs the server with a parent-death signal
+
+
+def _interrupted(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def main(serve: bool = True) -> None:
     settings = get_settings()
     url = f"http://{settings.server_host}:{settings.server_port}"
     console.print(f"starting [bold]sandhold serve[/bold] on {url} (data in {settings.data_dir})")
-    proc = subprocess.Popen([sys.executable, "-m", "sandhold.cli", "serve"])
+    # The server stops with the demo, whatever stops it: SIGTERM and SIGHUP end the demo as
+    # Ctrl-C does (through the ``finally`` below), and a demo killed outright takes the server
+    # with it (its parent-death signal). Sandboxes stay, as with any server stop.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupted)
+    proc = subprocess.Popen(
+        [SETPRIV, "--pdeathsig", "TERM", "--", sys.executable, "-m", "sandhold.cli", "serve"]
+    )
     try:
         _wait_healthy(url, proc)
         tour(url)
