@@ -9,6 +9,7 @@ import importlib.machinery
 import importlib.util
 import os
 import shutil
+import signal
 import stat
 import tempfile
 from collections.abc import Iterator
@@ -105,6 +106,21 @@ def test_the_command_runs_as_the_user_with_nothing_of_the_agent(way: str) -> Non
         assert int(got[key], 16) & ~GLIBC_SIGNALS == 0, (key, out)
     env = [line for line in out.splitlines() if "=" in line and not line.startswith("PWD=")]
     assert env == ["ONLY=this", "PATH=/usr/bin:/bin"], "its own environment, nothing more"
+
+
+def test_signals_the_agent_inherited_ignored_are_default_for_the_command(way: str) -> None:
+    """A server started in the background by a shell ignores SIGINT and SIGQUIT, and its
+    sandboxes' agents inherit that: the command must not (an ignored signal stays ignored
+    across exec)."""
+    ignored = (signal.SIGINT, signal.SIGQUIT, signal.SIGUSR1, signal.SIGRTMIN + 3)
+    before = {sig: signal.signal(sig, signal.SIG_IGN) for sig in ignored}
+    try:
+        code, out = run(["grep", "^SigIgn", "/proc/self/status"])
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+    assert code == 0, out
+    assert int(out.split()[1], 16) & ~GLIBC_SIGNALS == 0, out
 
 
 def test_root_keeps_only_the_capabilities_asked_for(way: str) -> None:

@@ -37,8 +37,6 @@
 #include "spawn_child.h"
 
 #define STACK_SIZE (64 * 1024)
-/* What a command starts with at its defaults whatever the agent set (spawn.py's list). */
-static const int DEFAULT_SIGNALS[] = {SIGPIPE, SIGXFSZ, SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD};
 
 struct job {
   char **paths; /* the candidates, in order (one for a path with a slash) */
@@ -55,19 +53,18 @@ static int sys_ok(long r) { return r >= 0; }
 
 static int child(void *arg) {
   const struct job *j = arg;
-  /* Handlers are the agent's (Python's): none may run here. Then the signals every command
-   * starts with at their defaults, and an empty mask (the parent blocked everything). glibc's
-   * sigaction and sigprocmask are plain system calls (they refuse its own two signals). */
+  /* Every signal at its default (spawn.py's DEFAULT_SIGNALS): the agent's handlers (Python's)
+   * must not run here, and an ignored one would stay ignored across exec (the agent inherits
+   * what the server's own parent ignored). Then an empty mask (the parent blocked everything).
+   * glibc's sigaction and sigprocmask are plain system calls (they refuse its own two). */
   struct sigaction dfl;
   memset(&dfl, 0, sizeof dfl);
   dfl.sa_handler = SIG_DFL;
   for (int sig = 1; sig < _NSIG; sig++) {
     struct sigaction old;
     if (sig == SIGKILL || sig == SIGSTOP || sigaction(sig, NULL, &old) < 0) continue;
-    if (old.sa_handler != SIG_IGN && old.sa_handler != SIG_DFL) sigaction(sig, &dfl, NULL);
+    if (old.sa_handler != SIG_DFL) sigaction(sig, &dfl, NULL);
   }
-  for (size_t i = 0; i < sizeof DEFAULT_SIGNALS / sizeof *DEFAULT_SIGNALS; i++)
-    sigaction(DEFAULT_SIGNALS[i], &dfl, NULL);
   sigset_t empty;
   sigemptyset(&empty);
   sigprocmask(SIG_SETMASK, &empty, NULL);

@@ -19,10 +19,10 @@ from .users import User, can_switch, group_ids
 
 OOM_SCORE_ADJ = b"500"
 HELPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandhold-spawn")
-# What a command starts with at its defaults whatever the agent set (Python ignores SIGPIPE
-# and SIGXFSZ; an ignored signal stays ignored across exec).
-DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM,
-                   signal.SIGHUP, signal.SIGQUIT, signal.SIGCHLD)  # fmt: skip
+# A command starts with every signal at its default, whatever the agent inherited or set: an
+# ignored signal stays ignored across exec (Python ignores SIGPIPE and SIGXFSZ; a server started
+# in the background by a shell ignores SIGINT and SIGQUIT, and bwrap passes that on).
+DEFAULT_SIGNALS = tuple(sorted(set(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP}))
 # The compiled one-step spawn (native.c), if it was built for this Python. Loaded with the
 # agent, not at its first command (~0.6 ms of a pooled sandbox's first command here; 0.01 MiB
 # per idle agent).
@@ -222,7 +222,7 @@ def _run_in_child(spec: SpawnSpec, fds: dict[str, int], errpipe: int, max_fd: in
     stage = "setup"
     try:
         signal.set_wakeup_fd(-1)  # the parent's event loop must not hear our signals
-        for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+        for sig in DEFAULT_SIGNALS:
             signal.signal(sig, signal.SIG_DFL)
         os.setsid()
         if "slave" in fds:
