@@ -84,3 +84,21 @@ async def test_idle_connections_are_bounded(server, monkeypatch) -> None:
     await asyncio.sleep(0.05)
     with pytest.raises(OSError):
         await pool.checkout(path + ".missing")
+
+
+async def test_an_idle_connection_is_closed_when_its_agent_goes(server) -> None:
+    """No checkout needed: the agent's EOF closes the idle connection and it is forgotten (a
+    killed sandbox's would otherwise hold a descriptor until pushed out)."""
+    srv, path = server
+    pool = AgentConnections(65536)
+    streams = await pool.checkout(path)
+    assert await echo(streams, b"a") == b"a\n"
+    pool.checkin(path, streams)
+    for w in srv.writers:
+        w.close()
+    for _ in range(100):
+        if streams[1].is_closing():
+            break
+        await asyncio.sleep(0.01)
+    assert streams[1].is_closing() and pool._count == 0 and not pool._idle
+    pool.close()
