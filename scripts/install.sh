@@ -67,3 +67,8 @@ if [[ ! -f $stamp ]]; then
   rm -f .venv/.installed-*
   touch "$stamp"
 fi
+
+# The commit-msg hook (scripts/git-hooks/commit-msg: the subject's form) for this checkout.
+if [[ -d .git ]] && [[ "$(git config --get core.hooksPath || true)" != scripts/git-hooks ]]; then
+  git config core.hooksPath scripts/git-hooks
+fi
