@@ -66,3 +66,16 @@ def test_the_envd_ports_are_named_once_on_the_host_side() -> None:
             if isinstance(node, ast.Constant) and node.value in (49983, 49999):
                 literal.append(f"{rel}:{node.lineno}")
     assert not literal, f"envd/interpreter port literals outside sandhold.envd: {literal}"
+
+
+def test_every_module_is_named_in_its_package_map() -> None:
+    """Each package's ``__init__`` docstring is its map: every module of the package is in it
+    (as ``name`` or ``name.py``), so a reader finds a module's place without opening it."""
+    unnamed = []
+    for init in sorted(SRC.rglob("__init__.py")):
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        for mod in sorted(init.parent.glob("*.py")):
+            if mod.name != "__init__.py" and f"``{mod.stem}``" not in doc \
+                    and f"``{mod.name}``" not in doc:  # fmt: skip
+                unnamed.append(str(mod.relative_to(SRC)))
+    assert not unnamed, f"modules missing from their package's map: {unnamed}"

@@ -1,0 +1,11 @@
+"""Sandhold: a self-hosted code-execution layer for AI agents (docs/architecture.md is the map
+of its packages).
+
+Modules:
+
+- ``audit.py``: Audit logs: one JSON line per event, in a file per UTC day under a directory
+- ``demo.py``: `make run`: start the E2B-compatible server on the embedded defaults
+- ``errors.py``: The one exception tree of the host side
+- ``http_body.py``: Request bodies at the HTTP edge, bounded
+- ``listening.py``: Serving on a listening socket someone else bound (``--fd``)
+"""

@@ -1,4 +1,31 @@
-"""The `sandhold` command."""
+"""The `sandhold` command.
+
+Modules:
+
+- ``__main__.py``: ``python -m sandhold.cli``: what the tests and benchmarks start servers with
+- ``audit.py``: `sandhold audit`: the file-API and egress audit logs, as JSON lines
+- ``common.py``: What the command groups share
+- ``errors.py``: The CLI's wire table: the exit status of a command that failed with a leaf of the
+  error
+- ``gateway.py``: `sandhold gateway`: the session gateway, serving its tools (REST and MCP) and
+  administered
+- ``logs.py``: `sandhold logs`: read and filter the JSON-lines logs of `sandhold serve` and
+  `sandhold
+- ``sandboxes.py``: `sandhold sandbox`: the sandboxes of this host, straight on the runtime (no
+  server)
+- ``secrets.py``: `sandhold secret`: tenant credentials in custody for the egress proxy (see
+  docs/egress.md)
+- ``server.py``: The top-level commands around the E2B-compatible server: `doctor`, `demo` and
+  `serve`
+- ``sessions.py``: `sandhold session`: the gateway's sessions and their timelines, read from its
+  store
+- ``template_build.py``: `sandhold template build -f Dockerfile NAME`
+- ``templates.py``: `sandhold template`: the templates of this host
+- ``top.py``: `sandhold top`: a live terminal view of what the console shows, from its JSON API
+- ``tunnel.py``: `sandhold tunnel`: MCP tunnels into private networks (docs/tunnel.md)
+- ``worker.py``: `sandhold worker`: serve a self-hosted environment of a Managed-Agents-compatible
+  control
+"""
 
 from __future__ import annotations
 

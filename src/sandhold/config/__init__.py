@@ -45,6 +45,19 @@ layer (``ServerSettings.check_server_serve``: no API keys on a non-loopback addr
 the layer because ``Settings`` flattens methods as it flattens fields). These raise
 ``sandhold.errors.ConfigError``; ``load`` turns pydantic's own errors into it too, so the CLI
 prints one clean message and exits with status 78.
+
+Modules:
+
+- ``egress.py``: The egress proxy's settings and the custody of secrets (``sandhold.egress``,
+  docs/egress.md)
+- ``gateway.py``: The session gateway's settings (``sandhold gateway serve``, docs/gateway.md)
+- ``layer.py``: What every layer of the settings shares
+- ``limits.py``: What a create may ask for
+- ``logs.py``: The logs' settings (``sandhold.logs``)
+- ``runtime.py``: The runtime's settings (``sandhold.runtime``)
+- ``server.py``: The E2B-compatible server's settings (``sandhold serve``)
+- ``toml.py``: The settings file (``SANDHOLD_CONFIG``)
+- ``worker.py``: The sandbox worker's settings (``sandhold worker``, docs/worker.md)
 """
 
 from __future__ import annotations

@@ -4,6 +4,12 @@ it, a remote E2B endpoint), and the ports and version every surface names.
 
 The in-sandbox agent (``sandhold.runtime.agent``) is the server side and imports none of this:
 it is standard-library only.
+
+Modules:
+
+- ``client.py``: The one envd client of the host side
+- ``framing.py``: Connect's streaming framing
+- ``transports.py``: How the host reaches a port inside a sandbox
 """
 
 ENVD_PORT = 49983  # envd: processes and files, served by the agent on its unix socket

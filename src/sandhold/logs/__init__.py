@@ -8,7 +8,17 @@ size-rotated files under the data directory (``<log_path>/<component>.jsonl``) a
 - ``bind`` / ``bound`` / ``update`` for the ids of the code that runs (``context``);
 - ``read`` for ``sandhold logs``.
 
-See docs/observability.md."""
+See docs/observability.md.
+
+Modules:
+
+- ``context.py``: The ids a log record carries, bound per request (or per task) in a context
+  variable
+- ``middleware.py``: ``RequestLog``: the ASGI middleware that gives every HTTP request an id and
+  logs one line
+- ``read.py``: Reading the JSON-lines files back (``sandhold logs``)
+- ``setup.py``: Where log records go: JSON lines in ``<log_path>/<component>.jsonl``
+"""
 
 from __future__ import annotations
 

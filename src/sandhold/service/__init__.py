@@ -5,6 +5,27 @@ tree (``sandhold.errors``), no HTTP. The E2B server (``sandhold.e2b``) and the g
 provider are thin translators over it. It owns the lifecycle timers (end times, auto-pause,
 auto-resume), the per-sandbox locks and the metadata keys, and it is the one place that moves
 the (synchronous) runtime's work off the event loop.
+
+Modules:
+
+- ``builds.py``: Template builds for a team (what E2B's ``Template.build`` drives)
+- ``forks.py``: Fork through the service
+- ``limits.py``: The bounds of a create, checked before anything is made
+- ``locks.py``: Per-key asyncio locks that do not pile up
+- ``metadata.py``: Metadata keys with a meaning beyond labels
+- ``metrics.py``: Metrics samples of sandboxes, and the count of sandboxes that failed
+- ``pooler.py``: Keeping the pools of sandboxes booted ahead (runtime/pool.py) filled to
+  ``pool_sizes``
+- ``prom.py``: Prometheus metrics of ``sandhold serve`` (``GET /metrics``)
+- ``records.py``: The service's typed requests and records
+- ``service.py``: ``SandboxService``: create, connect/resume, pause, kill, list, timeouts
+- ``snapshots.py``: Snapshots through the service
+- ``suspender.py``: Suspend to disk, on a timer
+- ``template_views.py``: E2B's read-only views of templates, as a team sees them: * ``GET
+  /templates``
+- ``timers.py``: The timer: every ``interval_s`` it expires each running sandbox whose stored end
+  time has
+- ``warmer.py``: Keeping the checkpoints of templates that start warm (runtime/warm.py)
 """
 
 from sandhold.service.records import CreateSandbox, Lifecycle, Mount, Sandbox

@@ -2,4 +2,15 @@
 
 SQLAlchemy 2 models with Alembic migrations; a SQLite file by default, PostgreSQL for several
 gateway replicas. It never holds lifecycle truth that the provider owns (sandbox state, endAt).
+
+Modules:
+
+- ``batch.py``: Set-based queries of the reclaimer
+- ``db.py``: The store: migrations and every query the gateway makes (its engine: engine.py)
+- ``engine.py``: The store's engine: SQLite's pragmas, PostgreSQL's pool and its check of idle
+  connections
+- ``models.py``: Tables of the gateway store
+- ``schema.py``: Running the store's Alembic migrations, on SQLite and PostgreSQL alike
+- ``statements.py``: The statements of a tool call's hot path, built once (SQLAlchemy Core, bound
+  parameters)
 """

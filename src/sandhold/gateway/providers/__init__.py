@@ -1,4 +1,12 @@
-"""Providers: the adaptation layer between the gateway and whatever runs sandboxes."""
+"""Providers: the adaptation layer between the gateway and whatever runs sandboxes.
+
+Modules:
+
+- ``base.py``: The provider interface: what the gateway needs from a sandbox backend
+- ``channels.py``: Pooled HTTP clients to the sandboxes of this host, one per sandbox and port
+- ``e2b.py``: The ``e2b`` provider: any E2B-compatible endpoint over plain HTTP (httpx)
+- ``local.py``: The ``local`` provider: the sandbox service in this process
+"""
 
 from __future__ import annotations
 

@@ -24,6 +24,9 @@ import only the standard library and h11. Modules:
   view the file API is held to; ``system`` - ``/health``, ``/envs``, ``/metrics``.
 * ``users`` - /etc/passwd and /etc/group, path resolution, acting as a user (fsuid/euid);
   ``libc`` - ctypes calls the standard library lacks (loaded lazily).
+* ``checkpoint`` - getting ready for a CRIU checkpoint (connections closed, the socket handed
+  back) and taking the host's new one after a restore; ``sudo`` - ``sudo`` of ``base``: the
+  agent runs the command as root for its caller.
 
 Flat on purpose: the host copies ``agent/*.py`` (and h11) into each sandbox's read-only library.
 """
