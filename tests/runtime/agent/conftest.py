@@ -110,3 +110,9 @@ async def start_agent(lib: Path | None = None, **overrides: Any) -> AsyncIterato
 async def agent() -> AsyncIterator[AgentHandle]:
     async with start_agent() as handle:
         yield handle
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "aio_only: about aio's own internals, not run against asyncio (test_agent_loop*)"
+    )

@@ -4,6 +4,7 @@ two things must land in one turn of the loop, a callback blocks the loop past bo
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
 import os
@@ -18,6 +19,17 @@ from sandhold.runtime.agent import aio
 from sandhold.runtime.agent.aio_loop import TIMERS_COMPACT_MIN
 
 BOUND = 10.0  # seconds: a guard against hanging, never reached when the loop works
+
+
+@pytest.fixture(autouse=True, params=["aio", "asyncio"])
+def loop_module(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test twice: on the agent's loop, and on asyncio, the reference its claims are
+    held to (``aio`` in this module is the one under test)."""
+    if request.param == "asyncio":
+        if request.node.get_closest_marker("aio_only"):
+            pytest.skip("about aio's own internals")
+        monkeypatch.setitem(globals(), "aio", asyncio)
+    return str(request.param)
 
 
 async def _ended(task: aio.Future[Any]) -> str:
@@ -145,6 +157,7 @@ def test_wait_for_queue_get_loses_no_item_at_its_limit(put_at: float) -> None:
     assert aio.run(main()) == ["item"]
 
 
+@pytest.mark.aio_only
 def test_cancelled_timers_do_not_pile_up() -> None:
     async def main() -> int:
         q: aio.Queue[int] = aio.Queue()
@@ -340,7 +353,7 @@ def test_sleep_order_and_call_later_cancel() -> None:
     assert aio.run(main()) == ["sleep 0", "sleep 0.01", "sleep 0.02", "sleep 0.03", "sleep 0.04"]
 
 
-def test_a_raising_callback_is_reported_and_the_loop_goes_on(capsys: Any) -> None:
+def test_a_raising_callback_is_reported_and_the_loop_goes_on(capsys: Any, caplog: Any) -> None:
     async def main() -> list[int]:
         log: list[int] = []
         aio.get_running_loop().call_soon(int, "callback broke")  # raises ValueError
@@ -349,10 +362,11 @@ def test_a_raising_callback_is_reported_and_the_loop_goes_on(capsys: Any) -> Non
         return log
 
     assert aio.run(main()) == [1]
-    assert "'callback broke'" in capsys.readouterr().err
+    # (aio writes it to stderr, the agent's log; asyncio to its logger)
+    assert "'callback broke'" in capsys.readouterr().err + caplog.text
 
 
-def test_a_failed_task_nobody_awaited_is_reported_once_collected(capsys: Any) -> None:
+def test_a_failed_task_nobody_awaited_is_reported_once_collected(capsys: Any, caplog: Any) -> None:
     async def fails(what: str) -> None:
         raise ValueError(what)
 
@@ -365,7 +379,7 @@ def test_a_failed_task_nobody_awaited_is_reported_once_collected(capsys: Any) ->
 
     aio.run(main())
     gc.collect()
-    err = capsys.readouterr().err
+    err = capsys.readouterr().err + caplog.text
     assert "never retrieved" in err and "ValueError: left alone" in err, err
     assert "asked for" not in err
 
@@ -392,6 +406,7 @@ def test_a_reader_removed_this_turn_does_not_run() -> None:
     assert len(aio.run(main())) == 1
 
 
+@pytest.mark.aio_only  # (aio.sock_recv: asyncio has it on the loop)
 def test_a_closed_fds_number_reused_keeps_its_new_waiter() -> None:
     async def main() -> bytes:
         a, b = socket.socketpair()

@@ -306,6 +306,10 @@ class Server:
         self._loop.add_reader(sock.fileno(), self._accept)
         self._serving = True
 
+    @property
+    def sockets(self) -> tuple[socket.socket, ...]:
+        return (self._sock,) if self._serving else ()
+
     def _accept(self) -> None:
         for _ in range(ACCEPT_BATCH):
             try:
