@@ -78,7 +78,7 @@ class _Due:
 
 class Reclaimer:
     def __init__(self, manager: SandboxSessionManager) -> None:
-        self.m = manager
+        self.manager = manager
         self._task: asyncio.Task[None] | None = None
 
     def start(self, interval_s: float) -> None:
@@ -102,22 +102,22 @@ class Reclaimer:
     async def run_pass(self) -> PassReport:
         t0 = time.monotonic()
         report = PassReport()
-        sandboxes = await self.m.provider.list(self.m.gateway_tags())
-        owners = await self.m.db(self.m.store.sessions_with_sandboxes)
-        retention = await self.m.db(self._retentions)
+        sandboxes = await self.manager.provider.list(self.manager.gateway_tags())
+        owners = await self.manager.db(self.manager.store.sessions_with_sandboxes)
+        retention = await self.manager.db(self._retentions)
         report.listed = len(sandboxes)
         now = time.time()
         stops: list[Stop] = []
         due: list[_Due] = []
         orphans: list[tuple[ProviderSandbox, str, str]] = []
         for sbx in sandboxes:
-            session_id = sbx.metadata.get(self.m.tag_session)
-            tenant_id = sbx.metadata.get(self.m.tag_tenant)
+            session_id = sbx.metadata.get(self.manager.tag_session)
+            tenant_id = sbx.metadata.get(self.manager.tag_tenant)
             if not session_id or not tenant_id:
                 continue  # not a session sandbox of ours
             owner = owners.get(sbx.id)
             if owner is None:
-                if now - sbx.started_at > self.m.settings.gateway_orphan_grace_s:
+                if now - sbx.started_at > self.manager.settings.gateway_orphan_grace_s:
                     orphans.append((sbx, tenant_id, session_id))
                 continue
             if sbx.state != "paused" or sbx.end_at is None:
@@ -129,7 +129,7 @@ class Reclaimer:
             if kept is not None and now - sbx.end_at >= kept:
                 due.append(_Due(sbx, owner, kept))
         try:
-            recorded = await self.m.db(self.m.store.record_stops, stops)
+            recorded = await self.manager.db(self.manager.store.record_stops, stops)
         except Exception:
             report.errors += 1
             log.exception("reclaimer could not record %d pauses", len(stops))
@@ -139,7 +139,7 @@ class Reclaimer:
             )
             report.failures_recorded += failed
             report.pauses_recorded += len(recorded) - failed
-        killers = self.m.settings.gateway_reclaim_concurrency
+        killers = self.manager.settings.gateway_reclaim_concurrency
         size, i = killers * FIRST_BATCH_PER_KILLER, 0
         while i < len(due):
             batch, t_batch = due[i : i + size], time.monotonic()
@@ -160,7 +160,7 @@ class Reclaimer:
     def _retentions(self) -> dict[str, float | None]:
         """Every tenant's retention, in one read (a policy that does not validate: None)."""
         out: dict[str, float | None] = {}
-        for tenant in self.m.store.tenants():
+        for tenant in self.manager.store.tenants():
             try:
                 out[tenant.id] = TenantPolicy.model_validate(tenant.policy or {}).retention_s
             except Exception:
@@ -171,7 +171,7 @@ class Reclaimer:
                reason: str, duration_ms: float | None = None) -> dict[str, Any]:  # fmt: skip
         """A timeline row (``Event`` columns; every event of a batch has the same keys)."""
         return {"at": at, "tenant_id": owner.tenant_id, "session_id": owner.session_id,
-                "kind": kind, "replica": self.m.replica, "sandbox_id": sbx.id,
+                "kind": kind, "replica": self.manager.replica, "sandbox_id": sbx.id,
                 "duration_ms": duration_ms, "reason": reason,
                 "provider_state": sbx.public()}  # fmt: skip
 
@@ -186,9 +186,9 @@ class Reclaimer:
     async def _reclaim_batch(
         self, batch: Sequence[_Due], now: float, killers: int, report: PassReport
     ) -> None:
-        ttl = self.m.settings.gateway_lock_ttl_s
+        ttl = self.manager.settings.gateway_lock_ttl_s
         wanted = {d.owner.pk: d.sbx.id for d in batch}
-        token, outcome = await self.m.db(self.m.store.lock_for_reclaim, wanted, ttl)
+        token, outcome = await self.manager.db(self.manager.store.lock_for_reclaim, wanted, ttl)
         start_by = time.monotonic() + ttl * LEASE_MARGIN
         locked = [d for d in batch if outcome[d.owner.pk] == "locked"]
         for o in outcome.values():
@@ -238,49 +238,49 @@ class Reclaimer:
         finally:
             report.reclaimed += len(reclaimed)
             try:
-                cleared = await self.m.db(self.m.store.finish_reclaim, token, pks, reclaimed,
-                                          events)  # fmt: skip
+                store = self.manager.store
+                cleared = await self.manager.db(store.finish_reclaim, token, pks, reclaimed, events)
                 if cleared < len(reclaimed):
                     log.warning("lost the lock of %d sessions while reclaiming",
                                 len(reclaimed) - cleared)  # fmt: skip
             except Exception:
                 report.errors += 1
                 log.exception("reclaimer could not record %d reclaims", len(reclaimed))
-                await self.m.db(self.m.store.unlock_many, token, pks)
+                await self.manager.db(self.manager.store.unlock_many, token, pks)
 
     async def _kill(self, sbx: ProviderSandbox) -> float | None:
         """Kill a sandbox due for reclaim (its session locked by us), if it is still paused with
         the endAt seen; the kill's duration (ms), or None when it changed meanwhile."""
         t0 = time.monotonic()
-        if self.m.provider.capabilities.conditional_delete:
+        if self.manager.provider.capabilities.conditional_delete:
             try:
-                await self.m.provider.kill(sbx.id, if_paused_end_at=sbx.end_at)
+                await self.manager.provider.kill(sbx.id, if_paused_end_at=sbx.end_at)
             except PreconditionFailed:
                 return None
         else:
-            current = await self.m.provider.get(sbx.id)
+            current = await self.manager.provider.get(sbx.id)
             if current is not None and (current.state != "paused" or current.end_at != sbx.end_at):
                 return None
-            await self.m.provider.kill(sbx.id)
+            await self.manager.provider.kill(sbx.id)
         return round((time.monotonic() - t0) * 1000, 2)
 
     async def _kill_orphan(self, sbx: ProviderSandbox, tenant_id: str, session_id: str) -> bool:
-        row = await self.m.db(self.m.store.get_session, tenant_id, session_id)
+        row = await self.manager.db(self.manager.store.get_session, tenant_id, session_id)
         token = None
         if row is not None:
-            token = await self.m.db(
-                self.m.store.try_lock, row.pk, self.m.settings.gateway_lock_ttl_s
+            token = await self.manager.db(
+                self.manager.store.try_lock, row.pk, self.manager.settings.gateway_lock_ttl_s
             )
             if token is None:
                 return False  # its session is being changed: maybe this is being recorded now
         try:
             if row is not None:
-                fresh = await self.m.db(self.m.store.session_by_pk, row.pk)
+                fresh = await self.manager.db(self.manager.store.session_by_pk, row.pk)
                 if fresh is not None and fresh.sandbox_id == sbx.id:
                     return False  # recorded meanwhile: not an orphan
-            killed = await self.m.provider.kill(sbx.id)
+            killed = await self.manager.provider.kill(sbx.id)
             if killed:
-                await self.m.timeline.record(
+                await self.manager.timeline.record(
                     tenant_id, session_id, "sandbox_orphan_killed", sandbox_id=sbx.id,
                     reason="tagged sandbox that no session owns (its creator died)",
                     provider_state=sbx.public(),
@@ -288,4 +288,4 @@ class Reclaimer:
             return killed
         finally:
             if row is not None and token is not None:
-                await self.m.db(self.m.store.unlock, row.pk, token)
+                await self.manager.db(self.manager.store.unlock, row.pk, token)

@@ -98,7 +98,7 @@ class Tools:
     def __init__(
         self, manager: SandboxSessionManager, deliverables: DeliverableStore, timeline: Timeline
     ) -> None:
-        self.m = manager
+        self.manager = manager
         self.deliverables = deliverables
         self.timeline = timeline
         self.max_payload = manager.settings.gateway_max_payload_bytes
@@ -126,7 +126,7 @@ class Tools:
 
     def _bounded(self, args: Args) -> None:
         """The limits of a tool call's arguments (docs/gateway.md), before any session."""
-        s = self.m.settings
+        s = self.manager.settings
         for field in ("path", "cwd"):
             if isinstance(value := getattr(args, field, None), str):
                 over(s, "gateway_max_path_bytes", field, nbytes(value))
@@ -152,9 +152,9 @@ class Tools:
             raise InvalidRequest("no session: pass session_id or connect with a session")
         check_id(sid, "session id", SESSION_ID_RE)
         if tool == "session_status":
-            return await self.m.status(tenant_id, sid)
+            return await self.manager.status(tenant_id, sid)
         if tool == "close_session":
-            return await self.m.close(tenant_id, sid)
+            return await self.manager.close(tenant_id, sid)
         _precheck(args)
         touched = view_path(tool, args)
         reason = None
@@ -169,7 +169,7 @@ class Tools:
                 )  # fmt: skip
                 raise
             reason = f"view: {access} {path} allowed"
-        policy = policy or await self.m.policy(tenant_id)
+        policy = policy or await self.manager.policy(tenant_id)
         budget = float(getattr(args, "timeout_s", 60))
         if budget > policy.max_command_timeout_s:
             raise InvalidRequest(
@@ -184,7 +184,7 @@ class Tools:
         try:
             for attempt in (1, 2):
                 try:
-                    async with self.m.use(tenant_id, sid, tool, budget, policy) as lease:
+                    async with self.manager.use(tenant_id, sid, tool, budget, policy) as lease:
                         sandbox_id = lease.sandbox_id
                         result = await self._handlers[tool](lease, args)
                         # Written with the lease's unlock: one store round trip less.
@@ -221,7 +221,7 @@ class Tools:
             if not recorded:
                 await self._record(tenant_id, sid, tool, sandbox_id, t0, args, result, error,
                                    reason)  # fmt: skip
-            await scenario.label(self.m, tenant_id, sid)
+            await scenario.label(self.manager, tenant_id, sid)
 
     async def _record(
         self, tenant_id: str, sid: str, tool: str, sandbox_id: str | None, t0: float,
@@ -251,7 +251,7 @@ class Tools:
     # -- handlers -------------------------------------------------------------------------------
     @contextlib.asynccontextmanager
     async def _envd(self, lease: Lease, port: int = ENVD_PORT) -> AsyncIterator[EnvdClient]:
-        async with self.m.provider.channel(lease.sandbox_id, lease.handle, port) as ch:
+        async with self.manager.provider.channel(lease.sandbox_id, lease.handle, port) as ch:
             yield EnvdClient(ch)
 
     async def _run_command(self, lease: Lease, a: RunCommand) -> dict[str, Any]:
@@ -379,7 +379,7 @@ class Tools:
         ctype = mimetypes.guess_type(name)[0] or "application/octet-stream"
         url = await self.deliverables.put(key, data, ctype)
         digest = hashlib.sha256(data).hexdigest()
-        await self.m.db(lambda: self.m.store.add_deliverable(
+        await self.manager.db(lambda: self.manager.store.add_deliverable(
             id=deliverable_id, tenant_id=lease.tenant_id, session_id=lease.session_id,
             name=name, source_path=sandbox_path(a.path), size=len(data), sha256=digest,
             storage=self.deliverables.kind, key=key, url=url, created_at=time.time(),

@@ -109,13 +109,13 @@ def _short(value: str | None) -> str | None:
 class TunnelRoutes:
     def __init__(self, gw: Gateway) -> None:
         self.gw = gw
-        self.t = gw.tunnels
-        self.s = gw.settings
+        self.tunnels = gw.tunnels
+        self.settings = gw.settings
 
     async def _tunnel(self, request: Request) -> TunnelInfo:
         tunnel_id = request.path_params["tunnel_id"]
         token = _bearer(request)
-        tunnel = await asyncio.to_thread(self.t.registry.by_token, token) if token else None
+        tunnel = await asyncio.to_thread(self.tunnels.registry.by_token, token) if token else None
         if tunnel is None:
             raise Unauthenticated(
                 "missing or unknown tunnel token (Authorization: Bearer "
@@ -144,7 +144,7 @@ class TunnelRoutes:
             wait_ms = _int(request.query_params.get("timeout_ms"), "timeout_ms", 15000, 0, None)
         except SandholdError as e:
             return tunnel_error(e)
-        wait_s = min(wait_ms / 1000, self.s.gateway_tunnel_poll_max_s)
+        wait_s = min(wait_ms / 1000, self.settings.gateway_tunnel_poll_max_s)
         instance = _short(request.headers.get("x-tunnel-client-instance-id")) or "unnamed"
         name = _short(request.headers.get("x-tunnel-client-name"))
         version = _short(request.headers.get("x-tunnel-client-version"))
@@ -152,12 +152,12 @@ class TunnelRoutes:
 
         async def seen() -> None:
             await asyncio.to_thread(
-                self.t.registry.seen, t.id, instance, name, version, serves, replica
+                self.tunnels.registry.seen, t.id, instance, name, version, serves, replica
             )
 
         channels = sorted(set(wanted) & set(serves)) if wanted else serves
         try:
-            commands = await self.t.relay.poll(
+            commands = await self.tunnels.relay.poll(
                 t.id, instance, channels, limit, wait_s, seen, request.is_disconnected
             )
         except QuotaExceeded as e:
@@ -175,18 +175,18 @@ class TunnelRoutes:
                     "X-Tunnel-Shard-Token is required (the polled command's shard_token)"
                 )
             body = await self._body(request, t, shard)
-            await self.t.relay.respond(t.id, shard, body)
+            await self.tunnels.relay.respond(t.id, shard, body)
         except SandholdError as e:
             return tunnel_error(e)
         return JSONResponse({"status": "ok"})
 
     async def _body(self, request: Request, t: TunnelInfo, shard: str) -> dict[str, Any]:
-        limit = self.s.gateway_tunnel_max_response_bytes
+        limit = self.settings.gateway_tunnel_max_response_bytes
         chunks, size = [], 0
         async for chunk in request.stream():
             size += len(chunk)
             if size > limit:
-                await self.t.relay.refuse_oversized(t.id, shard)
+                await self.tunnels.relay.refuse_oversized(t.id, shard)
                 raise PayloadTooLarge(
                     f"the response body is more than {limit} bytes "
                     "(gateway_tunnel_max_response_bytes)"
@@ -213,7 +213,7 @@ class TunnelRoutes:
 
     # -- admin ---------------------------------------------------------------------------------
     def _admin(self, request: Request) -> None:
-        expected = self.s.gateway_admin_key
+        expected = self.settings.gateway_admin_key
         key = _bearer(request)
         if not expected or not key or not hmac.compare_digest(key, expected):
             raise Unauthenticated("the admin API needs the admin key (Authorization: Bearer ...)")
@@ -228,7 +228,7 @@ class TunnelRoutes:
         if not isinstance(body, dict) or set(body) - {"name", "description"}:
             raise InvalidRequest('the body is {"name": ..., "description": ...}')
         info, token = await asyncio.to_thread(
-            self.t.registry.create,
+            self.tunnels.registry.create,
             tenant_id,
             check_name(body.get("name")),
             "" if body.get("description") is None else body["description"],  # (a str: checked)
@@ -238,15 +238,15 @@ class TunnelRoutes:
     async def list(self, request: Request) -> Response:
         self._admin(request)
         tenant_id = check_id(request.path_params["tenant_id"], "tenant id", ID_RE)
-        rows = await asyncio.to_thread(self.t.registry.list, tenant_id)
-        stale = self.s.gateway_tunnel_stale_s
+        rows = await asyncio.to_thread(self.tunnels.registry.list, tenant_id)
+        stale = self.settings.gateway_tunnel_stale_s
         return JSONResponse({"tunnels": [r.public(stale) for r in rows]})
 
     async def get(self, request: Request) -> Response:
         self._admin(request)
-        info = await asyncio.to_thread(self.t.registry.get, request.path_params["tunnel_id"])
-        out = info.public(self.s.gateway_tunnel_stale_s)
-        listing = self.t.client._listings.get(info.id)  # what this replica last listed
+        info = await asyncio.to_thread(self.tunnels.registry.get, request.path_params["tunnel_id"])
+        out = info.public(self.settings.gateway_tunnel_stale_s)
+        listing = self.tunnels.client._listings.get(info.id)  # what this replica last listed
         out["tools"] = sorted(listing.tools) if listing else None
         out["refused_tools"] = listing.refused if listing else None
         return JSONResponse(out)
@@ -254,17 +254,21 @@ class TunnelRoutes:
     async def delete(self, request: Request) -> Response:
         self._admin(request)
         tunnel_id = check_tunnel_id(request.path_params["tunnel_id"])
-        await asyncio.to_thread(self.t.registry.delete, tunnel_id)
+        await asyncio.to_thread(self.tunnels.registry.delete, tunnel_id)
         return JSONResponse({"id": tunnel_id, "deleted": True})
 
     async def reveal(self, request: Request) -> Response:
         self._admin(request)
-        token = await asyncio.to_thread(self.t.registry.reveal, request.path_params["tunnel_id"])
+        token = await asyncio.to_thread(
+            self.tunnels.registry.reveal, request.path_params["tunnel_id"]
+        )
         return JSONResponse({"token": token}, headers={"Cache-Control": "no-store"})
 
     async def rotate(self, request: Request) -> Response:
         self._admin(request)
-        token = await asyncio.to_thread(self.t.registry.rotate, request.path_params["tunnel_id"])
+        token = await asyncio.to_thread(
+            self.tunnels.registry.rotate, request.path_params["tunnel_id"]
+        )
         return JSONResponse({"token": token}, headers={"Cache-Control": "no-store"})
 
 
