@@ -25,7 +25,7 @@ import httpx
 from sandhold.config import Settings
 from sandhold.egress.policy import ALL_TRAFFIC, EgressPolicy
 from sandhold.envd.transports import remote_channel
-from sandhold.errors import Unsupported
+from sandhold.errors import SandholdError, Unsupported
 from sandhold.gateway.providers.base import (
     Capabilities,
     Channel,
@@ -117,6 +117,26 @@ def _message(r: httpx.Response) -> str:
         return str(r.json().get("message", r.text))
     except ValueError:
         return r.text[:500]
+
+
+# What an E2B API's answer means here, for the operations that give a status a meaning (the
+# inbound twin of e2b/errors.py's E2B_STATUS); any other unexpected status is a ProviderError.
+INBOUND: dict[str, dict[int, type[SandholdError]]] = {
+    "connect": {404: SandboxGone},
+    "update_network": {404: SandboxGone, 409: NeedsNewSandbox},
+    "kill": {412: PreconditionFailed},
+}
+
+
+def raise_for(r: httpx.Response, op: str, *expected: int) -> None:
+    """Nothing if ``r`` has a status ``op`` expects; else the leaf of the error tree its status
+    means for ``op`` (INBOUND), or a ProviderError naming the status and the server's words."""
+    if r.status_code in expected:
+        return
+    leaf = INBOUND.get(op, {}).get(r.status_code)
+    if leaf is not None:
+        raise leaf(_message(r))
+    raise ProviderError(f"{op} failed ({r.status_code}): {_message(r)}")
 
 
 class E2bProvider(Provider):
@@ -213,8 +233,7 @@ class E2bProvider(Provider):
             body["lifecycle"] = {"onTimeout": "pause", "autoResume": True}
             path = "/sandboxes"
         r = await self._call("POST", path, json=body)
-        if r.status_code != 201:
-            raise ProviderError(f"create failed ({r.status_code}): {_message(r)}")
+        raise_for(r, "create", 201)
         d = r.json()
         handle = {
             "envd_token": d.get("envdAccessToken"),
@@ -231,10 +250,7 @@ class E2bProvider(Provider):
         if self.flavor != "cube":
             path = "/v2" + path
         r = await self._call("POST", path, json={"timeout": timeout_s})
-        if r.status_code == 404:
-            raise SandboxGone(f"sandbox {sandbox_id} no longer exists")
-        if r.status_code not in (200, 201):
-            raise ProviderError(f"connect failed ({r.status_code}): {_message(r)}")
+        raise_for(r, "connect", 200, 201)
         d = r.json()
         fresh = {k: v for k, v in (("envd_token", d.get("envdAccessToken")),
                                    ("domain", d.get("domain"))) if v}  # fmt: skip
@@ -244,26 +260,19 @@ class E2bProvider(Provider):
         r = await self._call(
             "POST", f"/sandboxes/{sandbox_id}/timeout", json={"timeout": timeout_s}
         )
-        if r.status_code not in (204, 404):
-            raise ProviderError(f"set_timeout failed ({r.status_code}): {_message(r)}")
+        raise_for(r, "set_timeout", 204, 404)  # (gone: nothing to extend)
 
     async def update_network(self, sandbox_id: str, tenant: str, network: EgressPolicy) -> None:
         wire = _egress(network)
         body = {**wire["network"], "allow_internet_access": wire["allow_internet_access"]}
         r = await self._call("PUT", f"/sandboxes/{sandbox_id}/network", json=body)
-        if r.status_code == 404:
-            raise SandboxGone(f"sandbox {sandbox_id} no longer exists")
-        if r.status_code == 409:
-            raise NeedsNewSandbox(_message(r))
-        if r.status_code != 204:
-            raise ProviderError(f"update_network failed ({r.status_code}): {_message(r)}")
+        raise_for(r, "update_network", 204)
 
     async def get(self, sandbox_id: str) -> ProviderSandbox | None:
         r = await self._call("GET", f"/sandboxes/{sandbox_id}")
         if r.status_code == 404:
             return None
-        if r.status_code != 200:
-            raise ProviderError(f"get failed ({r.status_code}): {_message(r)}")
+        raise_for(r, "get", 200)
         return _sandbox(r.json())
 
     async def list(self, metadata: dict[str, str]) -> list[ProviderSandbox]:
@@ -276,8 +285,7 @@ class E2bProvider(Provider):
             if token:
                 params["nextToken"] = token
             r = await self._call("GET", "/v2/sandboxes", params=params)
-            if r.status_code != 200:
-                raise ProviderError(f"list failed ({r.status_code}): {_message(r)}")
+            raise_for(r, "list", 200)
             # Filter again: servers that ignore a filter must not make us act on strangers.
             out += [s for s in map(_sandbox, r.json())
                     if all(s.metadata.get(k) == v for k, v in metadata.items())]  # fmt: skip
@@ -295,10 +303,7 @@ class E2bProvider(Provider):
         r = await self._call("DELETE", f"/sandboxes/{sandbox_id}", headers=headers)
         if r.status_code == 404:
             return False
-        if r.status_code == 412:
-            raise PreconditionFailed(_message(r))
-        if r.status_code != 204:
-            raise ProviderError(f"kill failed ({r.status_code}): {_message(r)}")
+        raise_for(r, "kill", 204)
         return True
 
     @contextlib.asynccontextmanager
