@@ -6,6 +6,6 @@ Modules:
 - ``audit.py``: Audit logs: one JSON line per event, in a file per UTC day under a directory
 - ``demo.py``: `make run`: start the E2B-compatible server on the embedded defaults
 - ``errors.py``: The one exception tree of the host side
-- ``http_body.py``: Request bodies at the HTTP edge, bounded
+- ``http_edge.py``: The HTTP edge's small toolkit: bearer tokens, bounded bodies, JSON objects
 - ``listening.py``: Serving on a listening socket someone else bound (``--fd``)
 """

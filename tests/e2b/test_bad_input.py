@@ -3,8 +3,6 @@ nothing: the sandbox list and the runtime's sandbox directories are the same aft
 
 from __future__ import annotations
 
-import re
-import socket
 from collections.abc import Iterator
 
 import httpx
@@ -12,6 +10,7 @@ import pytest
 from e2b import AuthenticationException, Sandbox, SandboxQuery
 
 from tests.e2b.conftest import KEY_A, Server
+from tests.support.http import announced
 
 GHOST = "a" * 20  # well-formed, but no such sandbox
 
@@ -126,34 +125,6 @@ def test_body_size_is_capped(server: Server, client: httpx.Client) -> None:
     assert r.status_code == 413 and r.json()["code"] == 413
 
 
-def announced(server: Server, method: str, path: str, size: int, chunked: bool) -> bytes:
-    """The answer to a request that announces a ``size``-byte body (by its Content-Length, or
-    chunks of 1 MiB as long as the server reads) and sends the first MiB of it only: a server
-    that read the body whole before answering would keep waiting, and the socket time out."""
-    head = (f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nX-API-KEY: {KEY_A}\r\n"
-            "Content-Type: application/json\r\n")  # fmt: skip
-    mib = b"[" + b" " * ((1 << 20) - 1)
-    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as s:
-        if chunked:
-            s.sendall(f"{head}Transfer-Encoding: chunked\r\n\r\n".encode())
-            try:
-                for _ in range(size >> 20):
-                    s.sendall(b"100000\r\n" + mib + b"\r\n")
-            except OSError:  # (the server answered and closed: the rest is not read)
-                pass
-        else:
-            s.sendall(f"{head}Content-Length: {size}\r\n\r\n".encode() + mib)
-        answer = b""
-        while b"\r\n\r\n" not in answer or len(answer.partition(b"\r\n\r\n")[2]) < int(
-            re.search(rb"content-length: (\d+)", answer.lower() + b"content-length: 0")[1]
-        ):
-            chunk = s.recv(4096)
-            if not chunk:
-                break
-            answer += chunk
-        return answer
-
-
 @pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
 @pytest.mark.parametrize(("method", "path"), [
     ("POST", "/v3/templates"), ("POST", "/v2/templates/{build}"),
@@ -168,7 +139,8 @@ def test_template_and_secret_bodies_are_capped_before_they_are_read(
     if "{build}" in path:  # (a build waiting to start: its start reads the body)
         job = client.post("/v3/templates", json={"name": "capped"}).json()
         path = path.format(build=f"{job['templateID']}/builds/{job['buildID']}")
-    answer = announced(server, method, path, 1 << 30, chunked)
+    headers = {"X-API-KEY": KEY_A, "Content-Type": "application/json"}
+    answer = announced(server.port, method, path, 1 << 30, headers, chunked)
     assert answer.startswith(b"HTTP/1.1 413 "), answer[:200]
     assert b"server_max_body_bytes" in answer
 

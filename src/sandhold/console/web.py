@@ -10,7 +10,6 @@ URL, so no access log or browser history holds a key or a session id.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from sandhold import http_edge
 from sandhold.errors import InvalidRequest, SandholdError, Unauthenticated
 from sandhold.gateway.errors import rest_status
 from sandhold.service.metrics import Sample
@@ -106,27 +106,17 @@ def api_routes(authenticate: Authenticate, handlers: Mapping[str, Handler]) -> l
 
 
 def _bearer(request: Request) -> str:
-    auth = request.headers.get("authorization", "")
-    scheme, _, token = auth.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
+    token = http_edge.bearer(request.headers)
+    if token is None:
         raise Unauthenticated("sign in: Authorization: Bearer <key> is missing")
-    return token.strip()
+    return token
 
 
 async def _body(request: Request) -> dict[str, Any]:
     # JSON only: a cross-site form cannot send it without a preflight this server never allows.
     if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
         raise InvalidRequest("the console API takes application/json")
-    raw = await request.body()
-    if len(raw) > MAX_BODY:
-        raise InvalidRequest(f"request body over {MAX_BODY} bytes")
-    try:
-        body = json.loads(raw or b"{}")
-    except ValueError:
-        raise InvalidRequest("the request body is not JSON") from None
-    if not isinstance(body, dict):
-        raise InvalidRequest("the request body must be a JSON object")
-    return body
+    return await http_edge.read_json_object(request, MAX_BODY, "the console API's 64 KiB")
 
 
 def window(body: dict[str, Any], now: float, default_s: float = 86400.0) -> tuple[float, float]:

@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from sandhold import http_body
+from sandhold import http_edge
 from sandhold.config import Settings
 from sandhold.console import server as console
 from sandhold.e2b import forks, models, secrets, snapshots, templates, wire
@@ -100,7 +100,7 @@ class ControlPlane:
         return await self.service.owned(team, wire.short_id(sandbox_id))
 
     async def read_body(self, request: Request) -> bytes:
-        return await http_body.read_body(request, self.settings.server_max_body_bytes)
+        return await http_edge.read_body(request, self.settings.server_max_body_bytes)
 
     def authed(self, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
@@ -175,10 +175,8 @@ class ControlPlane:
         """Server-wide metrics without sandbox ids (service/prom.py), so any team's key may read
         them, and so may the metrics-only token (``server_metrics_token``) as a bearer token:
         Prometheus's scrape configs send ``Authorization``, not custom headers."""
-        token, bearer = self.settings.server_metrics_token, request.headers.get("authorization")
-        scheme, _, given = (bearer or "").partition(" ")
-        if not (token and scheme.lower() == "bearer"
-                and hmac.compare_digest(given.strip().encode(), token.encode())):  # fmt: skip
+        token, given = self.settings.server_metrics_token, http_edge.bearer(request.headers)
+        if not (token and given and hmac.compare_digest(given.encode(), token.encode())):
             self.teams.team_of(request.headers)
         text = await self.service._run(self.service.prom.exposition)
         return Response(text, media_type=CONTENT_TYPE)

@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from sandhold import http_body
+from sandhold import http_edge
 from sandhold.config import Settings
 from sandhold.e2b import models
 from sandhold.egress.secret_values import SecretValues, ValueInfo
@@ -76,7 +76,7 @@ def routes(settings: Settings, authed: Callable[[Any], Any]) -> list[Route]:
 
     async def create(request: Request, team: str) -> Response:
         body = models.parse(
-            NewSecret, await http_body.read_body(request, settings.server_max_body_bytes)
+            NewSecret, await http_edge.read_body(request, settings.server_max_body_bytes)
         )
         info = values_of(settings).create(team, body.name, body.value, body.metadata)
         return JSONResponse(public(info), status_code=201)
@@ -86,7 +86,7 @@ def routes(settings: Settings, authed: Callable[[Any], Any]) -> list[Route]:
 
     async def update(request: Request, team: str) -> Response:
         body = models.parse(
-            SecretUpdate, await http_body.read_body(request, settings.server_max_body_bytes)
+            SecretUpdate, await http_edge.read_body(request, settings.server_max_body_bytes)
         )
         info = values_of(settings).update(team, request.path_params["id"], body.value,
                                           body.metadata)  # fmt: skip

@@ -32,7 +32,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from sandhold import http_body
+from sandhold import http_edge
 from sandhold.e2b import models
 from sandhold.errors import Forbidden, InvalidRequest, NotFound
 from sandhold.service import template_views
@@ -65,7 +65,7 @@ def routes(
     builds: Builds, authed: Callable[[Handler], Any], max_upload: int, max_body: int
 ) -> list[Route]:
     async def body_of(request: Request) -> bytes:
-        return await http_body.read_body(request, max_body)
+        return await http_edge.read_body(request, max_body)
 
     async def request_build(request: Request, team: str) -> Response:
         body = models.parse(BuildRequestBody, await body_of(request))

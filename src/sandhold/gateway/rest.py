@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import hmac
-import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -22,11 +21,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from sandhold import http_edge
 from sandhold.console import gateway as console
 from sandhold.errors import (
     InvalidRequest,
     NotFound,
-    PayloadTooLarge,
     SandholdError,
     Unauthenticated,
 )
@@ -48,45 +47,28 @@ def error(status: int, code: str, message: str) -> JSONResponse:
     return JSONResponse({"code": code, "message": message}, status_code=status)
 
 
-def bearer(request_headers: Any) -> str | None:
-    auth = request_headers.get("authorization") or ""
-    scheme, _, key = auth.partition(" ")
-    return key.strip() if scheme.lower() == "bearer" and key.strip() else None
-
-
 class Api:
     def __init__(self, gw: Gateway) -> None:
         self.gw = gw
         self.max_body = gw.settings.gateway_max_payload_bytes * 4 // 3 + MAX_JSON_OVERHEAD
 
     async def tenant(self, request: Request) -> str:
-        return await self.gw.tenant_of_key(bearer(request.headers))
+        return await self.gw.tenant_of_key(http_edge.bearer(request.headers))
 
     def admin(self, request: Request) -> None:
         expected = self.gw.settings.gateway_admin_key
-        key = bearer(request.headers)
+        key = http_edge.bearer(request.headers)
         if not expected or not key or not hmac.compare_digest(key, expected):
             raise Unauthenticated("the admin API needs the admin key (Authorization: Bearer ...)")
 
     async def json_body(self, request: Request) -> dict[str, Any]:
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > self.max_body:
-                raise PayloadTooLarge(f"request body is larger than {self.max_body} bytes")
-            chunks.append(chunk)
-        raw = b"".join(chunks).strip() or b"{}"
-        try:
-            body = json.loads(raw)
-        except ValueError as e:
-            raise InvalidRequest(f"request body is not valid JSON: {e}") from None
-        if not isinstance(body, dict):
-            raise InvalidRequest("request body must be a JSON object")
-        return body
+        return await http_edge.read_json_object(
+            request, self.max_body, "gateway_max_payload_bytes, base64 and JSON included"
+        )
 
     # -- tenant API ---------------------------------------------------------------------------
     async def call_tool(self, request: Request) -> Response:
-        tenant, policy = await self.gw.tenant_and_policy(bearer(request.headers))
+        tenant, policy = await self.gw.tenant_and_policy(http_edge.bearer(request.headers))
         scenario.from_headers(request.headers)
         tool = request.path_params["tool"]
         tunnel_tool = self.gw.tunnels.is_tunnel_tool(tool)  # <tunnel>__<tool> (docs/tunnel.md)
@@ -156,7 +138,7 @@ class Api:
                                  "X-Sandhold-Sha256": d.sha256})  # fmt: skip
 
     async def tools(self, request: Request) -> Response:
-        if bearer(request.headers) is None:
+        if http_edge.bearer(request.headers) is None:
             return JSONResponse(tool_schemas())
         tenant = await self.tenant(request)  # with a tenant's key: its tunnel tools too
         return JSONResponse([*tool_schemas(), *await self.gw.tunnels.schemas(tenant)])
@@ -167,7 +149,7 @@ class Api:
 
     async def metrics(self, request: Request) -> Response:
         """Prometheus text (gateway/prom.py): the admin key or gateway_metrics_token."""
-        self.gw.metrics.authorize(bearer(request.headers))
+        self.gw.metrics.authorize(http_edge.bearer(request.headers))
         return Response(await self.gw.metrics.exposition(), media_type=CONTENT_TYPE)
 
     async def openapi(self, request: Request) -> Response:
@@ -238,7 +220,7 @@ def build_app(gw: Gateway) -> Starlette:
 
     async def identity(ctx: Context[Any, Any]) -> tuple[str, str | None]:
         headers = ctx.headers or {}
-        tenant = await gw.tenant_of_key(bearer(headers))
+        tenant = await gw.tenant_of_key(http_edge.bearer(headers))
         scenario.from_headers(headers)
         return tenant, headers.get(SESSION_HEADER)
 

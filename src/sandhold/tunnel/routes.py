@@ -28,6 +28,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from sandhold import http_edge
 from sandhold.errors import (
     InvalidRequest,
     NotFound,
@@ -54,11 +55,6 @@ OPENAI_CODES = {
     "payload_too_large": "request_body_too_large",
     "invalid_argument": "invalid_json_payload",
 }
-
-
-def _bearer(request: Request) -> str | None:
-    scheme, _, key = (request.headers.get("authorization") or "").partition(" ")
-    return key.strip() if scheme.lower() == "bearer" and key.strip() else None
 
 
 def tunnel_error(e: SandholdError, openai_code: str | None = None) -> JSONResponse:
@@ -114,7 +110,7 @@ class TunnelRoutes:
 
     async def _tunnel(self, request: Request) -> TunnelInfo:
         tunnel_id = request.path_params["tunnel_id"]
-        token = _bearer(request)
+        token = http_edge.bearer(request.headers)
         tunnel = await asyncio.to_thread(self.tunnels.registry.by_token, token) if token else None
         if tunnel is None:
             raise Unauthenticated(
@@ -214,18 +210,15 @@ class TunnelRoutes:
     # -- admin ---------------------------------------------------------------------------------
     def _admin(self, request: Request) -> None:
         expected = self.settings.gateway_admin_key
-        key = _bearer(request)
+        key = http_edge.bearer(request.headers)
         if not expected or not key or not hmac.compare_digest(key, expected):
             raise Unauthenticated("the admin API needs the admin key (Authorization: Bearer ...)")
 
     async def create(self, request: Request) -> Response:
         self._admin(request)
         tenant_id = check_id(request.path_params["tenant_id"], "tenant id", ID_RE)
-        try:
-            body = json.loads((await request.body())[:65536] or b"{}")
-        except ValueError as e:
-            raise InvalidRequest(f"request body is not valid JSON: {e}") from None
-        if not isinstance(body, dict) or set(body) - {"name", "description"}:
+        body = await http_edge.read_json_object(request, 65536, "a tunnel's record: 64 KiB")
+        if set(body) - {"name", "description"}:
             raise InvalidRequest('the body is {"name": ..., "description": ...}')
         info, token = await asyncio.to_thread(
             self.tunnels.registry.create,
