@@ -1,6 +1,6 @@
 """The gateway console's reads of the store: sessions, a session's timeline, failures, and usage
 by tenant and scenario over a time range. Each is one or two indexed queries, paged or grouped
-in the database, so a page stays fast with 100,000 events (docs/benchmarks.md, "Console").
+in the database, so a page stays fast with 100,000 events (bench/results/history.md, "Console").
 
 A session's scenario is the platform's label (``X-Sandhold-Scenario``, sessions.scenario);
 events take their session's. Sandbox-hours count each sandbox span of a session inside the

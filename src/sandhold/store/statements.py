@@ -3,7 +3,7 @@
 A warm tool call makes a few tiny transactions; through the ORM each cost ~1-1.5 ms of Python
 on this host (unit of work, identity map, a statement object built and its cache key computed
 per call), through prebuilt Core statements on a connection ~0.1 ms (measured in
-docs/benchmarks.md, "Session gateway"). Parameter names are never column names (those are
+bench/results/history.md, "Session gateway"). Parameter names are never column names (those are
 the SET clause's in an executemany).
 """
 
