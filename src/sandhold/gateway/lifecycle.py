@@ -34,6 +34,7 @@ from typing import Any
 from sandhold.gateway.policy import TenantPolicy
 from sandhold.gateway.providers.base import PreconditionFailed, ProviderSandbox
 from sandhold.gateway.sessions import SandboxSessionManager
+from sandhold.service.timers import Periodic
 from sandhold.store.batch import Stop
 from sandhold.store.db import SessionRow
 
@@ -79,25 +80,20 @@ class _Due:
 class Reclaimer:
     def __init__(self, manager: SandboxSessionManager) -> None:
         self.manager = manager
-        self._task: asyncio.Task[None] | None = None
+        self._every: Periodic | None = None
 
     def start(self, interval_s: float) -> None:
-        self._task = asyncio.create_task(self._loop(interval_s), name="gateway-reclaimer")
+        self._every = Periodic(self._pass, interval_s, "gateway reclaim pass", at_start=True)
+        self._every.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        if self._every is not None:
+            await self._every.stop()
 
-    async def _loop(self, interval_s: float) -> None:
-        while True:
-            try:
-                report = await self.run_pass()
-                if report.reclaimed or report.orphans_killed or report.errors:
-                    log.info("reclaim pass: %s", report.public())
-            except Exception:
-                log.exception("reclaim pass failed")
-            await asyncio.sleep(interval_s)
+    async def _pass(self) -> None:
+        report = await self.run_pass()
+        if report.reclaimed or report.orphans_killed or report.errors:
+            log.info("reclaim pass: %s", report.public())
 
     async def run_pass(self) -> PassReport:
         t0 = time.monotonic()
