@@ -7,5 +7,6 @@ Modules:
 - ``demo.py``: `make run`: start the E2B-compatible server on the embedded defaults
 - ``errors.py``: The one exception tree of the host side
 - ``http_edge.py``: The HTTP edge's small toolkit: bearer tokens, bounded bodies, JSON objects
+- ``isotime.py``: The one way a time goes on a wire: RFC 3339 in UTC with a ``Z``
 - ``listening.py``: Serving on a listening socket someone else bound (``--fd``)
 """

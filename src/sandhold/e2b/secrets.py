@@ -23,7 +23,7 @@ from sandhold.e2b import models
 from sandhold.egress.secret_values import SecretValues, ValueInfo
 from sandhold.egress.secrets import open_store
 from sandhold.errors import InvalidRequest
-from sandhold.service.service import iso
+from sandhold.isotime import iso
 
 MAX_PAGE = 100
 

@@ -7,9 +7,9 @@ import math
 from typing import Any
 
 from sandhold.envd import ENVD_VERSION
+from sandhold.isotime import iso
 from sandhold.service.metrics import Sample
 from sandhold.service.records import Sandbox
-from sandhold.service.service import iso
 
 CLIENT_ID = "6532622b"  # legacy constant the API still returns
 

@@ -10,7 +10,6 @@ import secrets
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import httpx
@@ -28,6 +27,7 @@ from sandhold.errors import (
     PreconditionFailed,
     SandboxNotFound,
 )
+from sandhold.isotime import iso
 from sandhold.runtime.build import kill_leftovers
 from sandhold.runtime.records import SandboxInfo
 from sandhold.runtime.runtime import Runtime
@@ -49,10 +49,6 @@ REFRESH_MIN_S = 15
 HEALTH_TIMEOUT_S = 5.0  # a strict pause's health check of the agent (the SDK's own probe: 5 s)
 
 T = TypeVar("T")
-
-
-def iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
 
 
 def not_found(sandbox_id: str) -> SandboxNotFound:
@@ -493,4 +489,4 @@ class SandboxService:
         return self.samples.history(sandbox_id, start, end)
 
 
-__all__ = ["SandboxInfo", "SandboxService", "iso", "not_found"]
+__all__ = ["SandboxInfo", "SandboxService", "not_found"]

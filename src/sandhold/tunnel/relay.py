@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import json
 import time
 import uuid
@@ -30,15 +29,12 @@ from sqlalchemy import Table, delete, func, insert, select, update
 
 from sandhold.config import Settings
 from sandhold.errors import NotFound, PayloadTooLarge, QuotaExceeded, Unavailable
+from sandhold.isotime import iso
 from sandhold.store.db import Store
 from sandhold.store.models import TunnelRequest
 from sandhold.tunnel.registry import Registry
 
 T: Table = TunnelRequest.__table__  # type: ignore[assignment]
-
-
-def rfc3339(at: float) -> str:
-    return dt.datetime.fromtimestamp(at, dt.UTC).isoformat().replace("+00:00", "Z")
 
 
 class Relay:
@@ -220,7 +216,7 @@ class Relay:
                     "shard_token": r.shard_token,
                     "command_type": "jsonrpc",
                     "channel": r.channel,
-                    "created_at": rfc3339(r.created_at),
+                    "created_at": iso(r.created_at),
                     "response_timeout": f"{left_ms}ms",
                     "headers": body["headers"],
                     "jsonrpc": body["jsonrpc"],

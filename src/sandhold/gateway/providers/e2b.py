@@ -37,6 +37,7 @@ from sandhold.gateway.providers.base import (
     ProviderSandbox,
     SandboxGone,
 )
+from sandhold.isotime import iso
 from sandhold.service.metadata import (
     FILE_VIEW_KEY,
     HOST_MOUNT_KEY,
@@ -77,12 +78,6 @@ def _ts(value: str | None) -> float | None:
     if not value:
         return None
     return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-
-
-def _iso(ts: float) -> str:
-    from datetime import UTC
-
-    return datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
 
 
 def _sandbox(d: dict[str, Any]) -> ProviderSandbox:
@@ -299,7 +294,7 @@ class E2bProvider(Provider):
             if not self.capabilities.conditional_delete:
                 raise ProviderError(f"the {self.flavor} flavor cannot delete conditionally")
             headers = {"X-Sandhold-If-State": "paused",
-                       "X-Sandhold-If-End-At": _iso(if_paused_end_at)}  # fmt: skip
+                       "X-Sandhold-If-End-At": iso(if_paused_end_at)}  # fmt: skip
         r = await self._call("DELETE", f"/sandboxes/{sandbox_id}", headers=headers)
         if r.status_code == 404:
             return False
