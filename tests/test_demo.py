@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2b.conftest import Server, new_server
+from tests.support.e2b_server import Server, new_server
 
 
 def children(pid: int) -> set[int]:

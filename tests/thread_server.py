@@ -9,7 +9,7 @@ from typing import Any
 
 import uvicorn
 
-from tests.e2b.conftest import listen
+from tests.support.e2b_server import listen
 
 
 class ThreadServer:

@@ -11,7 +11,7 @@ import pytest
 from e2b import Sandbox
 from playwright.sync_api import Browser, Page, expect
 
-from tests.e2b.conftest import KEY_A, KEY_B, Server, new_server
+from tests.support.e2b_server import KEY_A, KEY_B, Server, new_server
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ import subprocess
 import sys
 from collections.abc import Callable
 
-from tests.e2b.conftest import KEY_A, Server
 from tests.gateway.conftest import (  # noqa: F401  (the e2b_server fixture)
     ADMIN_KEY,
     OTHER_KEY,
@@ -17,6 +16,7 @@ from tests.gateway.conftest import (  # noqa: F401  (the e2b_server fixture)
     Gateway,
     e2b_server,
 )
+from tests.support.e2b_server import KEY_A, Server
 
 SCENARIO = "[bold red]x[/]"
 

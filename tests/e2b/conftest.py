@@ -1,150 +1,15 @@
-"""A real `sandhold serve` process, driven by the official, unmodified e2b SDK.
-
-Servers never bind a port themselves here: the test binds and listens (``listen``) and hands
-the open socket to the process (``--fd``), so no other process can take the port in between and
-a restarted server serves on the same one. While no server runs, connections wait in the
-socket's backlog instead of being refused."""
+"""Fixtures of the E2B server's tests: one `sandhold serve` for the session, the SDK's
+environment pointed at it, a shared sandbox, an API client (tests/support/e2b_server.py)."""
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-import tempfile
-import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 from e2b import Sandbox
 
-from sandhold.config import Settings
-from sandhold.runtime import cgroups, mounts, safefs
-from sandhold.runtime.runtime import Runtime
-
-KEY_A = "sandhold-test-key-a"
-KEY_B = "sandhold-test-key-b"
-API_KEYS = {KEY_A: "team-a", KEY_B: "team-b"}
-
-
-def listen() -> socket.socket:
-    """A listening socket on a free loopback port, for a server process to serve on."""
-    sock = socket.socket()
-    try:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(2048)
-    except OSError:
-        sock.close()
-        raise
-    return sock
-
-
-def start_process(
-    args: list[str], env: dict[str, str], log: Path, sock: socket.socket
-) -> subprocess.Popen[bytes]:
-    """Start `sandhold <args> --fd N` serving on ``sock`` and wait until its /health answers."""
-    fd = sock.fileno()
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "sandhold.cli", *args, "--fd", str(fd)], env=env,
-            stdout=out, stderr=subprocess.STDOUT, pass_fds=(fd,),
-        )  # fmt: skip
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"sandhold {args[0]} exited: {log.read_text()[-3000:]}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return proc
-        except httpx.TransportError:
-            pass
-        time.sleep(0.05)
-    stop_process(proc)
-    raise RuntimeError(f"sandhold {args[0]} did not start: {log.read_text()[-3000:]}")
-
-
-def stop_process(proc: subprocess.Popen[bytes] | None, sig: int = signal.SIGTERM) -> None:
-    if proc is not None and proc.poll() is None:
-        proc.send_signal(sig)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-class Server:
-    """One `sandhold serve` subprocess over a data dir; can be stopped and started again."""
-
-    def __init__(self, data_dir: Path, sock: socket.socket, log: Path, **settings: str) -> None:
-        self.data_dir = data_dir
-        self.sock = sock
-        self.port: int = sock.getsockname()[1]
-        self.log = log
-        self.settings = settings
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SANDHOLD_")}
-        env.update(
-            SANDHOLD_DATA_DIR=str(self.data_dir),
-            SANDHOLD_PREBUILD_TEMPLATES="[]",
-            SANDHOLD_API_KEYS=json.dumps(API_KEYS),
-            NO_PROXY="127.0.0.1,localhost",
-        )
-        env.update({f"SANDHOLD_{k.upper()}": v for k, v in self.settings.items()})
-        self.proc = start_process(["serve"], env, self.log, self.sock)
-
-    def stop(self) -> None:
-        stop_process(self.proc)
-        self.proc = None
-
-    def runtime(self) -> Runtime:
-        return Runtime(Settings(data_dir=self.data_dir))
-
-    def destroy(self) -> None:
-        """Stop the server, kill every sandbox it left and remove the data dir, whatever fails
-        on the way; then fail if a sandbox could not be killed or was left half-removed."""
-        self.stop()
-        self.sock.close()
-        settings = Settings(data_dir=self.data_dir)
-        errors = []
-        try:
-            rt = Runtime(settings).open()
-            for info in rt.list():
-                try:
-                    rt.kill(info.id)
-                except Exception as e:
-                    errors.append(f"kill {info.id}: {e!r}")
-        finally:
-            debris = mounts.mounts_under(self.data_dir)
-            for target in debris:
-                mounts.umount(Path(target))
-            cgroups.remove_parent(settings.cgroup_group)
-            safefs.remove_quietly(self.data_dir)  # (a template's tree may be deep)
-        assert not errors and not debris, f"cleanup failed: {errors}, still mounted: {debris}"
-
-    def sdk(self, key: str = KEY_A) -> dict[str, str]:
-        """The official SDK's keyword arguments that point it at this server as ``key``."""
-        return {"api_url": self.url, "sandbox_url": self.url, "api_key": key}
-
-    def api(self, key: str = KEY_A) -> httpx.Client:
-        return httpx.Client(base_url=self.url, headers={"X-API-KEY": key}, timeout=30)
-
-
-def new_server(tmp: Path, **settings: str) -> Server:
-    data_dir = Path(tempfile.mkdtemp(prefix="sandhold-e2b-", dir="/var/tmp"))
-    data_dir.chmod(0o755)  # the sandboxes' unprivileged owner must traverse it
-    return Server(data_dir, listen(), tmp / f"server-{data_dir.name}.log", **settings)
+from tests.support.e2b_server import KEY_A, Server, new_server
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ import httpx
 import pytest
 from e2b import AuthenticationException, Sandbox, SandboxQuery
 
-from tests.e2b.conftest import KEY_A, Server
+from tests.support.e2b_server import KEY_A, Server
 from tests.support.http import announced
 
 GHOST = "a" * 20  # well-formed, but no such sandbox

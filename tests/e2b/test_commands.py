@@ -13,7 +13,7 @@ from e2b import (
     TimeoutException,
 )
 
-from tests.e2b.conftest import Server
+from tests.support.e2b_server import Server
 
 
 def test_foreground_output_env_cwd_user(sbx: Sandbox) -> None:

@@ -23,7 +23,7 @@ from e2b import (
     Volume,
 )
 
-from tests.e2b.conftest import KEY_B, Server
+from tests.support.e2b_server import KEY_B, Server
 
 
 def listed(query: SandboxQuery, **kwargs: object) -> list[str]:

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 from e2b import Sandbox
 
-from tests.e2b.conftest import Server, new_server
+from tests.support.e2b_server import Server, new_server
 
 CYCLES = 60
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 from e2b import Sandbox, SandboxState
 
-from tests.e2b.conftest import KEY_A, Server, new_server
+from tests.support.e2b_server import KEY_A, Server, new_server
 
 METRIC = re.compile(r'^sandhold_sandboxes_failed_total\{reason="(\w+)"\} (\d+)$', re.M)
 

@@ -14,7 +14,7 @@ import pytest
 from e2b import Sandbox
 
 from sandhold import audit
-from tests.e2b.conftest import Server
+from tests.support.e2b_server import Server
 
 VIEW_KEY = "sandhold.file-view"
 VIEW = {"read": ["/home/user", "/tmp"], "write": ["/home/user/out"]}

@@ -12,7 +12,7 @@ import httpx
 from e2b import AsyncSandbox, FileType, Sandbox
 from e2b.sandbox.filesystem.watch_handle import FilesystemEventType
 
-from tests.e2b.conftest import Server
+from tests.support.e2b_server import Server
 
 
 def test_text_and_bytes(sbx: Sandbox) -> None:

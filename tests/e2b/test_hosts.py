@@ -11,8 +11,8 @@ import httpx
 import pytest
 from e2b import Sandbox
 
-from tests.e2b.conftest import KEY_A, Server, new_server
 from tests.e2b.test_routing import ECHO_HOST, WAIT_FOR_8000
+from tests.support.e2b_server import KEY_A, Server, new_server
 
 DOMAIN = "sandboxes.sandhold.test"
 

@@ -15,7 +15,7 @@ import httpx
 import pytest
 from e2b import AsyncSandbox, Sandbox, SandboxNotRunningException
 
-from tests.e2b.conftest import Server
+from tests.support.e2b_server import Server
 
 # An HTTP service inside the sandbox whose response never ends: a plain (non-Connect) stream.
 TICKER = r"""

@@ -22,7 +22,7 @@ from e2b import (
 )
 from e2b.sandbox.sandbox_api import SandboxLifecycle
 
-from tests.e2b.conftest import KEY_A, Server, new_server
+from tests.support.e2b_server import KEY_A, Server, new_server
 
 
 async def eventually(check: Callable[[], Awaitable[bool]], within: float = 30) -> None:

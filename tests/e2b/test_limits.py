@@ -18,7 +18,7 @@ from e2b import InvalidArgumentException, Sandbox, SandboxException
 from sandhold.config import Settings
 from sandhold.e2b.creates import host_mounts
 from sandhold.errors import InvalidRequest
-from tests.e2b.conftest import Server
+from tests.support.e2b_server import Server
 
 KB = "x" * 1024
 

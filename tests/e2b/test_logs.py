@@ -19,7 +19,7 @@ import httpx
 import pytest
 from e2b import Sandbox
 
-from tests.e2b.conftest import API_KEYS, KEY_A, KEY_B, Server, new_server
+from tests.support.e2b_server import API_KEYS, KEY_A, KEY_B, Server, new_server
 
 CREATES = ("/sandboxes", "/v2/sandboxes")
 

@@ -24,7 +24,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from sandhold.mcp_gateway.config import check, resolve
-from tests.e2b.conftest import KEY_A, Server, new_server
+from tests.support.e2b_server import KEY_A, Server, new_server
 
 DOMAIN = "sandboxes.sandhold.test"
 TEMPLATE = "mcp-tools"

@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sandhold.gateway.providers.e2b import SUSPEND_GAUGE
 from sandhold.service.prom import EgressTail
-from tests.e2b.conftest import KEY_A, Server, new_server
+from tests.support.e2b_server import KEY_A, Server, new_server
 
 PROMETHEUS = shutil.which("prometheus")
 TOKEN = "sandhold-test-metrics-token"

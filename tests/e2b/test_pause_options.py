@@ -18,7 +18,7 @@ from e2b import (
     ServiceBusyException,
 )
 
-from tests.e2b.conftest import Server
+from tests.support.e2b_server import Server
 
 
 def running_unchanged(server: Server, sbx: Sandbox, pid: int, end_at: object) -> None:

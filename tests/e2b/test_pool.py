@@ -18,7 +18,7 @@ from e2b import Sandbox, Volume
 from sandhold.config import Settings
 from sandhold.runtime.pool import POOL_KEY
 from sandhold.runtime.runtime import Runtime
-from tests.e2b.conftest import KEY_A, KEY_B, Server, new_server
+from tests.support.e2b_server import KEY_A, KEY_B, Server, new_server
 
 POOL = 2
 # What a sandbox's own view of itself shows; pooled and booted sandboxes must match in shape.

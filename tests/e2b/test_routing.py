@@ -7,7 +7,7 @@ import asyncio
 import httpx
 from e2b import AsyncSandbox, Sandbox
 
-from tests.e2b.conftest import Server
+from tests.support.e2b_server import Server
 
 ECHO_HOST = """
 import http.server

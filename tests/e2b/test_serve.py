@@ -11,7 +11,7 @@ from pathlib import Path
 
 from e2b import Sandbox
 
-from tests.e2b.conftest import new_server
+from tests.support.e2b_server import new_server
 
 
 def test_refuses_an_open_api_on_a_public_address(tmp_path: Path) -> None:

@@ -20,8 +20,8 @@ from moto.server import ThreadedMotoServer
 
 from sandhold.config import Settings
 from sandhold.runtime.criu import criu_status
-from tests.e2b.conftest import KEY_B, Server, new_server
 from tests.e2b.test_suspend import COUNTER, state
+from tests.support.e2b_server import KEY_B, Server, new_server
 
 BUCKET = "sandhold-snapshots"
 PREFIX = "shared/"

@@ -14,8 +14,8 @@ from e2b import Sandbox
 from sandhold.config import Settings
 from sandhold.runtime.criu import criu_status
 from tests.counter import COUNTER
-from tests.e2b.conftest import Server, new_server
 from tests.runtime.test_suspend import reboot
+from tests.support.e2b_server import Server, new_server
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,8 @@ import pytest
 from e2b import Sandbox, Template
 from e2b.exceptions import BuildException
 
-from tests.e2b.conftest import Server, new_server
 from tests.runtime.test_oci import PASSWORD, USER, Registry, entry, push_image, running_registry
+from tests.support.e2b_server import Server, new_server
 
 
 def tiny_root() -> list:

@@ -17,7 +17,7 @@ from e2b.api.client.models import TemplateUpdateRequest
 from e2b.api.client_sync import get_api_client
 from e2b.exceptions import BuildException, SandboxException, TemplateException
 
-from tests.e2b.conftest import KEY_A, KEY_B, Server, new_server
+from tests.support.e2b_server import KEY_A, KEY_B, Server, new_server
 
 
 @pytest.fixture(scope="module")

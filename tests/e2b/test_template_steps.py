@@ -23,7 +23,7 @@ import pytest
 from e2b import Sandbox, Template
 from e2b.exceptions import BuildException
 
-from tests.e2b.conftest import Server, new_server
+from tests.support.e2b_server import Server, new_server
 
 
 @pytest.fixture(scope="module")

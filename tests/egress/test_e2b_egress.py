@@ -13,10 +13,10 @@ from e2b import Sandbox, SandboxException
 from e2b.sandbox.network import ALL_TRAFFIC
 
 from sandhold.egress.secrets import open_store
-from tests.e2b.conftest import KEY_A, Server, new_server
 from tests.egress.fixtures import daemon_pids
 from tests.egress.internet import Internet
 from tests.egress.leaks import fetch_command, leaked, split
+from tests.support.e2b_server import KEY_A, Server, new_server
 
 GET = "curl -s -o /dev/null -w '%{{http_code}}' --max-time 10 {url} || true"
 TOKEN = "e2b-team-token-9f8e7d6c"

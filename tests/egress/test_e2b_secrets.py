@@ -12,8 +12,8 @@ from e2b import AsyncSecret, Sandbox, SandboxException, Secret
 from e2b.exceptions import SecretException, SecretNotFoundException
 from e2b.sandbox.network import ALL_TRAFFIC
 
-from tests.e2b.conftest import KEY_B, Server
 from tests.egress.test_e2b_egress import TOKEN, egress_server  # noqa: F401  (the module's server)
+from tests.support.e2b_server import KEY_B, Server
 
 AUTH = "curl -sS --max-time 10 {scheme}://api.example.test/auth"
 ALLOW = ["api.example.test", "other.example.test"]

@@ -21,7 +21,7 @@ import pytest
 from sandhold.config import Settings
 from sandhold.runtime import cgroups, mounts
 from sandhold.runtime.runtime import Runtime
-from tests.e2b.conftest import KEY_A, Server, listen, new_server, start_process, stop_process
+from tests.support.e2b_server import KEY_A, Server, listen, new_server, start_process, stop_process
 
 ADMIN_KEY = "gateway-test-admin-key"
 TENANT_KEY = "gateway-test-tenant-key-a"
@@ -57,7 +57,7 @@ def destroy_runtime_dir(data_dir: Path) -> list[str]:
 
 
 class Gateway:
-    """One `sandhold gateway serve` process on a socket of the test's (see tests/e2b/conftest.py);
+    """One `sandhold gateway serve` process on a socket of the test's (see tests/support/e2b_server.py);
     can be stopped, killed and started again on the same port; ``close`` when done."""
 
     def __init__(self, data_dir: Path, env: dict[str, str], log: Path) -> None:

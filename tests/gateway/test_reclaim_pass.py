@@ -1,5 +1,5 @@
 """A reclaim pass reads the provider once and kills in parallel, bounded: a gateway in this
-process, its ``e2b`` provider talking HTTP to a real `sandhold serve` (tests/e2b/conftest.py),
+process, its ``e2b`` provider talking HTTP to a real `sandhold serve` (tests/support/e2b_server.py),
 every request it sends counted on its own httpx client, every store transaction on its engine."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from sqlalchemy import event
 from sandhold.config import Settings
 from sandhold.gateway.app import Gateway
 from sandhold.gateway.providers.e2b import E2bProvider
-from tests.e2b.conftest import KEY_A, Server
 from tests.gateway.conftest import destroy_runtime_dir, kill_tagged, scratch_dir
+from tests.support.e2b_server import KEY_A, Server
 
 SESSIONS = 6
 CONCURRENCY = 2

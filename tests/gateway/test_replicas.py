@@ -20,7 +20,6 @@ import httpx
 import pytest
 
 from sandhold.store.db import Store
-from tests.e2b.conftest import KEY_A, Server
 from tests.gateway.conftest import (
     ADMIN_KEY,
     TENANT_KEY,
@@ -31,6 +30,7 @@ from tests.gateway.conftest import (
     scratch_dir,
 )
 from tests.gateway.postgres import Postgres
+from tests.support.e2b_server import KEY_A, Server
 
 REPLICAS = 3
 SESSIONS = 12

@@ -24,8 +24,8 @@ from e2b import Sandbox
 from sandhold.config import Settings
 from sandhold.runtime import cgroups, mounts
 from sandhold.runtime.runtime import Runtime
-from tests.e2b.conftest import KEY_A, Server, new_server
 from tests.runtime.helpers import sh
+from tests.support.e2b_server import KEY_A, Server, new_server
 
 # -- what a data dir leaves on the host ---------------------------------------------------------
 

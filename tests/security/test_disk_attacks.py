@@ -19,8 +19,8 @@ from sandhold.config import Settings
 from sandhold.errors import InvalidRequest
 from sandhold.runtime import cgroups, mounts
 from sandhold.runtime.runtime import Runtime
-from tests.e2b.conftest import KEY_A, new_server
 from tests.runtime.helpers import sh
+from tests.support.e2b_server import KEY_A, new_server
 
 MIB = 1 << 20
 ENOSPC = "No space left on device"

@@ -35,7 +35,6 @@ from e2b.exceptions import BuildException, SandboxException
 
 from sandhold.errors import TemplateBuildFailed
 from sandhold.runtime import oci
-from tests.e2b.conftest import KEY_A, KEY_B, Server, new_server
 from tests.e2b.test_template_images import tiny_root
 from tests.runtime.test_oci import (
     PASSWORD,
@@ -46,6 +45,7 @@ from tests.runtime.test_oci import (
     leftovers,
     push_image,
 )
+from tests.support.e2b_server import KEY_A, KEY_B, Server, new_server
 
 BUDGET_MB = 64  # the server's template_build_disk_mb (the least it takes)
 BANNER = b"SSH-2.0-OpenSSH_9.2p1\r\n"

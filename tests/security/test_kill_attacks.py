@@ -21,8 +21,8 @@ from e2b import CommandExitException, NotFoundException, Sandbox, SandboxQuery, 
 
 from sandhold.runtime import mounts
 from sandhold.runtime.runtime import Runtime, SandboxInfo
-from tests.e2b.conftest import KEY_A, Server, new_server
 from tests.runtime.helpers import sh
+from tests.support.e2b_server import KEY_A, Server, new_server
 
 # The agent's pid as root inside sees it (found by its command line, as a model would).
 AGENT = "$(pgrep -o -f '^/usr/bin/python3 -I -S /opt/sandhold/lib/')"

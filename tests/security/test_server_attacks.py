@@ -16,7 +16,7 @@ import httpx
 import pytest
 from e2b import Sandbox, TimeoutException
 
-from tests.e2b.conftest import KEY_A, Server, new_server
+from tests.support.e2b_server import KEY_A, Server, new_server
 
 GIB = 1 << 30
 

@@ -35,7 +35,7 @@ from e2b.template_sync.build_api import (
     wait_for_build_finish,
 )
 
-from tests.e2b.conftest import KEY_A, KEY_B, Server, new_server
+from tests.support.e2b_server import KEY_A, KEY_B, Server, new_server
 
 DISK_MB = 256  # the build's disk budget here: the bomb's 1 GiB is 4 times it
 

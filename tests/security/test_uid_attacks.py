@@ -24,8 +24,8 @@ import pytest
 from e2b import Sandbox
 
 from sandhold.runtime.runtime import Runtime, SandboxInfo
-from tests.e2b.conftest import KEY_A, Server, new_server
 from tests.runtime.helpers import sh
+from tests.support.e2b_server import KEY_A, Server, new_server
 
 # Run on the host as the attacker: each attack's outcome, "ok" or the errno's name.
 ATTACKS = r"""

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from e2b import Sandbox
 
-from tests.e2b.conftest import KEY_A, Server, new_server
+from tests.support.e2b_server import KEY_A, Server, new_server
 
 SECRET = "TOPSECRET-4c1d"
 VIEW = {"read": ["/home/user/out", "/skills"], "write": ["/home/user/out"]}

@@ -306,7 +306,7 @@ def test_the_e2b_surface_takes_the_budget_of_a_host_mounted_workspace(tmp_path: 
     from e2b import Sandbox
     from e2b.exceptions import SandboxException
 
-    from tests.e2b.conftest import KEY_A, new_server
+    from tests.support.e2b_server import KEY_A, new_server
 
     root = Path(tempfile.mkdtemp(prefix="sandhold-hm-", dir="/var/tmp"))
     root.chmod(0o755)

@@ -1,4 +1,5 @@
 """Helpers shared by the tests of several packages (conftest files hold fixtures only).
 
+- ``e2b_server.py``: a real `sandhold serve` process (``new_server``, ``Server``, the teams' keys)
 - ``http.py``: raw HTTP requests over a socket, for what an HTTP client would not send
 """
