@@ -11,7 +11,7 @@ from collections.abc import Callable
 import httpx
 from playwright.sync_api import Browser, Page, expect
 
-from tests.gateway.conftest import ADMIN_KEY, OTHER_KEY, TENANT_KEY, Gateway
+from tests.support.gateway_server import ADMIN_KEY, OTHER_KEY, TENANT_KEY, Gateway
 
 PWN = "window.__pwned = (window.__pwned || 0) + 1"
 EVIL_LABEL = f"<img src=x onerror='{PWN}'>"

@@ -9,14 +9,9 @@ import subprocess
 import sys
 from collections.abc import Callable
 
-from tests.gateway.conftest import (  # noqa: F401  (the e2b_server fixture)
-    ADMIN_KEY,
-    OTHER_KEY,
-    TENANT_KEY,
-    Gateway,
-    e2b_server,
-)
+from tests.gateway.conftest import e2b_server  # noqa: F401  (a fixture)
 from tests.support.e2b_server import KEY_A, Server
+from tests.support.gateway_server import ADMIN_KEY, OTHER_KEY, TENANT_KEY, Gateway
 
 SCENARIO = "[bold red]x[/]"
 

@@ -12,8 +12,8 @@ from typing import Any
 
 from sandhold.gateway.keys import MAX_ENTRIES, TenantKeys
 from sandhold.store.db import Store
-from tests.gateway.conftest import OTHER_KEY, TENANT_KEY, Gateway, wait_for
 from tests.gateway.postgres import Postgres
+from tests.support.gateway_server import OTHER_KEY, TENANT_KEY, Gateway, wait_for
 
 KEY_A = "acme-key-0123456789abcdef"
 KEY_B = KEY_A + "x"  # the same prefix: a key must match whole

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.gateway.conftest import ADMIN_KEY, TENANT_KEY, Gateway
+from tests.support.gateway_server import ADMIN_KEY, TENANT_KEY, Gateway
 from tests.support.http import announced
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-from tests.gateway.conftest import TENANT_KEY, Gateway, wait_for
+from tests.support.gateway_server import TENANT_KEY, Gateway, wait_for
 
 
 def test_a_tool_call_is_logged_with_its_ids(make_gateway: Callable[..., Gateway]) -> None:

@@ -10,8 +10,8 @@ import httpx
 from sandhold.config import Settings
 from sandhold.interpreter.template import build_code_interpreter_template
 from sandhold.runtime.templates import TemplateStore
-from tests.gateway.conftest import Gateway, tool
 from tests.interpreter.conftest import CACHE_DIR
+from tests.support.gateway_server import Gateway, tool
 
 KEY = "interp-tenant-key-0123456789"
 

@@ -18,7 +18,7 @@ import pytest
 
 from sandhold.config import Settings
 from sandhold.runtime.runtime import Runtime
-from tests.gateway.conftest import FAST_POLICY, Gateway, tool, wait_for
+from tests.support.gateway_server import FAST_POLICY, Gateway, tool, wait_for
 
 PROVIDERS = ["local", "e2b"]
 

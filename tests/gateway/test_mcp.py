@@ -15,7 +15,7 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
-from tests.gateway.conftest import (
+from tests.support.gateway_server import (
     TENANT_KEY,
     Gateway,
     destroy_runtime_dir,

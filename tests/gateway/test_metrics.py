@@ -15,7 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2b.test_metrics import PROMETHEUS, Prometheus
-from tests.gateway.conftest import ADMIN_KEY, TENANT_KEY, Gateway, wait_for
+from tests.support.gateway_server import ADMIN_KEY, TENANT_KEY, Gateway, wait_for
 
 TOKEN = "gateway-test-metrics-token"
 SCENARIO = "[bold red]x[/] scenario-label-metrics"

@@ -16,8 +16,8 @@ import pytest
 from sandhold.egress.secrets import open_store
 from tests.egress.fixtures import daemon_pids, internet  # noqa: F401
 from tests.egress.internet import Internet
-from tests.gateway.conftest import FAST_POLICY, OTHER_KEY, Gateway, tool
 from tests.support.e2b_server import Server, new_server
+from tests.support.gateway_server import FAST_POLICY, OTHER_KEY, Gateway, tool
 
 TOKEN = "sk-gateway-tenant-7Hq2LmZ9"
 TEAM_TOKEN = "sk-whole-team-Vb41xQe0"

@@ -29,8 +29,8 @@ from sandhold.gateway.providers.local import LocalProvider
 from sandhold.runtime.criu import criu_status
 from sandhold.service import forks, snapshots
 from tests.counter import COUNTER as BARE_COUNTER
-from tests.gateway.conftest import destroy_runtime_dir, scratch_dir
 from tests.support.e2b_server import KEY_A, Server, new_server
+from tests.support.gateway_server import destroy_runtime_dir, scratch_dir
 
 PROVIDERS = ["local", "e2b"]
 

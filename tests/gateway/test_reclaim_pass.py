@@ -16,8 +16,8 @@ from sqlalchemy import event
 from sandhold.config import Settings
 from sandhold.gateway.app import Gateway
 from sandhold.gateway.providers.e2b import E2bProvider
-from tests.gateway.conftest import destroy_runtime_dir, kill_tagged, scratch_dir
 from tests.support.e2b_server import KEY_A, Server
+from tests.support.gateway_server import destroy_runtime_dir, kill_tagged, scratch_dir
 
 SESSIONS = 6
 CONCURRENCY = 2

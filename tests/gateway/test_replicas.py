@@ -20,7 +20,9 @@ import httpx
 import pytest
 
 from sandhold.store.db import Store
-from tests.gateway.conftest import (
+from tests.gateway.postgres import Postgres
+from tests.support.e2b_server import KEY_A, Server
+from tests.support.gateway_server import (
     ADMIN_KEY,
     TENANT_KEY,
     Gateway,
@@ -29,8 +31,6 @@ from tests.gateway.conftest import (
     kill_tagged,
     scratch_dir,
 )
-from tests.gateway.postgres import Postgres
-from tests.support.e2b_server import KEY_A, Server
 
 REPLICAS = 3
 SESSIONS = 12

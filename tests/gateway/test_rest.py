@@ -12,7 +12,7 @@ import pytest
 from moto.server import ThreadedMotoServer
 
 from sandhold.gateway.tool_args import MODELS
-from tests.gateway.conftest import OTHER_KEY, Gateway, tool
+from tests.support.gateway_server import OTHER_KEY, Gateway, tool
 
 MAX_PAYLOAD = 1024 * 1024
 

@@ -18,8 +18,8 @@ from sandhold.config import Settings
 from sandhold.runtime.criu import criu_status
 from sandhold.runtime.runtime import Runtime
 from tests.counter import COUNTER
-from tests.gateway.conftest import TENANT_KEY, Gateway, tool, wait_for
 from tests.support.e2b_server import Server, new_server
+from tests.support.gateway_server import TENANT_KEY, Gateway, tool, wait_for
 
 PROVIDERS = ["local", "e2b"]
 # Paused after 1 s idle; reclaimed only after an hour.

@@ -16,8 +16,8 @@ import pytest
 from e2b import Sandbox
 
 from sandhold import audit
-from tests.gateway.conftest import FAST_POLICY, Gateway, scratch_dir, tool
 from tests.support.e2b_server import KEY_A
+from tests.support.gateway_server import FAST_POLICY, Gateway, scratch_dir, tool
 
 
 @pytest.fixture

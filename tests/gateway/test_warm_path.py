@@ -21,7 +21,7 @@ from sandhold.gateway.providers.local import LocalProvider
 from sandhold.gateway.sessions import KEEP_ALIVE_SLACK
 from sandhold.store.db import Store
 from sandhold.store.models import SessionUse
-from tests.gateway.conftest import destroy_runtime_dir, scratch_dir
+from tests.support.gateway_server import destroy_runtime_dir, scratch_dir
 
 KEEP_ALIVE = 300  # its slack: 3 s
 SLACK = int(KEEP_ALIVE * KEEP_ALIVE_SLACK)

@@ -17,8 +17,8 @@ from sqlalchemy import update
 from sandhold.gateway.app import Gateway
 from sandhold.store.db import Store
 from sandhold.store.models import Session, SessionUse
-from tests.gateway.conftest import destroy_runtime_dir, scratch_dir
 from tests.gateway.test_warm_path import run_command, settings_for, settled
+from tests.support.gateway_server import destroy_runtime_dir, scratch_dir
 
 
 def uses(store: Store) -> list[str]:

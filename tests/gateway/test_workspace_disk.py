@@ -22,8 +22,8 @@ from sandhold.gateway.providers.e2b import E2bProvider
 from sandhold.runtime import mounts
 from sandhold.runtime.runtime import Runtime
 from sandhold.runtime.wsdisk import IMAGE
-from tests.gateway.conftest import FAST_POLICY, Gateway, tool, wait_for
 from tests.security.test_disk_attacks import ENOSPC, MIB, loop_backings
+from tests.support.gateway_server import FAST_POLICY, Gateway, tool, wait_for
 
 
 def sandbox(gw: Gateway, session: str) -> dict | None:

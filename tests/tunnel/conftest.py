@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.gateway.conftest import (
+from tests.support.gateway_server import (
     ADMIN_KEY,
     OTHER_KEY,
     TENANT_KEY,
@@ -31,7 +31,7 @@ from tests.gateway.conftest import (
     gateway_env,
     scratch_dir,
 )
-from tests.gateway.conftest import wait_for as wait_until
+from tests.support.gateway_server import wait_for as wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 MCP_PORT = 3001

@@ -21,7 +21,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from sandhold.gateway.tool_args import DESCRIPTIONS, MODELS
-from tests.gateway.conftest import Gateway, destroy_runtime_dir, gateway_env, scratch_dir
+from tests.support.gateway_server import Gateway, destroy_runtime_dir, gateway_env, scratch_dir
 from tests.tunnel.conftest import (
     OTHER_KEY,
     TENANT_KEY,

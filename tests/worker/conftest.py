@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.gateway.conftest import (
+from tests.support.gateway_server import (
     TENANT_KEY,
     Gateway,
     destroy_runtime_dir,

@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.gateway.conftest import TENANT_KEY, Gateway, wait_for
+from tests.support.gateway_server import TENANT_KEY, Gateway, wait_for
 from tests.worker.conftest import Worker, text_of, workspace
 from tests.worker.control_plane import ControlPlane
 

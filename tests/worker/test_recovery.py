@@ -8,7 +8,7 @@ from __future__ import annotations
 import signal
 from collections.abc import Callable
 
-from tests.gateway.conftest import Gateway, wait_for
+from tests.support.gateway_server import Gateway, wait_for
 from tests.worker.conftest import Worker, sandbox_of, text_of, workspace
 from tests.worker.control_plane import ControlPlane
 
