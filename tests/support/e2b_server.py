@@ -114,22 +114,8 @@ class Server:
         on the way; then fail if a sandbox could not be killed or was left half-removed."""
         self.stop()
         self.sock.close()
-        settings = Settings(data_dir=self.data_dir)
-        errors = []
-        try:
-            rt = Runtime(settings).open()
-            for info in rt.list():
-                try:
-                    rt.kill(info.id)
-                except Exception as e:
-                    errors.append(f"kill {info.id}: {e!r}")
-        finally:
-            debris = mounts.mounts_under(self.data_dir)
-            for target in debris:
-                mounts.umount(Path(target))
-            cgroups.remove_parent(settings.cgroup_group)
-            safefs.remove_quietly(self.data_dir)  # (a template's tree may be deep)
-        assert not errors and not debris, f"cleanup failed: {errors}, still mounted: {debris}"
+        errors = destroy_runtime_dir(self.data_dir)
+        assert not errors, f"cleanup failed: {errors}"
 
     def sdk(self, key: str = KEY_A) -> dict[str, str]:
         """The official SDK's keyword arguments that point it at this server as ``key``."""
@@ -143,3 +129,23 @@ def new_server(tmp: Path, **settings: str) -> Server:
     data_dir = Path(tempfile.mkdtemp(prefix="sandhold-e2b-", dir="/var/tmp"))
     data_dir.chmod(0o755)  # the sandboxes' unprivileged owner must traverse it
     return Server(data_dir, listen(), tmp / f"server-{data_dir.name}.log", **settings)
+
+
+def destroy_runtime_dir(data_dir: Path) -> list[str]:
+    """Kill every sandbox under a runtime data dir and remove it; returns what went wrong."""
+    settings = Settings(data_dir=data_dir)
+    errors: list[str] = []
+    try:
+        rt = Runtime(settings).open()
+        for info in rt.list():
+            try:
+                rt.kill(info.id)
+            except Exception as e:
+                errors.append(f"kill {info.id}: {e!r}")
+    finally:
+        for target in mounts.mounts_under(data_dir):
+            mounts.umount(Path(target))
+            errors.append(f"left mounted: {target}")
+        cgroups.remove_parent(settings.cgroup_group)
+        safefs.remove_quietly(data_dir)  # (a template's tree may be deep)
+    return errors

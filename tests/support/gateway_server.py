@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import tempfile
@@ -17,9 +16,9 @@ from typing import Any
 import httpx
 
 from sandhold.config import Settings
-from sandhold.runtime import cgroups, mounts
 from sandhold.runtime.runtime import Runtime
 from tests.support.e2b_server import KEY_A, Server, listen, start_process, stop_process
+from tests.support.e2b_server import destroy_runtime_dir as destroy_runtime_dir
 
 ADMIN_KEY = "gateway-test-admin-key"
 
@@ -38,26 +37,6 @@ def scratch_dir(prefix: str) -> Path:
     d = Path(tempfile.mkdtemp(prefix=prefix, dir="/var/tmp"))
     d.chmod(0o755)  # sandboxes' unprivileged owner traverses it to the workspace binds
     return d
-
-
-def destroy_runtime_dir(data_dir: Path) -> list[str]:
-    """Kill every sandbox under a runtime data dir and remove it; returns what went wrong."""
-    settings = Settings(data_dir=data_dir)
-    errors: list[str] = []
-    try:
-        rt = Runtime(settings).open()
-        for info in rt.list():
-            try:
-                rt.kill(info.id)
-            except Exception as e:
-                errors.append(f"kill {info.id}: {e!r}")
-    finally:
-        for target in mounts.mounts_under(data_dir):
-            mounts.umount(Path(target))
-            errors.append(f"left mounted: {target}")
-        cgroups.remove_parent(settings.cgroup_group)
-        shutil.rmtree(data_dir, ignore_errors=True)
-    return errors
 
 
 class Gateway:
