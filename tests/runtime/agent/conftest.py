@@ -9,6 +9,7 @@ its default user.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -116,3 +117,14 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "aio_only: about aio's own internals, not run against asyncio (test_agent_loop*)"
     )
+
+
+@pytest.fixture(params=["aio", "asyncio"])
+def loop_module(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The loop tests' module run on the agent's loop and on asyncio, the reference its claims
+    are held to: the module's ``aio`` (the loop under test) is swapped for asyncio."""
+    if request.param == "asyncio":
+        if request.node.get_closest_marker("aio_only"):
+            pytest.skip("about aio's own internals")
+        monkeypatch.setattr(request.module, "aio", asyncio)
+    return str(request.param)

@@ -4,7 +4,6 @@ two things must land in one turn of the loop, a callback blocks the loop past bo
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import gc
 import os
@@ -21,15 +20,8 @@ from sandhold.runtime.agent.aio_loop import TIMERS_COMPACT_MIN
 BOUND = 10.0  # seconds: a guard against hanging, never reached when the loop works
 
 
-@pytest.fixture(autouse=True, params=["aio", "asyncio"])
-def loop_module(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Every test twice: on the agent's loop, and on asyncio, the reference its claims are
-    held to (``aio`` in this module is the one under test)."""
-    if request.param == "asyncio":
-        if request.node.get_closest_marker("aio_only"):
-            pytest.skip("about aio's own internals")
-        monkeypatch.setitem(globals(), "aio", asyncio)
-    return str(request.param)
+# Every test twice: on the agent's loop, and on asyncio, the reference it is held to (conftest).
+pytestmark = pytest.mark.usefixtures("loop_module")
 
 
 async def _ended(task: aio.Future[Any]) -> str:

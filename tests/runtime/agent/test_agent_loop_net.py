@@ -3,7 +3,6 @@ a unix server, a TCP server on loopback), each test running a coroutine with ``a
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import socket
 import threading
@@ -16,15 +15,8 @@ from sandhold.runtime.agent import aio
 BOUND = 10.0  # seconds: a guard against hanging, never reached when the loop works
 
 
-@pytest.fixture(autouse=True, params=["aio", "asyncio"])
-def loop_module(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Every test twice: on the agent's loop, and on asyncio, the reference its claims are
-    held to (``aio`` in this module is the one under test)."""
-    if request.param == "asyncio":
-        if request.node.get_closest_marker("aio_only"):
-            pytest.skip("about aio's own internals")
-        monkeypatch.setitem(globals(), "aio", asyncio)
-    return str(request.param)
+# Every test twice: on the agent's loop, and on asyncio, the reference it is held to (conftest).
+pytestmark = pytest.mark.usefixtures("loop_module")
 
 
 # -- streams and servers ----------------------------------------------------------------------
