@@ -66,7 +66,7 @@ def main() -> None:
         time.sleep(3)
 
         def pss() -> dict[str, dict[str, float]]:
-            return {t: summary([pss_kib(rt._cg(i).pids()) / 1024 for i in ids])
+            return {t: summary([pss_kib(rt.cgroup(i).pids()) / 1024 for i in ids])
                     for t, ids in made.items()}  # fmt: skip
 
         result["pss_mib_before"] = pss()

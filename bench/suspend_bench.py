@@ -142,7 +142,7 @@ def fs_fill(path: Path, extra_bytes: int = 0) -> float:
 
 
 def memory(rt: Runtime, info: SandboxInfo) -> dict[str, float]:
-    cg = rt._cg(info.id)
+    cg = rt.cgroup(info.id)
     u, pids = cg.usage(), cg.pids()
     return {"cgroup_mib": u["memory_bytes"] / MIB, "cgroup_rss_mib": u["memory_rss_bytes"] / MIB,
             "pss_mib": pss_kib(pids) / 1024, "processes": len(pids)}  # fmt: skip
@@ -250,7 +250,7 @@ async def cycle(rt: Runtime, steps: Steps, kind: str, idle_s: float) -> dict[str
             out["suspend_steps_ms"] = steps.take()
             got = rt.get(info.id)  # what the runtime promises: paused in the freezer, as it was
             back = {"state": got.state, "suspended": got.suspended,
-                    "freezer": rt._cg(info.id).freezer_state()}  # fmt: skip
+                    "freezer": rt.cgroup(info.id).freezer_state()}  # fmt: skip
             rt.resume(info.id)
             out["after_failed_dump"] = back | {"answer": await first_answer(info, interpreter,
                                                                             "x + 1")}  # fmt: skip
@@ -471,8 +471,9 @@ async def density(args: argparse.Namespace) -> dict[str, Any]:
             async with AgentClient(info.agent_socket, timeout=30) as c:
                 healthy += await c.health()
         result["live_healthy"] = healthy
-        result["live_pss_mib"] = summary([pss_kib(rt._cg(i.id).pids()) / 1024 for i in live[:50]])
-        susp_cg = [rt._cg(i.id).usage() for i in suspended]
+        pss = [pss_kib(rt.cgroup(i.id).pids()) / 1024 for i in live[:50]]
+        result["live_pss_mib"] = summary(pss)
+        susp_cg = [rt.cgroup(i.id).usage() for i in suspended]
         result["suspended_processes"] = sum(u["pids"] for u in susp_cg)
         result["suspended_cgroup_memory_mib"] = summary([u["memory_bytes"] / MIB for u in susp_cg])
         result["suspended_cgroup_rss_mib"] = summary([u["memory_rss_bytes"] / MIB for u in susp_cg])

@@ -46,7 +46,7 @@ def test_suspended_sandbox_survives_a_reboot_and_resumes_with_its_memory(server)
         assert sbx.pause()
         rt = server.runtime()
         info = rt.get(sbx.sandbox_id)
-        assert info.suspended == "disk" and rt._cg(info.id).pids() == []
+        assert info.suspended == "disk" and rt.cgroup(info.id).pids() == []
         server.stop()
         reboot(rt, info)  # the host, rebooted meanwhile
         server.start()

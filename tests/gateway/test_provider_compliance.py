@@ -355,7 +355,7 @@ async def test_suspends_to_disk_where_declared(
             await asyncio.sleep(0.1)
         assert got.failure is None
         assert got.public()["suspended"] == "disk"
-        assert runtime.get(sid).suspended == "disk" and runtime._cg(sid).pids() == []
+        assert runtime.get(sid).suspended == "disk" and runtime.cgroup(sid).pids() == []
         resumed, fresh = await p.connect(sid, 60)
         assert resumed is True
         assert not (await p.get(sid)).suspended  # type: ignore[union-attr]

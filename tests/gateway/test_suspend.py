@@ -84,7 +84,7 @@ def test_a_paused_session_is_suspended_and_its_next_call_restores_it(
 
         # Idle: paused by the keep-alive, then suspended to disk; the gateway shows it.
         wait_for(lambda: suspended(c, s))
-        assert runtime.get(sid).suspended == "disk" and runtime._cg(sid).pids() == []
+        assert runtime.get(sid).suspended == "disk" and runtime.cgroup(sid).pids() == []
         assert runtime.get(sid).state == "paused", runtime.get(sid).failure
 
         # Nothing of the gateway's lifecycle wakes it: reclaim passes (its own every 0.5 s and
@@ -96,7 +96,8 @@ def test_a_paused_session_is_suspended_and_its_next_call_restores_it(
             now = sandbox(c, s)
             assert now is not None and now["suspended"] == "disk" and "failure" not in now, now
         info = runtime.get(sid)
-        assert (info.state, info.suspended) == ("paused", "disk") and runtime._cg(sid).pids() == []
+        assert (info.state, info.suspended) == ("paused", "disk")
+        assert runtime.cgroup(sid).pids() == []
 
         # The next call restores it: the same process, from its own memory.
         n1, secret1 = state(c, s)  # type: ignore[misc]

@@ -33,11 +33,12 @@ try:
     merging, flags, deadline = {}, {}, time.monotonic() + 60
     while time.monotonic() < deadline:
         for info in made:
-            for pid in rt._cg(info.id).pids():
+            for pid in rt.cgroup(info.id).pids():
                 stat = Path(f"/proc/{pid}/ksm_stat").read_text()
                 flags[pid] = "ksm_merge_any: yes" in stat
                 merging[pid] = int(Path(f"/proc/{pid}/ksm_merging_pages").read_text())
-        if sum(1 for info in made if any(merging[p] > 1000 for p in rt._cg(info.id).pids())) == 2:
+        merged = [i for i in made if any(merging[p] > 1000 for p in rt.cgroup(i.id).pids())]
+        if len(merged) == 2:
             break
         time.sleep(0.5)
     print(json.dumps({"flags": list(flags.values()), "merging": list(merging.values())}))

@@ -53,7 +53,7 @@ def test_a_pooled_sandbox_takes_the_create_late(pooled_runtime: Runtime) -> None
         assert rt.get(info.id).spec.env == {"A": "1"}  # the record is the create's
         out = run(info, "echo $A $E2B_SANDBOX_ID $E2B_TEMPLATE_ID; whoami; pwd")
         assert out == f"1 {info.id} base\nroot\n/srv\n"
-        cg = rt._cg(info.id)
+        cg = rt.cgroup(info.id)
         assert (cg.v1("memory") / "memory.limit_in_bytes").read_text().strip() == str(300 << 20)
         assert (cg.v1("pids") / "pids.max").read_text().strip() == "77"
         # Once handed out, its agent takes no other configuration.
@@ -66,7 +66,7 @@ def test_a_pooled_sandbox_takes_the_create_late(pooled_runtime: Runtime) -> None
     bigger = rt.create({"template": "base", "limits": {"memory_mb": 3000}})
     try:
         assert bigger.started_from == "pool"
-        memory = rt._cg(bigger.id).v1("memory")
+        memory = rt.cgroup(bigger.id).v1("memory")
         for name in ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes"):
             if (memory / name).exists():
                 assert (memory / name).read_text().strip() == str(3000 << 20), name

@@ -173,7 +173,8 @@ def test_local_copies_are_a_cache_within_the_budget(tmp_path, endpoint, s3):
     """Snapshots known only in S3 are listed and fetched on use; the budget evicts the least
     recently used copy that no start holds; one deleted elsewhere is dropped here too."""
     settings = remote_settings(tmp_path, endpoint).model_copy(update={"snapshot_store_max_mb": 50})
-    store = SnapshotStore(types.SimpleNamespace(settings=settings))  # type: ignore[arg-type]
+    runtime = types.SimpleNamespace(host=types.SimpleNamespace(settings=settings))
+    store = SnapshotStore(runtime)  # type: ignore[arg-type]
     remote = store.remote
     assert remote is not None
     ids = []

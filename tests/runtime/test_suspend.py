@@ -50,8 +50,8 @@ async def test_suspend_frees_the_processes_and_resume_restores_their_memory(make
     runtime.pause(info.id)
     got = runtime.suspend(info.id)
     assert got.state == "paused" and got.suspended == "disk"
-    assert runtime._cg(info.id).pids() == []  # nothing runs, nothing holds memory
-    assert runtime._cg(info.id).usage()["memory_bytes"] < 4 << 20
+    assert runtime.cgroup(info.id).pids() == []  # nothing runs, nothing holds memory
+    assert runtime.cgroup(info.id).usage()["memory_bytes"] < 4 << 20
     assert runtime.get(info.id).state == "paused"  # not judged failed for having no process
     with pytest.raises(Conflict):
         runtime.pause(info.id)
@@ -79,11 +79,11 @@ async def test_a_suspended_sandbox_survives_a_new_runtime(make_sandbox, runtime,
 def reboot(runtime: Runtime, info) -> None:
     """What a host reboot takes from a suspended sandbox: its mounts (the layer's loop device
     detaches with its filesystem, the workspace's too) and its cgroups; its files stay."""
-    assert runtime._cg(info.id).pids() == []
+    assert runtime.cgroup(info.id).pids() == []
     for target in reversed(mounts.mounts_under(info.dir)):
         mounts.umount(Path(target))
-    runtime._cg(info.id).remove()
-    assert not mounts.mounts_under(info.dir) and not runtime._cg(info.id).exists()
+    runtime.cgroup(info.id).remove()
+    assert not mounts.mounts_under(info.dir) and not runtime.cgroup(info.id).exists()
 
 
 @pytest.mark.parametrize("mode", ["disk", "filesystem"])
@@ -124,7 +124,7 @@ async def test_a_dump_that_fails_leaves_the_sandbox_as_it_was(make_sandbox, runt
         subprocess.run(["umount", str(images)], check=True)
     got = runtime.get(info.id)
     assert got.state == "paused" and got.suspended is None
-    assert runtime._cg(info.id).freezer_state() == "FROZEN"  # still paused in the freezer
+    assert runtime.cgroup(info.id).freezer_state() == "FROZEN"  # still paused in the freezer
     runtime.resume(info.id)
     n0, secret = await _state(info)
     time.sleep(0.1)
@@ -150,7 +150,7 @@ async def test_a_damaged_image_is_a_clear_error_and_loses_nothing(make_sandbox, 
         runtime.resume(info.id)
     got = runtime.get(info.id)
     assert got.state == "paused" and got.suspended == "disk"  # kept, for the operator
-    assert runtime._cg(info.id).pids() == []  # nothing half-restored runs
+    assert runtime.cgroup(info.id).pids() == []  # nothing half-restored runs
     runtime.kill(info.id)
     assert not info.dir.exists()
 
@@ -193,7 +193,7 @@ async def test_a_filesystem_pause_drops_processes_and_resume_boots_afresh(make_s
     await sh(info, COUNTER + "; echo kept > /home/user/file; echo ws > /workspace/file")
     got = runtime.pause_filesystem(info.id)
     assert got.state == "paused" and got.suspended == "filesystem"
-    assert runtime._cg(info.id).pids() == []  # no process, no memory
+    assert runtime.cgroup(info.id).pids() == []  # no process, no memory
     assert runtime.get(info.id).suspended == "filesystem"  # not judged failed
     booted = runtime.resume(info.id)
     assert booted.state == "running" and booted.suspended is None
@@ -270,7 +270,7 @@ async def assert_ticking(runtime, info) -> None:
     ticks = "cat /tmp/ticks"
     r = await sh(info, f"a=$({ticks}); sleep 0.3; b=$({ticks}); [ $b -gt $a ] && echo ticking")
     assert r.text.strip() == "ticking", r.text
-    mine = set(runtime._cg(info.id).pids())
+    mine = set(runtime.cgroup(info.id).pids())
     tasks = {int(t) for p in mine for t in os.listdir(f"/proc/{p}/task")}
     assert len(tasks) > len(mine)  # its thread is there, in the sandbox's groups
 

@@ -41,7 +41,7 @@ KILLS = [
 def agent_host_pid(runtime: Runtime, info: SandboxInfo) -> int:
     """The agent's host pid, found by its command line among the sandbox's processes (bwrap's,
     which names the agent too, does not start with python)."""
-    for pid in runtime._cg(info.id).pids():
+    for pid in runtime.cgroup(info.id).pids():
         try:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
             if argv[0] == b"/usr/bin/python3" and any(
@@ -165,7 +165,7 @@ async def test_an_agent_killed_from_the_host_leaves_a_failed_sandbox(make_sandbo
         runtime.pause(info.id)
     # A restarted runtime finds it failed too (and does not reap it).
     assert Runtime(runtime.settings).open().get(info.id).state == "failed"
-    cg_dirs = runtime._cg(info.id).dirs()
+    cg_dirs = runtime.cgroup(info.id).dirs()
     runtime.kill(info.id)  # removes everything of it but the workspace
     assert not info.dir.exists() and not any(d.exists() for d in cg_dirs)
     assert not mounts.mounts_under(info.dir)

@@ -213,6 +213,6 @@ async def test_fork_exhaustion_never_reaches_the_host(victim, runtime):
     assert runtime.usage(bomber.id).pids <= 128
     assert len([p for p in os.listdir("/proc") if p.isdigit()]) < host_pids_before + 200
     assert (await sh(victim, "echo unaffected")).text.strip() == "unaffected"
-    cg_dirs = runtime._cg(bomber.id).dirs()
+    cg_dirs = runtime.cgroup(bomber.id).dirs()
     runtime.kill(bomber.id)
     assert not any(d.exists() for d in cg_dirs)

@@ -66,7 +66,7 @@ async def _victim(make_sandbox, runtime: Runtime, name: str) -> tuple[SandboxInf
                    "(sleep 600 &)")  # fmt: skip
     pid = None
     for _ in range(500):  # the subshell forks, then its child execs sleep
-        pid = next((p for p in runtime._cg(info.id).pids() if _is_sleep(p)), None)
+        pid = next((p for p in runtime.cgroup(info.id).pids() if _is_sleep(p)), None)
         if pid is not None:
             break
         time.sleep(0.005)

@@ -154,7 +154,7 @@ def build_dockerfile(rt: Runtime, name: str, file: Path, context: Path | None,
         for w in df.warnings:
             err.print(f"[yellow]warning[/yellow]: {escape(w)}")
         progress = Progress(console)
-        log = BuildLog(rt, name, then=progress)
+        log = BuildLog(rt.host, name, then=progress)
         log("info", f"building {name} from {file} (context {ctx}), on {base}")
         req = BuildRequest(name=name, base=base, steps=df.steps, start_cmd=df.start_cmd,
                            ready_cmd=ready_cmd, force=no_cache, cpu=cpu, memory_mb=memory_mb,
@@ -180,4 +180,4 @@ def _image_base(rt: Runtime, ref: str) -> str:
     """The template of image ``ref``: pulled once per digest (runtime/image_templates.py)."""
     from sandhold.runtime.image_templates import from_image
 
-    return from_image(rt, ref).name
+    return from_image(rt.host, ref).name

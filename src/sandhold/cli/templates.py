@@ -121,7 +121,7 @@ def template_rm(name: str) -> None:
                            "first)")  # fmt: skip
         rt.templates.remove(name)
         rt.warm.remove(name)
-        log_path(rt, name).unlink(missing_ok=True)
+        log_path(rt.host, name).unlink(missing_ok=True)
         collected = rt.layers.collect(rt.templates)
         console.print(f"removed template [bold]{name}[/bold] ({collected} unused layers removed)")
     except SandholdError as e:
@@ -143,7 +143,7 @@ def template_logs(
 
     try:
         rt = runtime()
-        path = log_path(rt, name)
+        path = log_path(rt.host, name)
         if not NAME_RE.match(name) or not path.exists():
             raise TemplateNotFound(f"no build log for template {name!r}")
         for line in path.read_text(encoding="utf-8").splitlines():

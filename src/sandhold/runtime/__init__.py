@@ -6,7 +6,8 @@ Modules:
 
 - ``agentlib.py``: The read-only copy of the agent's code (and its one dependency, h11) that
   sandboxes run
-- ``boot.py``: Booting a sandbox's process tree over a prepared root (Runtime._prepare_root)
+- ``assembly.py``: A sandbox's directory claimed, its root prepared, and every trace of it removed
+- ``boot.py``: Booting a sandbox's process tree over a prepared root (assembly.prepare_root)
 - ``build.py``: Building templates from steps: what E2B's ``Template`` builder sends
 - ``cgroups.py``: Per-sandbox cgroups
 - ``checkpoint.py``: Checkpoint and restore of a sandbox's process tree with CRIU (>= 4.1, see
@@ -21,10 +22,13 @@ Modules:
 - ``doctor.py``: `sandhold doctor`: what the runtime needs from this host, checked for real, with
   the fix
 - ``fork.py``: Fork: one checkpoint of a running sandbox, taken in place
+- ``host.py``: The parts of this host that sandbox operations share (``Host``), and the runtime's
+  API as features built on it see it (``Sandboxes``)
 - ``idmap.py``: Idmapped mounts (Linux >= 5.12; overlayfs layers >= 5.19)
 - ``image_templates.py``: Templates made of OCI images (a build's ``from_image`` base)
 - ``images.py``: Filesystem images on loop devices
 - ``ksm.py``: Kernel samepage merging for sandbox memory (``memory_merge``, off by default)
+- ``liveness.py``: Whether a sandbox still runs, and what becomes of one found dead
 - ``launcher.py``: Starting a sandbox's process tree: bubblewrap inside a user namespace whose uid
   map we write
 - ``layer_scan.py``: What an image's layers would write, counted before anything is unpacked
@@ -37,12 +41,13 @@ Modules:
 - ``reaping.py``: Waiting for a sandbox's processes to be gone
 - ``reconcile.py``: Reconcile: make what is on disk and in the kernel match the sandboxes that
   really exist
+- ``record_store.py``: The records on disk: the per-sandbox lock, load, save, a version cache
 - ``records.py``: What the runtime records about a sandbox
 - ``registries.py``: The package registries this machine is configured to use (pip, npm, apt)
 - ``registry_access.py``: Which registries an image pull may reach
 - ``rootfs_owners.py``: What makes a root filesystem a sandbox's (``base``'s skeleton, an image's
   root)
-- ``runtime.py``: The runtime: creates, lists, pauses, resumes and destroys sandboxes on this host
+- ``runtime.py``: ``Runtime``, the facade: creates, lists, pauses, resumes and destroys sandboxes
 - ``safefs.py``: File operations in trees that came from a user
 - ``seccomp.py``: The seccomp filter every sandbox runs under
 - ``snapshot_remote.py``: The snapshot store's copy in S3 (or an S3-compatible store)

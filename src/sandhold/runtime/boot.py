@@ -1,4 +1,4 @@
-"""Booting a sandbox's process tree over a prepared root (Runtime._prepare_root): its binds (the
+"""Booting a sandbox's process tree over a prepared root (assembly.prepare_root): its binds (the
 workspace and writable mounts through idmapped views, operator mounts, egress), the agent's
 configuration, bwrap, and the wait for the agent. A create boots once; a sandbox paused without
 its memory (a filesystem-only pause) boots again over the same root on resume."""
@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from sandhold.egress.control import agent_config as egress_agent_config
 from sandhold.egress.control import sandbox_env as egress_sandbox_env
@@ -17,16 +16,14 @@ from sandhold.envd import ENVD_VERSION
 from sandhold.errors import Unavailable
 from sandhold.runtime import checkpoint, disk, images, mounts
 from sandhold.runtime.agent.libc import CAPS
+from sandhold.runtime.assembly import prepare_workspace
+from sandhold.runtime.host import Host
 from sandhold.runtime.launcher import BOOT_ID_FILE, IDENTITY_FILE, Launch, new_boot, spawn
 from sandhold.runtime.reaping import wait_ready
-from sandhold.runtime.records import session_of
+from sandhold.runtime.records import SandboxInfo, session_of
 from sandhold.runtime.spec import SandboxSpec
 from sandhold.runtime.templates import Template
 from sandhold.runtime.uids import VIEW_LIST
-
-if TYPE_CHECKING:
-    from sandhold.runtime.records import SandboxInfo
-    from sandhold.runtime.runtime import Runtime
 
 
 def agent_config(spec: SandboxSpec, template: Template, env: dict[str, str],
@@ -50,7 +47,7 @@ def agent_config(spec: SandboxSpec, template: Template, env: dict[str, str],
 
 
 def prepare_binds(
-    rt: Runtime, d: Path, spec: SandboxSpec, host_uid: int
+    host: Host, d: Path, spec: SandboxSpec, host_uid: int
 ) -> tuple[list[tuple[str, str, bool]], Path | None, SandboxSpec]:
     """What the sandbox in ``d`` binds from the host, made ready in this order (a checkpoint
     names the views by it): the workspace, writable mounts through idmapped views, egress.
@@ -58,28 +55,28 @@ def prepare_binds(
     workspace = None
     binds: list[tuple[str, str, bool]] = []
     if spec.workspace_id or spec.workspace_dir:
-        workspace = rt._prepare_workspace(spec.workspace_id, spec.workspace_dir)
+        workspace = prepare_workspace(host, spec.workspace_id, spec.workspace_dir)
         # With a budget: the workspace's image, mounted under d (its own filesystem).
-        files, ws_mb = rt.wsdisk.attach(d, workspace, spec.workspace_disk_mb)
+        files, ws_mb = host.wsdisk.attach(d, workspace, spec.workspace_disk_mb)
         spec = spec.model_copy(update={"workspace_disk_mb": ws_mb})
-        view = rt.uids.writable(d, files, host_uid, "/workspace")
+        view = host.uids.writable(d, files, host_uid, "/workspace")
         binds.append((str(view), "/workspace", False))
     for m in spec.mounts:
         source = m.source
         if not m.read_only:
-            source = rt.uids.writable(d, m.source, host_uid, m.target)
+            source = host.uids.writable(d, m.source, host_uid, m.target)
         binds.append((str(source), m.target, m.read_only))
     if spec.network.mode != "none":
-        net = spec.network
-        binds += rt.egress.prepare(d, net, net.tenant, session_of(spec.metadata), net.header_rules)
-        rt.egress.sync()  # the sandbox's socket listens before the sandbox starts
+        net, session = spec.network, session_of(spec.metadata)
+        binds += host.egress.prepare(d, net, net.tenant, session, net.header_rules)
+        host.egress.sync()  # the sandbox's socket listens before the sandbox starts
     return binds, workspace, spec
 
 
 REATTACH_WAIT_S = 10.0  # for the loop device of a layer let go at suspend to detach or mount
 
 
-def remount(rt: Runtime, d: Path, info: SandboxInfo, binds: bool) -> None:
+def remount(host: Host, d: Path, info: SandboxInfo, binds: bool) -> None:
     """After a host reboot: mount again what a paused sandbox's directory had mounted (its
     layer's image, its root's overlay, its handoff tmpfs and, with ``binds``, the views of what
     it binds); what is still mounted is left as it is."""
@@ -91,8 +88,8 @@ def remount(rt: Runtime, d: Path, info: SandboxInfo, binds: bool) -> None:
             raise Unavailable(f"sandbox {info.id}'s layer is still attached; try again")
     if not mounts.is_mountpoint(d / "root"):
         layer = d / disk.MOUNT if info.spec.limits.disk_mb is not None else d
-        template = rt.templates.get(info.template)
-        with rt.uids.lower(template.lowers(), info.host_uid) as lower:
+        template = host.templates.get(info.template)
+        with host.uids.lower(template.lowers(), info.host_uid) as lower:
             mounts.mount_overlay(lower, layer / "upper", layer / "work", d / "root")
     if not mounts.is_mountpoint(d / checkpoint.HANDOFF):
         mounts.mount_tmpfs(d / checkpoint.HANDOFF, 64 << 10, 0o755)
@@ -100,9 +97,9 @@ def remount(rt: Runtime, d: Path, info: SandboxInfo, binds: bool) -> None:
             new_boot(d / checkpoint.HANDOFF, info.id, info.template)
     views = [line.split("\t")[1] for line in _lines(d / VIEW_LIST)]
     if binds and not all(mounts.is_mountpoint(Path(v)) for v in views):
-        rt.uids.give_back(d)
-        rt.wsdisk.release(d)
-        prepare_binds(rt, d, info.spec, info.host_uid)
+        host.uids.give_back(d)
+        host.wsdisk.release(d)
+        prepare_binds(host, d, info.spec, info.host_uid)
 
 
 SAVED_HANDOFF = "handoff.json"  # its boot files, while a suspended sandbox's tmpfs is let go
@@ -141,7 +138,7 @@ def _lines(path: Path) -> list[str]:
 
 
 def boot(
-    rt: Runtime, d: Path, spec: SandboxSpec, template: Template, host_uid: int
+    host: Host, d: Path, spec: SandboxSpec, template: Template, host_uid: int
 ) -> tuple[subprocess.Popen[bytes], int, Path | None, SandboxSpec]:
     """Start the sandbox in ``d``; returns bwrap's Popen, the agent's host pid, the workspace
     and the spec as it was carried out (the workspace's budget filled in). On failure nothing
@@ -150,7 +147,7 @@ def boot(
     proc: subprocess.Popen[bytes] | None = None
     try:
         root, run_dir = d / "root", d / "run"
-        binds, workspace, spec = prepare_binds(rt, d, spec, host_uid)
+        binds, workspace, spec = prepare_binds(host, d, spec, host_uid)
         egress_env: dict[str, str] = {}
         egress_agent: dict[str, object] | None = None
         if spec.network.mode != "none":
@@ -165,7 +162,7 @@ def boot(
             ro_binds=template.ro_binds,
             binds=binds,
             run_dir=run_dir,
-            agent_lib=rt.agent_lib(),
+            agent_lib=host.agent_lib.path(),
             memory_mb=spec.limits.memory_mb,
             handoff=d / checkpoint.HANDOFF,
             root_caps=template.root_caps,
@@ -173,14 +170,14 @@ def boot(
             rw_dirs=template.rw_dirs,
             env={"PATH": env.get("PATH", "/usr/bin:/bin"), "HOME": "/root", "LANG": "C.UTF-8"},
         )
-        proc, init_pid = spawn(launch, rt._cg(d.name), host_uid, ready_w, d / "sandbox.log")
+        proc, init_pid = spawn(launch, host.cgroup(d.name), host_uid, ready_w, d / "sandbox.log")
         os.close(ready_w)
         ready_w = -1
-        wait_ready(ready_r, rt.settings.ready_timeout_s, d / "sandbox.log")
+        wait_ready(ready_r, host.settings.ready_timeout_s, d / "sandbox.log")
         return proc, init_pid, workspace, spec
     except BaseException:
         if proc is not None:
-            rt._cg(d.name).kill_all()
+            host.cgroup(d.name).kill_all()
             proc.wait()
         raise
     finally:

@@ -21,8 +21,6 @@ that succeeded (cache for the next attempt).
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import contextlib
 import hashlib
 import json
@@ -30,27 +28,24 @@ import logging
 import posixpath
 import shlex
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any
 
 from sandhold.errors import InvalidRequest, NotFound, SandholdError, TemplateBuildFailed
 from sandhold.runtime import disk, registries
-from sandhold.runtime.client import AgentClient
+from sandhold.runtime.client import AgentClient, run_sync
+from sandhold.runtime.host import Host, Sandboxes
+from sandhold.runtime.records import SandboxInfo
 from sandhold.runtime.templates import BUILD_CAPS, Template
-
-if TYPE_CHECKING:
-    from sandhold.runtime.records import SandboxInfo
-    from sandhold.runtime.runtime import Runtime
 
 STEP_TYPES = ("RUN", "COPY", "ENV", "WORKDIR", "USER")
 BUILD_KEY = "template_build"  # in a build sandbox's record: what leftovers() finds
 COPY_TAR = "/tmp/.sandhold-copy.tar"  # inside the build sandbox, gone before its layer is kept
 STEP_TIMEOUT_S = 3600.0
 MAX_OUTPUT = 1 << 20  # of a failing step, kept for the error (its log has all of it)
-T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 Log = Callable[[str, str], None]  # (level, message)
@@ -104,10 +99,11 @@ class _State:
 
 
 class Builder:
-    def __init__(self, rt: Runtime, upload: Callable[[str], Path]) -> None:
-        self.rt = rt
+    def __init__(self, sandboxes: Sandboxes, upload: Callable[[str], Path]) -> None:
+        self.sandboxes = sandboxes  # the build sandboxes' runtime
+        self.host = sandboxes.host
         self.upload = upload  # a COPY's files hash -> its archive (tar, gzipped or not)
-        self.layers = rt.layers
+        self.layers = self.host.layers
         self._cancelled = False
         self._active: str | None = None  # the build sandbox of the step running
 
@@ -119,7 +115,7 @@ class Builder:
         active = self._active
         if active is not None:
             with contextlib.suppress(SandholdError):
-                self.rt.kill(active)
+                self.sandboxes.kill(active)
 
     def _check_cancelled(self) -> None:
         if self._cancelled:
@@ -130,11 +126,11 @@ class Builder:
             step.check(i)
         with self.layers.building():
             tpl = self._build(req, emit)
-        self.layers.collect(self.rt.templates)  # (what a replaced template used alone)
+        self.layers.collect(self.host.templates)  # (what a replaced template used alone)
         return tpl
 
     def _build(self, req: BuildRequest, emit: Log) -> Template:
-        base = self.rt.templates.get(req.base)
+        base = self.host.templates.get(req.base)
         if ("/usr", "/usr") in base.ro_binds and not base.rw_dirs:  # built on `base`: its own
             base = Template(**{**base.__dict__, "rw_dirs": ["/usr/local"]})  # /usr/local
         state = _State(dict(base.env), base.user, base.workdir)
@@ -188,7 +184,7 @@ class Builder:
             tpl.warm = True  # (E2B hands out its sandboxes with the start command serving)
         for k, v in req.meta.items():
             setattr(tpl, k, v)
-        return self.rt.templates.add(tpl)
+        return self.host.templates.add(tpl)
 
     # -- one step in a build sandbox --------------------------------------------------------
     def _run(self, base: Template, built: list[str], state: _State, step: Step, key: str,
@@ -196,7 +192,7 @@ class Builder:
         layers = [self.layers.path(k) for k in reversed(built)] + list(base.layers)
         stack = Template(**{**base.__dict__, "services": [], "warm": False, "layers": layers,
                             "root_caps": list(BUILD_CAPS)})  # fmt: skip
-        info = self.rt.create(build_spec(self.rt, base), {BUILD_KEY: key}, template=stack)
+        info = self.sandboxes.create(build_spec(self.host, base), {BUILD_KEY: key}, template=stack)
         self._active = info.id
         try:
             self._check_cancelled()  # (cancelled while it was made: cancel() did not see it)
@@ -210,7 +206,7 @@ class Builder:
                 self._copy(info, step, state, emit)
             # Frozen, nothing of it writes any more; its layer stays mounted while it is kept
             # (a filesystem-only pause may let the layer's own filesystem go).
-            self.rt.pause(info.id)
+            self.sandboxes.pause(info.id)
             self._check_cancelled()
             layer = info.dir / disk.MOUNT if info.spec.limits.disk_mb is not None else info.dir
             self.layers.commit(key, layer / "upper")
@@ -220,7 +216,7 @@ class Builder:
         finally:
             self._active = None
             with contextlib.suppress(NotFound):  # (cancel() may have killed it)
-                self.rt.kill(info.id)
+                self.sandboxes.kill(info.id)
 
     def _exec(self, info: SandboxInfo, argv: list[str], user: str, state: _State,
               emit: Log) -> None:  # fmt: skip
@@ -312,8 +308,8 @@ class BuildLog:
     ``data_dir/template-builds/<name>.log`` (the last build of each template: what
     ``sandhold template logs`` reads), each entry also passed to ``then``."""
 
-    def __init__(self, rt: Runtime, name: str, then: Log | None = None) -> None:
-        self.path = log_path(rt, name)
+    def __init__(self, host: Host, name: str, then: Log | None = None) -> None:
+        self.path = log_path(host, name)
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._f = self.path.open("w", encoding="utf-8")
         self.then = then
@@ -329,27 +325,27 @@ class BuildLog:
         self._f.close()
 
 
-def log_path(rt: Runtime, name: str) -> Path:
-    return rt.settings.data_dir / "template-builds" / f"{name}.log"
+def log_path(host: Host, name: str) -> Path:
+    return host.settings.data_dir / "template-builds" / f"{name}.log"
 
 
-def kill_leftovers(rt: Runtime) -> int:
+def kill_leftovers(sandboxes: Sandboxes) -> int:
     """Kill the build sandboxes a build cut short left (its process died: a server restart);
     returns how many. Their layers were never kept."""
     killed = 0
-    for info in rt.list():
+    for info in sandboxes.list():
         if BUILD_KEY in info.extra:
-            rt.kill(info.id)
+            sandboxes.kill(info.id)
             killed += 1
     if killed:
         log.warning("killed %d build sandboxes of builds cut short", killed)
     return killed
 
 
-def build_spec(rt: Runtime, base: Template) -> dict[str, Any]:
+def build_spec(host: Host, base: Template) -> dict[str, Any]:
     """A build sandbox's spec: egress only to the build allow-list (none without one), the
     build's memory and disk, no workspace, no secrets (no tenant: nothing is injected)."""
-    s = rt.settings
+    s = host.settings
     # `pip install --user` (the SDK's pip_install) on a Debian Python: PEP 668 would refuse it.
     env: dict[str, str] = {"PIP_BREAK_SYSTEM_PACKAGES": "1"}
     if "/usr/local" in base.rw_dirs and ("/usr", "/usr") in base.ro_binds:
@@ -364,20 +360,9 @@ def build_spec(rt: Runtime, base: Template) -> dict[str, Any]:
         allow = list(s.template_build_allow_out)
     network: dict[str, Any] = {"mode": "allowlist", "allow": allow} if allow else {"mode": "none"}
     limits: dict[str, Any] = {"memory_mb": s.template_build_memory_mb}
-    if rt.disk.enforced:
+    if host.disk.enforced:
         limits["disk_mb"] = max(s.template_build_disk_mb, base.disk_mb or 0)
     return {"template": base.name, "network": network, "limits": limits, "env": env}
-
-
-def run_sync(coro: Coroutine[Any, Any, T]) -> T:
-    """Run ``coro`` to its end from sync code, whether or not this thread runs an event loop.
-    Interrupted (Ctrl-C in the CLI), it does not wait for ``coro``: the caller's cleanup (the
-    build sandbox's kill) ends it."""
-    pool = concurrent.futures.ThreadPoolExecutor(1)
-    try:
-        return pool.submit(asyncio.run, coro).result()
-    finally:
-        pool.shutdown(wait=False)
 
 
 def _outside(src: str) -> bool:

@@ -4,7 +4,11 @@ talk to a sandbox without any HTTP server in between."""
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any, TypeVar
 
 import httpx
 
@@ -29,3 +33,17 @@ class AgentClient(EnvdClient):
 
 
 __all__ = ["AgentClient", "CommandOutput"]
+
+
+T = TypeVar("T")
+
+
+def run_sync(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` to its end from sync code, whether or not this thread runs an event loop.
+    Interrupted (Ctrl-C in the CLI), it does not wait for ``coro``: the caller's cleanup (the
+    build sandbox's kill) ends it."""
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    try:
+        return pool.submit(asyncio.run, coro).result()
+    finally:
+        pool.shutdown(wait=False)

@@ -21,18 +21,15 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from sandhold.errors import Conflict, InvalidRequest, SandholdError, Unsupported
 from sandhold.runtime import checkpoint, disk, images, safefs
-from sandhold.runtime import reconcile as reconciling
+from sandhold.runtime.assembly import claim, destroy, prepare_root
+from sandhold.runtime.host import Host
 from sandhold.runtime.launcher import new_boot
 from sandhold.runtime.records import SandboxInfo, new_sandbox_id
 from sandhold.runtime.spec import SandboxSpec
 from sandhold.runtime.suspend import criu_path, hand_back
-
-if TYPE_CHECKING:
-    from sandhold.runtime.runtime import Runtime
 
 MAX_FORKS = 20  # E2B's bound on count
 FORKING = "forking"  # under data_dir: one checkpoint per fork in flight
@@ -53,11 +50,11 @@ def check_forkable(info: SandboxInfo, what: str = "forked") -> None:
         raise Unsupported(f"sandbox {info.id} cannot be {what}: {why}")
 
 
-def checkpoint_in_place(rt: Runtime, info: SandboxInfo, into: Path, memory: bool = True) -> None:
+def checkpoint_in_place(host: Host, info: SandboxInfo, into: Path, memory: bool = True) -> None:
     """The running sandbox's layer image (``into/disk.img``) and, with ``memory``, its memory
     (``into/checkpoint``), at one instant; it runs on afterwards. Called under its lock."""
-    criu = criu_path(rt) if memory else None
-    d, cg = info.dir, rt._cg(info.id)
+    criu = criu_path(host) if memory else None
+    d, cg = info.dir, host.cgroup(info.id)
     if info.suspended:  # (filesystem only) nothing runs nor is mounted: its image is at rest
         images.copy_sparse(d / disk.IMAGE, into / disk.IMAGE)
         return
@@ -85,23 +82,23 @@ def checkpoint_in_place(rt: Runtime, info: SandboxInfo, into: Path, memory: bool
 
 
 def start(
-    rt: Runtime, spec: SandboxSpec, template_name: str, taken: Path, extra: dict[str, object],
+    host: Host, spec: SandboxSpec, template_name: str, taken: Path, extra: dict[str, object],
     started_from: str = "fork", config: dict[str, object] | None = None,
 ) -> SandboxInfo:  # fmt: skip
     """A new sandbox restored from what ``checkpoint_in_place`` took into ``taken``; with
     ``config``, its agent is handed that configuration (a warm start's: warm.py)."""
-    criu = criu_path(rt)
-    template = rt.templates.get(template_name)
+    criu = criu_path(host)
+    template = host.templates.get(template_name)
     sandbox_id = new_sandbox_id()
-    d = rt.sandboxes_dir / sandbox_id
-    claim = reconciling.claim(d)
+    d = host.sandboxes_dir / sandbox_id
+    lock = claim(d)
     try:
-        host_uid = rt._prepare_root(d, spec, template, layer_image=taken / disk.IMAGE)
+        host_uid = prepare_root(host, d, spec, template, layer_image=taken / disk.IMAGE)
         checkpoint.copy_images(taken / checkpoint.IMAGES, d / checkpoint.IMAGES)
         new_boot(d / checkpoint.HANDOFF, sandbox_id, template_name)  # (a new sandbox: its boot)
         if config is not None:
             (d / "run" / "agent.json").write_text(json.dumps(config))
-        procs = rt._cg(sandbox_id).procs_files()
+        procs = host.cgroup(sandbox_id).procs_files()
         pid = checkpoint.restore(criu, d, procs, host_uid, own=False)
         hand_back(d, pid, rebind=config is not None)
         info = SandboxInfo(
@@ -109,32 +106,32 @@ def start(
             created_at=time.time(), pid=pid, init_pid=pid, dir=d, workspace=None,
             extra=dict(extra), host_uid=host_uid, started_from=started_from,
         )  # fmt: skip
-        rt._save(info)
+        host.records.save(info)
         safefs.remove_quietly(d / checkpoint.IMAGES)
         return info
     except BaseException:
-        rt._destroy(sandbox_id, None)
+        destroy(host, sandbox_id, None)
         raise
     finally:
-        os.close(claim)
+        os.close(lock)
 
 
 def fork(
-    rt: Runtime, sandbox_id: str, extras: list[dict[str, object]]
+    host: Host, sandbox_id: str, extras: list[dict[str, object]]
 ) -> list[SandboxInfo | SandholdError]:
     """One fork per entry of ``extras`` (each fork's record extras); each succeeds or fails on
     its own, as E2B's fork does."""
     if not 1 <= len(extras) <= MAX_FORKS:
         raise InvalidRequest(f"count must be between 1 and {MAX_FORKS}")
-    criu_path(rt)
-    with rt._locked(sandbox_id) as d:
-        source = rt._load(d)
+    criu_path(host)
+    with host.records.locked(sandbox_id) as d:
+        source = host.records.load(d)
         check_forkable(source)
         # Not under the source's directory: the source may be killed while its forks start.
-        (rt.settings.data_dir / FORKING).mkdir(mode=0o700, exist_ok=True)
-        taken = Path(tempfile.mkdtemp(dir=rt.settings.data_dir / FORKING))
+        (host.settings.data_dir / FORKING).mkdir(mode=0o700, exist_ok=True)
+        taken = Path(tempfile.mkdtemp(dir=host.settings.data_dir / FORKING))
         try:
-            checkpoint_in_place(rt, source, taken)
+            checkpoint_in_place(host, source, taken)
         except BaseException:
             safefs.remove_quietly(taken)
             raise
@@ -142,7 +139,7 @@ def fork(
         out: list[SandboxInfo | SandholdError] = []
         for extra in extras:
             try:
-                out.append(start(rt, source.spec, source.template, taken, extra))
+                out.append(start(host, source.spec, source.template, taken, extra))
             except SandholdError as e:
                 out.append(e)
         return out

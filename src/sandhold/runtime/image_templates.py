@@ -24,24 +24,22 @@ import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sandhold.errors import InvalidRequest, TemplateBuildFailed
 from sandhold.runtime import oci, registry_access, safefs
+from sandhold.runtime.host import Host
 from sandhold.runtime.staging import make as make_staging
 from sandhold.runtime.templates import DEFAULT_PATH, PULL, SANDBOX_USER_UID, Template, flocked
-
-if TYPE_CHECKING:
-    from sandhold.runtime.runtime import Runtime
 
 log = logging.getLogger(__name__)
 REFS = ".images.json"  # in the template store: reference -> template, for the next build
 PREFIX = "img-"  # an image's template: img-<its digest's first 24 hex digits>
 
 
-def qualified(rt: Runtime, ref: str) -> str:
+def qualified(host: Host, ref: str) -> str:
     """``ref`` with the operator's registry in front when it names none."""
-    mirror = rt.settings.template_image_registry
+    mirror = host.settings.template_image_registry
     if mirror and oci.parse_reference(ref).domain is None:
         return f"{mirror.rstrip('/')}/{ref if '/' in ref.split(':')[0] else 'library/' + ref}"
     return ref
@@ -61,14 +59,14 @@ def may_use(t: Template, team: str | None) -> bool:
     return team in (t.teams or []) or (t.public and t.teams is not None)
 
 
-def from_image(rt: Runtime, ref: str, *, team: str | None = None, username: str | None = None,
+def from_image(host: Host, ref: str, *, team: str | None = None, username: str | None = None,
                password: str | None = None, force: bool = False,
                log_to: Callable[[str], None] | None = None) -> Template:  # fmt: skip
     """The template of image ``ref`` for ``team`` (None: the operator): pulled now with these
     credentials, or the one a pull made before (unless ``force``) if the team may use it
     already or proves it may by fetching the manifest with its own credentials."""
-    s = rt.settings
-    full = qualified(rt, ref)
+    s = host.settings
+    full = qualified(host, ref)
     r = oci.parse_reference(full)
     registry_access.check_allowed(s, r.domain)
     registry_access.check_addresses(s, r.domain)
@@ -77,21 +75,21 @@ def from_image(rt: Runtime, ref: str, *, team: str | None = None, username: str 
     opts: dict[str, Any] = {"username": username, "password": password,
                             "insecure": (r.domain or "") in s.template_image_insecure,
                             "ca_file": s.template_image_ca_file}  # fmt: skip
-    store = rt.templates
+    store = host.templates
     with flocked(store.root / ".images.lock"):
         known = _refs(store.root)
         name = known.get(full)
         if not force and name and store.exists(name):
             t = store.get(name)
             if team is None or team in (t.teams or []) or (shared and may_use(t, team)):
-                return _grant(rt, t, team, shared)
+                return _grant(host, t, team, shared)
         if not force:  # the team's own manifest fetch: is it an image this host holds?
             name = image_name(oci.resolve(full, store.root, **opts))
             repo = {oci.parse_reference(k).name for k, v in known.items() if v == name}
             if store.exists(name) and (r.name in repo or may_use(store.get(name), team)):
                 known[full] = name  # (fetched by digest from the same repository: its layers)
                 _write_refs(store.root, known)
-                return _grant(rt, store.get(name), team, shared)
+                return _grant(host, store.get(name), team, shared)
         staging = make_staging(store.root, PULL)
         try:
             limits = oci.bounds(s.template_build_disk_mb, s.template_unpack_max_depth)
@@ -117,7 +115,7 @@ def from_image(rt: Runtime, ref: str, *, team: str | None = None, username: str 
                 log.info("imported image %s (%s) as template %s", full, cfg.digest, name)
             known[full] = name
             _write_refs(store.root, known)
-            return _grant(rt, store.get(name), team, shared)
+            return _grant(host, store.get(name), team, shared)
         finally:
             safefs.remove_quietly(staging)
 
@@ -126,14 +124,14 @@ def image_name(digest: str) -> str:
     return PREFIX + digest.split(":")[-1][:24]
 
 
-def _grant(rt: Runtime, t: Template, team: str | None, shared: bool) -> Template:
+def _grant(host: Host, t: Template, team: str | None, shared: bool) -> Template:
     """Record that ``team`` proved access to ``t`` (and, ``shared``, that every team may use
     it: it came anonymously from where the operator marked public)."""
     teams = sorted({*(t.teams or []), *([team] if team else [])})
     public = (t.public and t.teams is not None) or shared
     if teams != t.teams or public != t.public:
         t.teams, t.public = teams, public
-        rt.templates.update(t)
+        host.templates.update(t)
     return t
 
 

@@ -25,17 +25,15 @@ import socket
 import threading
 import time
 from collections import deque
-from typing import TYPE_CHECKING
 
 from sandhold.errors import SandholdError
+from sandhold.runtime import liveness
 from sandhold.runtime.boot import agent_config
+from sandhold.runtime.host import Host, Sandboxes
+from sandhold.runtime.records import SandboxInfo
 from sandhold.runtime.spec import SandboxSpec
 from sandhold.runtime.templates import Template
 from sandhold.runtime.warm import read_status
-
-if TYPE_CHECKING:
-    from sandhold.runtime.records import SandboxInfo
-    from sandhold.runtime.runtime import Runtime
 
 POOL_KEY = "pool"  # in a pooled sandbox's extra: its template
 BUILT = "pool_template_built"  # and when that template was built
@@ -45,8 +43,9 @@ log = logging.getLogger(__name__)
 
 
 class Pools:
-    def __init__(self, rt: Runtime) -> None:
-        self.rt = rt
+    def __init__(self, host: Host, sandboxes: Sandboxes) -> None:
+        self.host = host
+        self.sandboxes = sandboxes  # to boot the pooled and kill the unusable
         self._ready: dict[str, deque[str]] = {}
         self._disk_mb: dict[str, int | None] = {}  # each template's default budget
         self._lock = threading.Lock()
@@ -59,8 +58,9 @@ class Pools:
 
     def fill(self, template: str) -> str:
         """Boot one sandbox into ``template``'s pool; returns its id."""
-        made = self.rt.templates.get(template).created_at  # (a rebuild makes its pool stale)
-        info = self.rt.create({"template": template}, extra={POOL_KEY: template, BUILT: made})
+        made = self.host.templates.get(template).created_at  # (a rebuild makes its pool stale)
+        extra: dict[str, object] = {POOL_KEY: template, BUILT: made}
+        info = self.sandboxes.create({"template": template}, extra=extra)
         with self._lock:
             self._ready.setdefault(template, deque()).append(info.id)
             self._disk_mb[template] = info.spec.limits.disk_mb
@@ -69,7 +69,7 @@ class Pools:
     def take(self, spec: SandboxSpec, template: Template, extra: dict[str, object]
              ) -> SandboxInfo | None:  # fmt: skip
         """A pooled sandbox bound to ``spec`` and ``extra``, or None (the create boots)."""
-        if POOL_KEY in extra or not self.rt.settings.pool_sizes.get(template.name):
+        if POOL_KEY in extra or not self.host.settings.pool_sizes.get(template.name):
             return None
         if spec.network.mode != "none" or spec.workspace_id or spec.workspace_dir or spec.mounts:
             return None
@@ -92,19 +92,19 @@ class Pools:
               extra: dict[str, object]) -> SandboxInfo | None:  # fmt: skip
         """Hand the pooled sandbox over; None (and it is killed) if it cannot serve ``spec``."""
         try:
-            with self.rt._locked(sandbox_id) as d:
-                info = self.rt._load(d)
-                if info.state != "running" or not self.rt._alive(info):
+            with self.host.records.locked(sandbox_id) as d:
+                info = self.host.records.load(d)
+                if info.state != "running" or not liveness.alive(self.host, info):
                     raise SandholdError("it is not running any more")
                 if info.extra.get(BUILT) != template.created_at:
                     raise SandholdError(f"template {template.name} was rebuilt since")
                 limits = spec.limits
-                self.rt._cg(sandbox_id).create(limits.memory_mb, limits.cpu, limits.pids)
+                self.host.cgroup(sandbox_id).create(limits.memory_mb, limits.cpu, limits.pids)
                 config = agent_config(spec, template, {**template.env, **spec.env}, [])
                 _configure(info.agent_socket, config)
                 info.spec, info.extra, info.created_at = spec, dict(extra), time.time()
                 info.started_from = "pool"
-                self.rt._save(info)
+                self.host.records.save(info)
                 return info
         except (OSError, SandholdError) as e:
             log.warning("pooled sandbox %s could not be handed out (%s); killing it",
@@ -114,7 +114,7 @@ class Pools:
 
     def _discard(self, sandbox_id: str) -> None:
         try:
-            self.rt.kill(sandbox_id)
+            self.sandboxes.kill(sandbox_id)
         except SandholdError as e:
             log.error("could not kill pooled sandbox %s: %s", sandbox_id, e)
 
@@ -122,7 +122,7 @@ class Pools:
         """Kill every pooled sandbox on disk (this server's and a previous one's)."""
         with self._lock:
             self._ready.clear()
-        pooled = [i.id for i in self.rt.list() if POOL_KEY in i.extra]
+        pooled = [i.id for i in self.sandboxes.list() if POOL_KEY in i.extra]
         for sandbox_id in pooled:
             self._discard(sandbox_id)
         return len(pooled)

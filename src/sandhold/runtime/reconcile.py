@@ -4,18 +4,18 @@ whatever a crash interrupted. ``Runtime.open()`` runs it, and the sandbox servic
 
 How a directory tells who is making or unmaking it:
 
-- ``claim``: a create first makes ``sandboxes/.new-<id>-<pid>-<start>`` (the name says which
-  process, by pid and start time, so a reused pid is not mistaken for it), creates ``lock`` in it
-  and flocks it, and only then renames it to ``sandboxes/<id>``. The lock stays held until the
+- ``assembly.claim``: a create first makes ``sandboxes/.new-<id>-<pid>-<start>`` (the name says
+  which process, by pid and start time, so a reused pid is not mistaken for it), creates ``lock``
+  in it and flocks it, and only then renames it to ``sandboxes/<id>``. The lock stays held until the
   create has returned or undone itself. So under its final name a sandbox directory always has
   a lock file, held by whoever is still creating it, in this process or any other: a flock
   conflicts between any two opens of the file, and dies with its holder.
-- ``remove_dir``: every destroy removes cgroups, processes and mounts first and the lock file
-  last, so a directory without one has nothing left but files.
+- ``assembly.remove_dir``: every destroy removes cgroups, processes and mounts first and the lock
+  file last, so a directory without one has nothing left but files.
 
 What reconcile does with each entry of ``sandboxes/``:
 
-- ``state.json``: a sandbox; re-attached (``Runtime.get`` judges one whose processes are gone;
+- ``state.json``: a sandbox; re-attached (``liveness.get`` judges one whose processes are gone;
   a running one frozen by a pause that was not recorded is marked paused).
 - lock held: a create, kill or other operation in flight: left alone.
 - ``killing.json``, lock free: a kill that was interrupted: finished.
@@ -41,20 +41,17 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from sandhold.errors import SandboxNotFound, SandholdError
-from sandhold.runtime import cgroups, mounts, safefs
+from sandhold.runtime import cgroups, liveness, mounts, safefs
+from sandhold.runtime.assembly import STAGING, destroy
+from sandhold.runtime.host import Host
 from sandhold.runtime.reaping import parent_of
 from sandhold.runtime.spec import NAME_RE
 from sandhold.runtime.staging import start_time
 
-if TYPE_CHECKING:
-    from sandhold.runtime.runtime import Runtime
-
 log = logging.getLogger(__name__)
 
-STAGING = ".new-"
 KILL_TIMEOUT_S = 10.0
 
 
@@ -63,7 +60,7 @@ class Report:
     """What one run found and did."""
 
     sandboxes: int = 0  # re-attached
-    reaped: int = 0  # records gone meanwhile (killed, or judged by Runtime.get)
+    reaped: int = 0  # records gone meanwhile (killed, or judged by liveness.get)
     kills_finished: int = 0
     creates_removed: int = 0
     staging_removed: int = 0
@@ -79,52 +76,6 @@ class Report:
 
     def __str__(self) -> str:
         return ", ".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))
-
-
-# -- the contract with create and destroy ---------------------------------------------------------
-
-
-def claim(d: Path) -> int:
-    """Make the sandbox directory ``d`` with its lock file held; returns the lock's fd, which
-    the caller keeps open until its create is over (then the directory is either a sandbox
-    with ``state.json``, or gone)."""
-    if d.exists():
-        raise FileExistsError(d)
-    pid = os.getpid()
-    staging = d.with_name(f"{STAGING}{d.name}-{pid}-{start_time(pid)}")
-    staging.mkdir()
-    try:
-        fd = os.open(staging / "lock", os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            os.rename(staging, d)  # appears under its name with the lock already held
-        except BaseException:
-            os.close(fd)
-            raise
-    except BaseException:
-        safefs.remove_quietly(staging)
-        raise
-    return fd
-
-
-def remove_dir(d: Path) -> None:
-    """Remove a sandbox's directory, its lock file last (see the module's docstring)."""
-    try:
-        entries = list(os.scandir(d))
-    except FileNotFoundError:
-        return
-    for e in entries:
-        if e.name == "lock":
-            continue
-        if e.is_dir(follow_symlinks=False):
-            safefs.remove_quietly(e.path)
-        else:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(e.path)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(d / "lock")
-    with contextlib.suppress(FileNotFoundError, OSError):
-        os.rmdir(d)  # not empty: a lock-less directory, which the next reconcile removes
 
 
 @contextlib.contextmanager
@@ -206,14 +157,14 @@ def _reap_adopted(pids: set[int]) -> None:
             time.sleep(0.001)
 
 
-def _kill_once(rt: Runtime, name: str, dirs: list[Path], prefixes: tuple[str, ...]) -> set[int]:
+def _kill_once(host: Host, name: str, dirs: list[Path], prefixes: tuple[str, ...]) -> set[int]:
     """SIGKILL every process of the sandbox, in its cgroups or not, until none is left."""
     killed: set[int] = set()
     deadline = time.monotonic() + KILL_TIMEOUT_S
     while pids := _cgroup_pids(dirs) | _strays(prefixes):
         if time.monotonic() > deadline:
             raise TimeoutError(f"processes of sandbox {name} survived SIGKILL: {sorted(pids)}")
-        cg = rt._cg(name)
+        cg = host.cgroup(name)
         if cg.v1("freezer").is_dir() and cg.v1("pids").is_dir():
             cg.kill_all()  # cgroup.kill, or freeze-kill-thaw: nothing forks away meanwhile
         for pid in pids:
@@ -244,16 +195,16 @@ def _rmdirs(dirs: list[Path]) -> bool:
     return True
 
 
-def _kill(rt: Runtime, name: str, d: Path | None) -> None:
+def _kill(host: Host, name: str, d: Path | None) -> None:
     """Kill every process of sandbox ``name`` and remove its cgroups from every hierarchy. A
     shell that was started before a crash joins the groups when it gets the CPU: kill again
     until the groups are gone."""
-    dirs = _cgroup_dirs(rt.settings.cgroup_group, name)
+    dirs = _cgroup_dirs(host.settings.cgroup_group, name)
     prefixes = tuple(f"{p}/" for p in ([d] if d else []) + dirs)
     killed: set[int] = set()
     try:
         for _ in range(10):
-            killed |= _kill_once(rt, name, dirs, prefixes)
+            killed |= _kill_once(host, name, dirs, prefixes)
             if _rmdirs(dirs):
                 return
         raise TimeoutError(f"cgroups of sandbox {name} kept gaining processes")
@@ -261,33 +212,33 @@ def _kill(rt: Runtime, name: str, d: Path | None) -> None:
         _reap_adopted(killed)
 
 
-def _remove(rt: Runtime, name: str) -> None:
+def _remove(host: Host, name: str) -> None:
     """Remove everything of sandbox ``name`` (whose lock we hold, or which has none)."""
-    d = rt.sandboxes_dir / name
-    _kill(rt, name, d)
+    d = host.sandboxes_dir / name
+    _kill(host, name, d)
     for target in reversed(mounts.mounts_under(d)):  # the overlay, then what is under it
         mounts.umount(Path(target))
-    rt._destroy(name)  # what else a sandbox holds (the egress record), then the directory
+    destroy(host, name)  # what else a sandbox holds (the egress record), then the directory
 
 
 # -- the run --------------------------------------------------------------------------------------
 
 
-def _mark_paused(rt: Runtime, sandbox_id: str) -> None:
+def _mark_paused(host: Host, sandbox_id: str) -> None:
     """A crash between freezing and recording left a frozen sandbox marked running."""
     try:
-        with rt._locked(sandbox_id) as d:
-            info = rt._load(d)
-            if info.state == "running" and rt._cg(sandbox_id).freezer_state() == "FROZEN":
+        with host.records.locked(sandbox_id) as d:
+            info = host.records.load(d)
+            if info.state == "running" and host.cgroup(sandbox_id).freezer_state() == "FROZEN":
                 info.state = "paused"
-                rt._save(info)
+                host.records.save(info)
     except SandboxNotFound:
         pass
 
 
-def _attach(rt: Runtime, d: Path, report: Report) -> None:
+def _attach(host: Host, d: Path, report: Report) -> None:
     try:
-        info = rt.get(d.name)  # reaps a sandbox whose processes are gone
+        info = liveness.get(host, d.name)  # reaps a sandbox whose processes are gone
     except SandboxNotFound:
         report.reaped += 1
         return
@@ -297,16 +248,16 @@ def _attach(rt: Runtime, d: Path, report: Report) -> None:
                 report.in_flight += 1
                 return
             log.error("unreadable sandbox state %s (%s); removing it", d, e)
-            _remove(rt, d.name)
+            _remove(host, d.name)
             report.creates_removed += 1
             return
     report.sandboxes += 1
     with contextlib.suppress(FileNotFoundError):
-        if info.state == "running" and rt._cg(info.id).freezer_state() == "FROZEN":
-            _mark_paused(rt, info.id)
+        if info.state == "running" and host.cgroup(info.id).freezer_state() == "FROZEN":
+            _mark_paused(host, info.id)
 
 
-def _sweep(rt: Runtime, d: Path, report: Report) -> None:
+def _sweep(host: Host, d: Path, report: Report) -> None:
     if d.name.startswith(STAGING):
         parts = d.name[len(STAGING) :].split("-")  # <id>-<pid>-<start>
         pid, start = (parts[1], parts[2]) if len(parts) == 3 else ("", "")
@@ -319,7 +270,7 @@ def _sweep(rt: Runtime, d: Path, report: Report) -> None:
     if not NAME_RE.match(d.name) or not d.is_dir():
         return
     if (d / "state.json").exists():
-        _attach(rt, d, report)
+        _attach(host, d, report)
         return
     with _try_lock(d) as held:
         if held is False:
@@ -330,55 +281,55 @@ def _sweep(rt: Runtime, d: Path, report: Report) -> None:
             pass
         elif (d / "killing.json").exists():
             log.warning("finishing the interrupted kill of sandbox %s", d.name)
-            _remove(rt, d.name)
+            _remove(host, d.name)
             report.kills_finished += 1
             return
         else:
             log.warning("removing sandbox %s, whose create was interrupted", d.name)
-            _remove(rt, d.name)
+            _remove(host, d.name)
             report.creates_removed += 1
             return
-    _attach(rt, d, report)  # outside the lock: reaping takes it
+    _attach(host, d, report)  # outside the lock: reaping takes it
 
 
-def reconcile(rt: Runtime) -> Report:
+def reconcile(host: Host) -> Report:
     """Re-attach to live sandboxes and clean up what a crash or a failed create left behind."""
     report = Report()
-    lock = os.open(rt.settings.data_dir / "reconcile.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
+    lock = os.open(host.settings.data_dir / "reconcile.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        group = rt.settings.cgroup_group
+        group = host.settings.cgroup_group
         # Listed before the directories: a create claims its directory before it makes groups,
         # so a group seen here whose directory is gone below belongs to no create in flight.
         groups = cgroup_names(group)
-        for d in sorted(rt.sandboxes_dir.iterdir()):
+        for d in sorted(host.sandboxes_dir.iterdir()):
             try:
-                _sweep(rt, d, report)
+                _sweep(host, d, report)
             except Exception:
                 log.exception("reconcile: could not clean up %s", d)
                 report.failed += 1
-        if any((d / "egress.json").exists() for d in rt.sandboxes_dir.iterdir()):
+        if any((d / "egress.json").exists() for d in host.sandboxes_dir.iterdir()):
             try:
-                rt.egress.sync()  # re-attach: the daemon serves every egress sandbox again
+                host.egress.sync()  # re-attach: the daemon serves every egress sandbox again
             except SandholdError as e:
                 log.error("egress daemon unavailable: %s", e)
-        known = {d.name for d in rt.sandboxes_dir.iterdir()}
+        known = {d.name for d in host.sandboxes_dir.iterdir()}
         for name in sorted(groups - known):
             if not any(g.exists() for g in _cgroup_dirs(group, name)):
                 continue  # a sandbox removed above
             try:
-                _kill(rt, name, None)
+                _kill(host, name, None)
                 report.orphan_cgroups += 1
             except Exception:
                 log.exception("reconcile: could not remove cgroup %s", name)
                 report.failed += 1
         # A range is taken after its sandbox's directory exists and given back after it is
         # gone: one whose directory is missing has nothing left (a crash between the two).
-        for base, owner in rt.uids.held().items():
-            if not NAME_RE.match(owner) or not (rt.sandboxes_dir / owner).exists():
-                rt.uids.release(base, owner)
+        for base, owner in host.uids.held().items():
+            if not NAME_RE.match(owner) or not (host.sandboxes_dir / owner).exists():
+                host.uids.release(base, owner)
                 report.uid_ranges += 1
-        report.uid_ranges += rt.uids.release_orphans()
+        report.uid_ranges += host.uids.release_orphans()
     finally:
         os.close(lock)
     if report.cleaned or report.failed:

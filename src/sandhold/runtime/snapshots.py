@@ -33,7 +33,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from sandhold.errors import (
     CheckpointFailed,
@@ -43,12 +43,10 @@ from sandhold.errors import (
     Unsupported,
 )
 from sandhold.runtime import disk, fork, safefs
+from sandhold.runtime.host import Sandboxes
 from sandhold.runtime.records import SandboxInfo
 from sandhold.runtime.snapshot_remote import remote_for
 from sandhold.runtime.spec import SandboxSpec
-
-if TYPE_CHECKING:
-    from sandhold.runtime.runtime import Runtime
 
 Mode = Literal["full", "filesystem"]
 ROOT = "snapshots"
@@ -82,10 +80,11 @@ def _size(path: Path) -> int:
 
 
 class SnapshotStore:
-    def __init__(self, rt: Runtime) -> None:
-        self.rt = rt
-        self.root = rt.settings.data_dir / ROOT
-        self.remote = remote_for(rt.settings)
+    def __init__(self, sandboxes: Sandboxes) -> None:
+        self.sandboxes = sandboxes  # to start sandboxes from snapshots
+        self.host = sandboxes.host
+        self.root = self.host.settings.data_dir / ROOT
+        self.remote = remote_for(self.host.settings)
 
     def _dir(self, snapshot_id: str) -> Path:
         alphabet = set(string.ascii_lowercase + string.digits + "-")
@@ -222,17 +221,17 @@ class SnapshotStore:
              extra: dict[str, object] | None = None) -> Snapshot:  # fmt: skip
         """Save a running (or, ``filesystem`` only, paused) sandbox; it runs on. With a remote,
         the snapshot is uploaded before it exists here too."""
-        rt = self.rt
+        host = self.host
         self.root.mkdir(mode=0o700, exist_ok=True)
         self._check_budget()
         snapshot_id = ID_PREFIX + secrets.token_hex(8)
         staging = self.root / f".new-{snapshot_id}"
         staging.mkdir(mode=0o700)
         try:
-            with rt._locked(sandbox_id) as d:
-                info = rt._load(d)
+            with host.records.locked(sandbox_id) as d:
+                info = host.records.load(d)
                 _check(info, mode)
-                fork.checkpoint_in_place(rt, info, staging, memory=mode == "full")
+                fork.checkpoint_in_place(host, info, staging, memory=mode == "full")
             # What its sandboxes get: never the source's host directories (a workspace, mounts).
             spec = info.spec.model_copy(
                 update={"workspace_id": None, "workspace_dir": None, "mounts": []}
@@ -262,7 +261,7 @@ class SnapshotStore:
     def _check_budget(self, need: int = 0) -> None:
         """Room for ``need`` more bytes under the budget; with a remote, by evicting the least
         recently used local copies (they stay in the remote) first."""
-        limit = self.rt.settings.snapshot_store_max_mb << 20
+        limit = self.host.settings.snapshot_store_max_mb << 20
         local = self._list_local()
         used = sum(s.size_bytes for s in local)
         if used + need >= limit and self.remote is not None:
@@ -285,8 +284,8 @@ class SnapshotStore:
         saved = SandboxSpec.model_validate(snap.spec, context={"stored": True})
         with self._in_use(snap):
             if snap.mode == "full":
-                return fork.start(self.rt, saved, snap.template, snap.dir, extra, "snapshot")
-            return self.rt.create(spec or saved, extra, layer_image=snap.dir / disk.IMAGE)
+                return fork.start(self.host, saved, snap.template, snap.dir, extra, "snapshot")
+            return self.sandboxes.create(spec or saved, extra, layer_image=snap.dir / disk.IMAGE)
 
 
 def _from_remote(data: dict[str, object], d: Path) -> Snapshot | None:

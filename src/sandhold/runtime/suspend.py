@@ -17,18 +17,15 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from sandhold.errors import CheckpointFailed, Conflict, HostUnsupported
 from sandhold.runtime import checkpoint, disk, mounts, safefs
 from sandhold.runtime.boot import boot, remount, save_handoff
 from sandhold.runtime.criu import FIX, criu_status
+from sandhold.runtime.host import Host
 from sandhold.runtime.launcher import listen
 from sandhold.runtime.reaping import reap_init
-
-if TYPE_CHECKING:
-    from sandhold.runtime.records import SandboxInfo
-    from sandhold.runtime.runtime import Runtime
+from sandhold.runtime.records import SandboxInfo
 
 log = logging.getLogger(__name__)
 
@@ -36,23 +33,23 @@ DISK = "disk"
 FILESYSTEM = "filesystem"  # no memory kept: resume boots afresh over the files
 
 
-def criu_path(rt: Runtime) -> checkpoint.Criu:
-    ok, detail = criu_status(rt.settings.criu_path)
+def criu_path(host: Host) -> checkpoint.Criu:
+    ok, detail = criu_status(host.settings.criu_path)
     if not ok:
         raise HostUnsupported(f"suspending to disk needs CRIU >= 4.1: {detail}; {FIX}")
-    return checkpoint.Criu(rt.settings.criu_path, rt.settings.criu_timeout_s)
+    return checkpoint.Criu(host.settings.criu_path, host.settings.criu_timeout_s)
 
 
-def suspend(rt: Runtime, sandbox_id: str) -> SandboxInfo:
+def suspend(host: Host, sandbox_id: str) -> SandboxInfo:
     """Checkpoint a running or paused sandbox to disk; it is then paused, with no process."""
-    criu = criu_path(rt)
-    with rt._locked(sandbox_id) as d:
-        info = rt._load(d)
+    criu = criu_path(host)
+    with host.records.locked(sandbox_id) as d:
+        info = host.records.load(d)
         if info.state == "failed":
             raise Conflict(f"sandbox {sandbox_id} failed ({info.failure}); it can only be killed")
         if info.suspended:
             raise Conflict(f"sandbox {sandbox_id} is already suspended to disk")
-        cg = rt._cg(sandbox_id)
+        cg = host.cgroup(sandbox_id)
         frozen = info.state == "paused"
         if frozen:
             cg.thaw()  # the agent must run to let go of the host's descriptors
@@ -70,7 +67,7 @@ def suspend(rt: Runtime, sandbox_id: str) -> SandboxInfo:
             raise
         # Never frozen again once dumped: its dying tasks may still be listed, and a frozen
         # group would freeze the restore that joins it.
-        bwrap = rt._children.pop(sandbox_id, None)
+        bwrap = host.children.pop(sandbox_id)
         if bwrap is not None:
             bwrap.wait()  # exits with the tree
         deadline = time.monotonic() + 5
@@ -78,9 +75,9 @@ def suspend(rt: Runtime, sandbox_id: str) -> SandboxInfo:
             time.sleep(0.005)
         info.state, info.suspended = "paused", DISK
         info.paused_at = info.paused_at or time.time()
-        rt._save(info)
+        host.records.save(info)
         try:
-            if rt.settings.suspend_compress:
+            if host.settings.suspend_compress:
                 checkpoint.compress_pages(d / checkpoint.IMAGES)
         except OSError as e:  # (a full disk) what is not compressed stays as it was dumped
             log.warning("the memory image of %s is kept uncompressed: %s", sandbox_id, e)
@@ -106,60 +103,60 @@ def release_mounts(d: Path) -> None:
         log.warning("%s keeps some of its mounts while paused: %s", d.name, e)
 
 
-def drop_processes(rt: Runtime, sandbox_id: str) -> SandboxInfo:
+def drop_processes(host: Host, sandbox_id: str) -> SandboxInfo:
     """A filesystem-only pause: the sandbox's processes (and memory, and any checkpoint of
     it) are dropped, its files, uid range and cgroups kept; resume boots it afresh."""
-    with rt._locked(sandbox_id) as d:
-        info = rt._load(d)
+    with host.records.locked(sandbox_id) as d:
+        info = host.records.load(d)
         if info.state == "failed":
             raise Conflict(f"sandbox {sandbox_id} failed ({info.failure}); it can only be killed")
         if info.suspended == FILESYSTEM:
             raise Conflict(f"sandbox {sandbox_id} is already paused without its memory")
-        cg = rt._cg(sandbox_id)
+        cg = host.cgroup(sandbox_id)
         if not info.suspended:
             cg.thaw()  # a frozen task dies only once it runs
             cg.kill_all()
-            bwrap = rt._children.pop(sandbox_id, None)
+            bwrap = host.children.pop(sandbox_id)
             if bwrap is not None:
                 bwrap.wait()
             reap_init(info.init_pid)
         safefs.remove_quietly(d / checkpoint.IMAGES)
-        rt.uids.give_back(d)  # the boot binds them again
-        rt.wsdisk.release(d)
+        host.uids.give_back(d)  # the boot binds them again
+        host.wsdisk.release(d)
         (d / "run" / "agent.sock").unlink(missing_ok=True)
         info.state, info.suspended = "paused", FILESYSTEM
         info.paused_at = info.paused_at or time.time()
-        rt._save(info)
+        host.records.save(info)
         release_mounts(d)
         return info
 
 
-def cold_boot(rt: Runtime, d: Path, info: SandboxInfo) -> None:
+def cold_boot(host: Host, d: Path, info: SandboxInfo) -> None:
     """Boot a sandbox paused without its memory over its files (under its lock)."""
     assert info.host_uid is not None
-    cg = rt._cg(info.id)
+    cg = host.cgroup(info.id)
     if not cg.exists():  # (the host rebooted)
         limits = info.spec.limits
         cg.create(limits.memory_mb, limits.cpu, limits.pids)
     elif cg.freezer_state() != "THAWED":
         cg.thaw()
-    remount(rt, d, info, binds=False)  # (the boot binds them)
-    proc, init_pid, _workspace, _spec = boot(rt, d, info.spec, rt.templates.get(info.template),
+    remount(host, d, info, binds=False)  # (the boot binds them)
+    proc, init_pid, _workspace, _spec = boot(host, d, info.spec, host.templates.get(info.template),
                                             info.host_uid)  # fmt: skip
-    rt._children[info.id] = proc
+    host.children.add(info.id, proc)
     info.pid, info.init_pid, info.suspended = proc.pid, init_pid, None
 
 
-def restore(rt: Runtime, d: Path, info: SandboxInfo) -> None:
+def restore(host: Host, d: Path, info: SandboxInfo) -> None:
     """Bring a suspended sandbox back (called under its lock); updates ``info``."""
-    criu = criu_path(rt)
-    cg = rt._cg(info.id)
+    criu = criu_path(host)
+    cg = host.cgroup(info.id)
     if not cg.exists():  # (the host rebooted)
         limits = info.spec.limits
         cg.create(limits.memory_mb, limits.cpu, limits.pids)
     if cg.freezer_state() != "THAWED":
         cg.thaw()  # whatever froze it: what joins a frozen group stops there
-    remount(rt, d, info, binds=True)
+    remount(host, d, info, binds=True)
     procs = cg.procs_files()
     assert info.host_uid is not None
     try:

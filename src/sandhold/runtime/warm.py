@@ -29,19 +29,17 @@ import socket
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from sandhold.errors import InvalidRequest, SandboxStartFailed, SandholdError
 from sandhold.runtime import checkpoint, safefs
 from sandhold.runtime import fork as forking
 from sandhold.runtime.boot import agent_config
+from sandhold.runtime.client import AgentClient, run_sync
+from sandhold.runtime.host import Host, Sandboxes
+from sandhold.runtime.records import SandboxInfo
 from sandhold.runtime.spec import SandboxSpec
 from sandhold.runtime.suspend import criu_path
 from sandhold.runtime.templates import Template, flocked
-
-if TYPE_CHECKING:
-    from sandhold.runtime.records import SandboxInfo
-    from sandhold.runtime.runtime import Runtime
 
 WARM = "warm"  # under data_dir
 META = "warm.json"
@@ -52,9 +50,10 @@ log = logging.getLogger(__name__)
 
 
 class WarmStarts:
-    def __init__(self, rt: Runtime) -> None:
-        self.rt = rt
-        self.root = rt.settings.data_dir / WARM
+    def __init__(self, host: Host, sandboxes: Sandboxes) -> None:
+        self.host = host
+        self.sandboxes = sandboxes  # to boot the sandbox a checkpoint is taken of
+        self.root = host.settings.data_dir / WARM
         self._keys: dict[tuple[str, float], str] = {}  # (CRIU and the agent: fixed while we run)
 
     def key(self, template: Template) -> str:
@@ -62,13 +61,14 @@ class WarmStarts:
         cached = self._keys.get((template.name, template.created_at))
         if cached is not None:
             return cached
-        criu = self.rt.settings.criu_path
+        criu = self.host.settings.criu_path
         patches = criu.with_name(criu.name + ".patches")
+        lib = self.host.agent_lib.path()
         agent = sorted(
-            (str(p.relative_to(self.rt.agent_lib())), p.stat().st_size, int(p.stat().st_mtime))
-            for p in self.rt.agent_lib().rglob("*.py")
+            (str(p.relative_to(lib)), p.stat().st_size, int(p.stat().st_mtime))
+            for p in lib.rglob("*.py")
         )
-        parts = [template.to_json(), str(criu), _read(patches), agent, self.rt.settings.uid_base]
+        parts = [template.to_json(), str(criu), _read(patches), agent, self.host.settings.uid_base]
         key = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
         self._keys[(template.name, template.created_at)] = key
         return key
@@ -98,7 +98,8 @@ class WarmStarts:
               extra: dict[str, object]) -> SandboxInfo | None:  # fmt: skip
         """A sandbox of ``spec`` restored from ``template``'s checkpoint, or None when there is
         none, it cannot serve this create, or restoring failed (then nothing of it is left)."""
-        if not template.warm or not self.rt.settings.warm_templates or not self.rt.disk.enforced:
+        on = self.host.settings.warm_templates and self.host.disk.enforced
+        if not template.warm or not on:
             return None  # (a checkpoint's layer is a disk image)
         d = self.available(template)
         if d is None:
@@ -110,20 +111,20 @@ class WarmStarts:
         env = {**template.env, **spec.env}
         config = agent_config(spec, template, env, [])
         try:
-            return forking.start(self.rt, spec, template.name, d, extra, "warm", config)
+            return forking.start(self.host, spec, template.name, d, extra, "warm", config)
         except SandholdError as e:
             log.warning("warm start of a %s sandbox failed, booting it cold: %s", template.name, e)
             return None
 
     def build(self, name: str) -> Path:
         """Make (or find) the checkpoint of template ``name``; returns its directory."""
-        template = self.rt.templates.get(name)
+        template = self.host.templates.get(name)
         if not template.warm:
             raise InvalidRequest(f"template {name} does not start warm")
-        if not self.rt.disk.enforced:
+        if not self.host.disk.enforced:
             raise InvalidRequest("warm starts need disk budgets (disk_enforced=true): the "
                                  "checkpoint's writable layer is a disk image")  # fmt: skip
-        criu_path(self.rt)
+        criu_path(self.host)
         target = self._dir(template)
         target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         with flocked(target.parent / ".lock"):  # one build at a time, in any process
@@ -138,13 +139,13 @@ class WarmStarts:
 
     def _build(self, template: Template, target: Path) -> None:
         name = template.name
-        info = self.rt.create({"template": name})
+        info = self.sandboxes.create({"template": name})
         staged = Path(tempfile.mkdtemp(dir=target.parent, prefix=".new-"))
         try:
             wait_ready(info, template)
-            memory = self.rt._cg(info.id).usage()["memory_rss_bytes"]
-            with self.rt._locked(info.id):
-                forking.checkpoint_in_place(self.rt, info, staged)
+            memory = self.host.cgroup(info.id).usage()["memory_rss_bytes"]
+            with self.host.records.locked(info.id):
+                forking.checkpoint_in_place(self.host, info, staged)
             for image in (staged / checkpoint.IMAGES).iterdir():  # shared by the sandboxes
                 if not image.name.startswith("userns-"):  # restored from it (hard links); each
                     image.chmod(0o444)  # remaps its own copy of the user namespace's
@@ -156,7 +157,7 @@ class WarmStarts:
             safefs.remove_quietly(staged)
             raise
         finally:
-            self.rt.kill(info.id)
+            self.sandboxes.kill(info.id)
         log.info("template %s starts warm from %s", name, target)
 
     def remove(self, name: str) -> None:
@@ -182,9 +183,6 @@ def wait_ready(info: SandboxInfo, template: Template) -> None:
 
 
 def _wait_ready_cmd(info: SandboxInfo, cmd: str, user: str, cwd: str) -> None:
-    from sandhold.runtime.build import run_sync  # (build.py builds on this module's users)
-    from sandhold.runtime.client import AgentClient
-
     async def poll() -> str:
         deadline = time.monotonic() + READY_TIMEOUT_S
         last = ""
