@@ -66,6 +66,53 @@ def raise_for(r: httpx.Response, body: bytes) -> None:
     raise EnvdError(code, message)
 
 
+@dataclass
+class _Collected:
+    """A process's stream as it comes: its pid, and its output bounded by ``limit`` bytes in
+    all (the rest dropped, ``truncated``), each chunk also passed to ``on_output``."""
+
+    limit: float
+    on_output: Callable[[str, bytes], None] | None
+    out: bytearray = field(default_factory=bytearray)
+    err: bytearray = field(default_factory=bytearray)
+    pid: int = 0
+    truncated: bool = False
+
+    def event(self, event: dict[str, Any], background: bool) -> CommandOutput | None:
+        """Take one event; the command's output once it is over (or, ``background``, started)."""
+        if "start" in event:
+            self.pid = int(event["start"].get("pid", 0))
+            if background:
+                return CommandOutput(None, b"", b"", self.pid)
+        elif "data" in event:
+            for key, buf in (("stdout", self.out), ("stderr", self.err)):
+                if key in event["data"]:
+                    self._add(key, buf, base64.b64decode(event["data"][key]))
+        elif "end" in event:
+            end = event["end"]
+            return self.output(int(end.get("exitCode", 0)), end.get("error") or None,
+                               end.get("status", ""))  # fmt: skip
+        return None
+
+    def _add(self, key: str, buf: bytearray, chunk: bytes) -> None:
+        if self.on_output is not None:
+            self.on_output(key, chunk)
+        room = self.limit - len(self.out) - len(self.err)
+        self.truncated |= len(chunk) > room
+        buf += chunk if room >= len(chunk) else chunk[: max(int(room), 0)]
+
+    def stream_error(self, error: dict[str, Any], timeout_s: float | None) -> CommandOutput:
+        """The stream ended with an error: the command's deadline is a timed-out output."""
+        code = error.get("code", "")
+        if code == "deadline_exceeded" and timeout_s is not None:
+            return self.output(None, f"timed out after {timeout_s:g} s")
+        raise EnvdError(code, error.get("message", ""))
+
+    def output(self, exit_code: int | None, error: str | None, status: str = "") -> CommandOutput:
+        return CommandOutput(exit_code, bytes(self.out), bytes(self.err), self.pid,
+                             self.truncated, error, status)  # fmt: skip
+
+
 class EnvdClient:
     def __init__(self, channel: Channel) -> None:
         self.ch = channel
@@ -107,9 +154,7 @@ class EnvdClient:
                                 {"Content-Type": "application/connect+json"})  # fmt: skip
         if timeout_s is not None and not background:
             headers["Connect-Timeout-Ms"] = str(int(timeout_s * 1000))
-        limit = max_output if max_output is not None else float("inf")
-        out, err = bytearray(), bytearray()
-        pid, truncated = 0, False
+        got = _Collected(max_output if max_output is not None else float("inf"), on_output)
         http_timeout = httpx.Timeout(None if timeout_s is None else timeout_s + 10, connect=30)
         async with self.ch.client.stream(
             "POST", self.ch.base + "/process.Process/Start",
@@ -121,31 +166,11 @@ class EnvdClient:
             async for flags, msg in iter_envelopes(r.aiter_bytes()):
                 if flags & END_STREAM:
                     if "error" in msg:
-                        code = msg["error"].get("code", "")
-                        if code == "deadline_exceeded" and timeout_s is not None:
-                            return CommandOutput(None, bytes(out), bytes(err), pid, truncated,
-                                                 f"timed out after {timeout_s:g} s")  # fmt: skip
-                        raise EnvdError(code, msg["error"].get("message", ""))
+                        return got.stream_error(msg["error"], timeout_s)
                     break
-                event = msg.get("event", {})
-                if "start" in event:
-                    pid = int(event["start"].get("pid", 0))
-                    if background:
-                        return CommandOutput(None, b"", b"", pid)
-                elif "data" in event:
-                    for key, buf in (("stdout", out), ("stderr", err)):
-                        if key in event["data"]:
-                            chunk = base64.b64decode(event["data"][key])
-                            if on_output is not None:
-                                on_output(key, chunk)
-                            room = limit - len(out) - len(err)
-                            truncated |= len(chunk) > room
-                            buf += chunk if room >= len(chunk) else chunk[: max(int(room), 0)]
-                elif "end" in event:
-                    end = event["end"]
-                    return CommandOutput(int(end.get("exitCode", 0)), bytes(out), bytes(err), pid,
-                                         truncated, end.get("error") or None,
-                                         end.get("status", ""))  # fmt: skip
+                done = got.event(msg.get("event", {}), background)
+                if done is not None:
+                    return done
         raise EnvdError("unavailable", "the process stream ended without an end event")
 
     async def sh(self, cmd: str, **kw: Any) -> CommandOutput:

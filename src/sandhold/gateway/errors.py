@@ -62,3 +62,17 @@ def mcp_retryable(err: SandholdError) -> bool:
 def server_fault(err: SandholdError) -> bool:
     """Whether the failure is ours or the provider's rather than the caller's."""
     return rest_status(err) >= 500
+
+
+def tool_error(tool: str, err: Exception) -> SandholdError:
+    """What a tool call's failure becomes: the error tree's own errors as they are, a port the
+    sandbox does not serve or a refusal of its envd as the caller's mistake, anything else as
+    the provider's fault."""
+    if isinstance(err, e.PortClosed):
+        return e.ProviderError(str(err))
+    if isinstance(err, e.EnvdError):
+        message = f"{tool}: {err.message}" if err.message else f"{tool} failed: {err.code}"
+        return e.InvalidRequest(message)
+    if isinstance(err, SandholdError):
+        return err
+    return e.ProviderError(f"{tool} failed: {type(err).__name__}: {err}")

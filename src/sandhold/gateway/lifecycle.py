@@ -96,13 +96,27 @@ class Reclaimer:
             log.info("reclaim pass: %s", report.public())
 
     async def run_pass(self) -> PassReport:
+        """One pass: list the gateway's sandboxes, record the stops no replica recorded yet,
+        reclaim the paused ones past their session's retention, kill the orphans."""
         t0 = time.monotonic()
         report = PassReport()
         sandboxes = await self.manager.provider.list(self.manager.gateway_tags())
-        owners = await self.manager.db(self.manager.store.sessions_with_sandboxes)
-        retention = await self.manager.db(self._retentions)
         report.listed = len(sandboxes)
         now = time.time()
+        stops, due, orphans = await self._sort(sandboxes, now, report)
+        await self._record_stops(stops, report)
+        await self._reclaim(due, now, report)
+        await self._kill_orphans(orphans, report)
+        report.seconds = round(time.monotonic() - t0, 4)
+        return report
+
+    async def _sort(
+        self, sandboxes: Sequence[ProviderSandbox], now: float, report: PassReport
+    ) -> tuple[list[Stop], list[_Due], list[tuple[ProviderSandbox, str, str]]]:
+        """The stops to record, the sandboxes due for reclaim and the orphans (a session tag
+        but no session row, past the grace)."""
+        owners = await self.manager.db(self.manager.store.sessions_with_sandboxes)
+        retention = await self.manager.db(self._retentions)
         stops: list[Stop] = []
         due: list[_Due] = []
         orphans: list[tuple[ProviderSandbox, str, str]] = []
@@ -124,17 +138,21 @@ class Reclaimer:
             kept = retention.get(owner.tenant_id)  # None: unknown tenant, leave it alone
             if kept is not None and now - sbx.end_at >= kept:
                 due.append(_Due(sbx, owner, kept))
+        return stops, due, orphans
+
+    async def _record_stops(self, stops: list[Stop], report: PassReport) -> None:
         try:
             recorded = await self.manager.db(self.manager.store.record_stops, stops)
         except Exception:
             report.errors += 1
             log.exception("reclaimer could not record %d pauses", len(stops))
-        else:
-            failed = sum(
-                1 for s in stops if s.pk in recorded and s.event["kind"] != "sandbox_paused"
-            )
-            report.failures_recorded += failed
-            report.pauses_recorded += len(recorded) - failed
+            return
+        failed = sum(1 for s in stops if s.pk in recorded and s.event["kind"] != "sandbox_paused")
+        report.failures_recorded += failed
+        report.pauses_recorded += len(recorded) - failed
+
+    async def _reclaim(self, due: list[_Due], now: float, report: PassReport) -> None:
+        """Reclaim in batches sized to what the last batch managed in BATCH_S."""
         killers = self.manager.settings.gateway_reclaim_concurrency
         size, i = killers * FIRST_BATCH_PER_KILLER, 0
         while i < len(due):
@@ -143,6 +161,10 @@ class Reclaimer:
             i += len(batch)
             rate = len(batch) / max(time.monotonic() - t_batch, 1e-3)
             size = int(min(LOCK_BATCH, max(killers, rate * BATCH_S)))
+
+    async def _kill_orphans(
+        self, orphans: list[tuple[ProviderSandbox, str, str]], report: PassReport
+    ) -> None:
         for sbx, tenant_id, session_id in orphans:
             try:
                 if await self._kill_orphan(sbx, tenant_id, session_id):
@@ -150,8 +172,6 @@ class Reclaimer:
             except Exception:
                 report.errors += 1
                 log.exception("reclaimer could not handle sandbox %s", sbx.id)
-        report.seconds = round(time.monotonic() - t0, 4)
-        return report
 
     def _retentions(self) -> dict[str, float | None]:
         """Every tenant's retention, in one read (a policy that does not validate: None)."""

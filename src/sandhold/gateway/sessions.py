@@ -275,60 +275,85 @@ class SandboxSessionManager(SessionsBase):
     async def _ensure(
         self, row: SessionRow, token: str, policy: TenantPolicy, budget: int, cause: str
     ) -> tuple[str, dict[str, Any]]:
-        timeout = policy.keep_alive_s + budget
+        """The session's sandbox, running for this use: its own while it lives (resumed if it
+        paused), else a new one."""
         if row.sandbox_id:
-            sandbox_id = row.sandbox_id
-            # Running for sure (the provider set its end itself): no read before connect, and no
-            # connect when it runs past the use's end anyway (no other call's end shortens it
-            # below a live use's: see _restore_keep_alive).
-            left = self.provider.known_running_for(sandbox_id)
-            known = left > 0
-            before = None if known else await self.provider.get(sandbox_id)
-            if known or before is not None:
-                try:
-                    t0 = time.monotonic()
-                    resumed, fresh = False, dict[str, Any]()
-                    if left < budget:
-                        resumed, fresh = await self.provider.connect(sandbox_id, timeout)
-                    if resumed or (before is not None and before.state != "running"):
-                        if before is not None:  # (else paused by someone else: when, unknown)
-                            await self.record_stop(row, before)
-                        await self.timeline.record(
-                            row.tenant_id, row.session_id, "sandbox_resumed",
-                            sandbox_id=sandbox_id, duration_ms=ms_since(t0),
-                            reason=f"{cause} on a paused sandbox",
-                            provider_state=before.public() if before else None,
-                        )  # fmt: skip
-                    handle = {**self._opened(row), **fresh}
-                    return sandbox_id, await self._apply_network(row, token, policy, handle)
-                except SandboxGone:
-                    if known:  # what it is now: failed (kept until killed) or gone
-                        before = await self.provider.get(sandbox_id)
-                    if before is not None and before.failure is not None:
-                        await self.record_stop(row, before)
-                except NeedsNewSandbox as e:
-                    await self.provider.kill(sandbox_id)
-                    await self.timeline.record(
-                        row.tenant_id, row.session_id, "sandbox_replaced", sandbox_id=sandbox_id,
-                        reason=f"the tenant's network policy changed: {e.message}",
-                    )  # fmt: skip
-                    if not await self.db(self.store.set_sandbox, row.pk, token, None, None):
-                        raise SessionBusy("lost the session lock; retry") from None
-                    return await self._create(row, token, policy, timeout, cause)
-            gone = "failed" if before and before.failure else "no longer exists at the provider"
-            if before and before.failure:
-                # Killed now, not by the reclaimer later: it never runs again, and it holds the
-                # workspace (one with a disk budget is attached to one sandbox at a time).
-                with contextlib.suppress(ProviderError):
-                    if await self.provider.kill(sandbox_id):
-                        gone += " (killed it)"
+            kept = await self._reuse(row, token, policy, budget, cause)
+            if kept is not None:
+                return kept
+        return await self._create(row, token, policy, policy.keep_alive_s + budget, cause)
+
+    async def _reuse(
+        self, row: SessionRow, token: str, policy: TenantPolicy, budget: int, cause: str
+    ) -> tuple[str, dict[str, Any]] | None:
+        """The session's sandbox connected (resumed if paused, its egress brought up to the
+        policy); None when it is gone, failed or must be replaced (then dropped from the row)."""
+        sandbox_id = row.sandbox_id or ""
+        # Running for sure (the provider set its end itself): no read before connect, and no
+        # connect when it runs past the use's end anyway (no other call's end shortens it
+        # below a live use's: see _restore_keep_alive).
+        left = self.provider.known_running_for(sandbox_id)
+        known = left > 0
+        before = None if known else await self.provider.get(sandbox_id)
+        if not known and before is None:
+            await self._drop_gone(row, token, None)
+            return None
+        try:
+            t0 = time.monotonic()
+            resumed, fresh = False, dict[str, Any]()
+            if left < budget:
+                timeout = policy.keep_alive_s + budget
+                resumed, fresh = await self.provider.connect(sandbox_id, timeout)
+            if resumed or (before is not None and before.state != "running"):
+                await self._record_resume(row, before, t0, cause)
+            handle = {**self._opened(row), **fresh}
+            return sandbox_id, await self._apply_network(row, token, policy, handle)
+        except SandboxGone:
+            if known:  # what it is now: failed (kept until killed) or gone
+                before = await self.provider.get(sandbox_id)
+            if before is not None and before.failure is not None:
+                await self.record_stop(row, before)
+        except NeedsNewSandbox as e:
+            await self.provider.kill(sandbox_id)
             await self.timeline.record(
-                row.tenant_id, row.session_id, "failure", sandbox_id=sandbox_id,
-                reason=f"the session's sandbox {gone}; creating anew",
+                row.tenant_id, row.session_id, "sandbox_replaced", sandbox_id=sandbox_id,
+                reason=f"the tenant's network policy changed: {e.message}",
             )  # fmt: skip
             if not await self.db(self.store.set_sandbox, row.pk, token, None, None):
-                raise SessionBusy("lost the session lock; retry")
-        return await self._create(row, token, policy, timeout, cause)
+                raise SessionBusy("lost the session lock; retry") from None
+            return None
+        await self._drop_gone(row, token, before)
+        return None
+
+    async def _record_resume(
+        self, row: SessionRow, before: ProviderSandbox | None, t0: float, cause: str
+    ) -> None:
+        if before is not None:  # (else paused by someone else: when, unknown)
+            await self.record_stop(row, before)
+        await self.timeline.record(
+            row.tenant_id, row.session_id, "sandbox_resumed",
+            sandbox_id=row.sandbox_id, duration_ms=ms_since(t0),
+            reason=f"{cause} on a paused sandbox",
+            provider_state=before.public() if before else None,
+        )  # fmt: skip
+
+    async def _drop_gone(self, row: SessionRow, token: str, before: ProviderSandbox | None) -> None:
+        """The session's sandbox is gone or failed: recorded, a failed one killed, and the
+        session left without one."""
+        failed = before is not None and before.failure is not None
+        gone = "failed" if failed else "no longer exists at the provider"
+        if failed:
+            # Killed now, not by the reclaimer later: it never runs again, and it holds the
+            # workspace (one with a disk budget is attached to one sandbox at a time).
+            with contextlib.suppress(ProviderError):
+                if await self.provider.kill(row.sandbox_id or ""):
+                    gone += " (killed it)"
+        await self.timeline.record(
+            row.tenant_id, row.session_id, "failure", sandbox_id=row.sandbox_id,
+            reason=f"the session's sandbox {gone}; creating anew",
+        )  # fmt: skip
+        if not await self.db(self.store.set_sandbox, row.pk, token, None, None):
+            raise SessionBusy("lost the session lock; retry")
 
     async def _apply_network(
         self, row: SessionRow, token: str, policy: TenantPolicy, handle: dict[str, Any]

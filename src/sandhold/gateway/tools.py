@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import hashlib
 import mimetypes
 import posixpath
@@ -38,9 +39,8 @@ from sandhold.errors import (
 )
 from sandhold.gateway import scenario
 from sandhold.gateway.deliverables import DeliverableStore
-from sandhold.gateway.errors import server_fault
+from sandhold.gateway.errors import server_fault, tool_error
 from sandhold.gateway.policy import SESSION_ID_RE, TenantPolicy, check_id
-from sandhold.gateway.providers.base import ProviderError
 from sandhold.gateway.sessions import Lease, SandboxSessionManager
 from sandhold.gateway.timeline import Timeline
 from sandhold.gateway.tool_args import (
@@ -92,6 +92,32 @@ def _b64(value: str, what: str) -> bytes:
         return base64.b64decode(value, validate=True)
     except ValueError:
         raise InvalidRequest(f"{what} is not valid base64") from None
+
+
+@dataclasses.dataclass
+class _Call:
+    """One tool call as the timeline records it, filled in as it runs."""
+
+    tenant_id: str
+    sid: str
+    tool: str
+    args: Args
+    reason: str | None  # the file view's decision
+    sandbox_id: str | None = None
+    result: dict[str, Any] = dataclasses.field(default_factory=dict)
+    error: SandholdError | None = None
+    recorded: bool = False
+    t0: float = dataclasses.field(default_factory=time.monotonic)
+
+    def fields(self) -> dict[str, Any]:
+        error = self.error
+        return {
+            "sandbox_id": self.sandbox_id, "tool": self.tool,
+            "duration_ms": round((time.monotonic() - self.t0) * 1000, 2),
+            "exit_code": self.result.get("exit_code"), "bytes_in": _bytes_in(self.args),
+            "bytes_out": self.result.pop("_bytes_out", None),
+            "error": f"{error.code}: {error.message}" if error else None, "reason": self.reason,
+        }  # fmt: skip
 
 
 class Tools:
@@ -156,19 +182,7 @@ class Tools:
         if tool == "close_session":
             return await self.manager.close(tenant_id, sid)
         _precheck(args)
-        touched = view_path(tool, args)
-        reason = None
-        if touched is not None:
-            raw, access = touched
-            try:
-                path = authorize(tool, raw, access)
-            except ViewDenied as e:
-                await self.timeline.record(
-                    tenant_id, sid, "tool_call", tool=tool, bytes_in=_bytes_in(args),
-                    error=f"{e.code}: {e.message}", reason=f"view: {access} {e.path} denied",
-                )  # fmt: skip
-                raise
-            reason = f"view: {access} {path} allowed"
+        call = _Call(tenant_id, sid, tool, args, await self._view(tenant_id, sid, tool, args))
         policy = policy or await self.manager.policy(tenant_id)
         budget = float(getattr(args, "timeout_s", 60))
         if budget > policy.max_command_timeout_s:
@@ -176,77 +190,68 @@ class Tools:
                 f"timeout_s {budget:g} exceeds the tenant's max_command_timeout_s "
                 f"({policy.max_command_timeout_s})"
             )
-        t0 = time.monotonic()
-        sandbox_id = None
-        result: dict[str, Any] = {}
-        error: SandholdError | None = None
-        recorded = False
         try:
-            for attempt in (1, 2):
-                try:
-                    async with self.manager.use(tenant_id, sid, tool, budget, policy) as lease:
-                        sandbox_id = lease.sandbox_id
-                        result = await self._handlers[tool](lease, args)
-                        # Written with the lease's unlock: one store round trip less.
-                        fields = self._fields(tool, sandbox_id, t0, args, result, None, reason)
-                        lease.events.append(self.timeline.row(tenant_id, sid, "tool_call",
-                                                              **fields))  # fmt: skip
-                        recorded = True
-                    return result
-                except SandboxGone:
-                    # Refused at connect (never delivered): its sandbox died after the session
-                    # looked. Once more: this time the session sees it and gets a new one.
-                    if attempt == 2:
-                        raise
-            raise AssertionError("unreachable")
-        except PortClosed as e:
-            error = ProviderError(str(e))
-            raise error from None
-        except EnvdError as e:
-            error = InvalidRequest(
-                f"{tool}: {e.message}" if e.message else f"{tool} failed: {e.code}"
-            )
-            raise error from None
-        except ViewDenied as e:
-            error = e
-            reason = f"view: {ACCESS[tool]} {e.path} denied"
-            raise
-        except SandholdError as e:
-            error = e
-            raise
+            return await self._run(call, budget, policy)
         except Exception as e:
-            error = ProviderError(f"{tool} failed: {type(e).__name__}: {e}")
-            raise error from e
+            call.error = tool_error(tool, e)
+            if isinstance(e, ViewDenied):
+                call.reason = f"view: {ACCESS[tool]} {e.path} denied"
+            if call.error is e:
+                raise
+            # (the provider's own failure keeps its cause; the sandbox's refusal is the message)
+            raise call.error from (None if isinstance(e, EnvdError) else e)
         finally:
-            if not recorded:
-                await self._record(tenant_id, sid, tool, sandbox_id, t0, args, result, error,
-                                   reason)  # fmt: skip
+            if not call.recorded:
+                await self._record(call)
             await scenario.label(self.manager, tenant_id, sid)
 
-    async def _record(
-        self, tenant_id: str, sid: str, tool: str, sandbox_id: str | None, t0: float,
-        args: Args, result: dict[str, Any], error: SandholdError | None, reason: str | None,
-    ) -> None:  # fmt: skip
-        fields = self._fields(tool, sandbox_id, t0, args, result, error, reason)
-        await self.timeline.record(tenant_id, sid, "tool_call", **fields)
-        if error is not None and server_fault(error):  # ours or the provider's fault
+    async def _view(self, tenant_id: str, sid: str, tool: str, args: Args) -> str | None:
+        """The file view's decision on the path the call touches, as the timeline's reason;
+        a denial is recorded and raised."""
+        touched = view_path(tool, args)
+        if touched is None:
+            return None
+        raw, access = touched
+        try:
+            path = authorize(tool, raw, access)
+        except ViewDenied as e:
             await self.timeline.record(
-                tenant_id, sid, "failure", sandbox_id=sandbox_id, tool=tool,
-                error=fields["error"], reason=f"{tool} failed",
+                tenant_id, sid, "tool_call", tool=tool, bytes_in=_bytes_in(args),
+                error=f"{e.code}: {e.message}", reason=f"view: {access} {e.path} denied",
             )  # fmt: skip
+            raise
+        return f"view: {access} {path} allowed"
 
-    @staticmethod
-    def _fields(
-        tool: str, sandbox_id: str | None, t0: float, args: Args, result: dict[str, Any],
-        error: SandholdError | None, reason: str | None,
-    ) -> dict[str, Any]:  # fmt: skip
-        return {
-            "sandbox_id": sandbox_id, "tool": tool,
-            "duration_ms": round((time.monotonic() - t0) * 1000, 2),
-            "exit_code": result.get("exit_code"), "bytes_in": _bytes_in(args),
-            "bytes_out": result.pop("_bytes_out", None),
-            "error": f"{error.code}: {error.message}" if error else None, "reason": reason,
-        }  # fmt: skip
+    async def _run(self, call: _Call, budget: float, policy: TenantPolicy) -> dict[str, Any]:
+        """Run the call in the session's sandbox; once more if the sandbox died after the
+        session looked (refused at connect, never delivered): then it gets a new one."""
+        for attempt in (1, 2):
+            try:
+                return await self._run_once(call, budget, policy)
+            except SandboxGone:
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    async def _run_once(self, call: _Call, budget: float, policy: TenantPolicy) -> dict[str, Any]:
+        use = self.manager.use(call.tenant_id, call.sid, call.tool, budget, policy)
+        async with use as lease:
+            call.sandbox_id = lease.sandbox_id
+            call.result = await self._handlers[call.tool](lease, call.args)
+            # Written with the lease's unlock: one store round trip less.
+            row = self.timeline.row(call.tenant_id, call.sid, "tool_call", **call.fields())
+            lease.events.append(row)
+            call.recorded = True
+        return call.result
+
+    async def _record(self, call: _Call) -> None:
+        fields = call.fields()
+        await self.timeline.record(call.tenant_id, call.sid, "tool_call", **fields)
+        if call.error is not None and server_fault(call.error):  # ours or the provider's fault
+            await self.timeline.record(
+                call.tenant_id, call.sid, "failure", sandbox_id=call.sandbox_id, tool=call.tool,
+                error=fields["error"], reason=f"{call.tool} failed",
+            )  # fmt: skip
 
     # -- handlers -------------------------------------------------------------------------------
     @contextlib.asynccontextmanager
