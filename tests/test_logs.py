@@ -100,7 +100,7 @@ def test_setup_replaces_its_handlers_and_takes_uvicorns(tmp_path: Path, root_log
     logging.getLogger("uvicorn.error").addHandler(logging.NullHandler())
     first = logs.setup(settings, "server")
     assert logs.setup(settings, "server") == first == tmp_path / "logs" / "server.jsonl"
-    ours = [h for h in logging.getLogger().handlers if getattr(h, "_sandhold_logs", False)]
+    ours = [h for h in logging.getLogger().handlers if getattr(h, "sandhold_logs", False)]
     assert len(ours) == 1  # stderr off: the file only
     assert not logging.getLogger("uvicorn.error").handlers
     logging.getLogger("uvicorn.error").warning("through the root")

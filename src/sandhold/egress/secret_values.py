@@ -17,13 +17,12 @@ import secrets
 import sqlite3
 import string
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from sandhold.errors import Conflict, InvalidRequest, NotFound
-
-if TYPE_CHECKING:
-    from sandhold.egress.secrets import SecretStore
 
 NAME_RE = re.compile(r"^[a-z0-9_-]{1,128}$")
 ID_PREFIX = "sec_"  # reserved: names never start with it, so a reference is one or the other
@@ -36,6 +35,17 @@ SCHEMA = (
     "nonce BLOB NOT NULL, ciphertext BLOB NOT NULL, created_at REAL NOT NULL, "
     "updated_at REAL NOT NULL, PRIMARY KEY (tenant, id), UNIQUE (tenant, name))"
 )
+
+
+Connect = Callable[[], AbstractContextManager[sqlite3.Connection]]  # one transaction, then closed
+
+
+class Sealer(Protocol):
+    """What the values need of the store's key ring (``sandhold.egress.secrets.KeyRing``)."""
+
+    def seal(self, plaintext: bytes, aad: bytes) -> tuple[str, bytes, bytes]: ...
+
+    def unseal(self, what: str, key_id: str, nonce: bytes, sealed: bytes, aad: bytes) -> bytes: ...
 
 
 @dataclass
@@ -93,11 +103,13 @@ def check_metadata(metadata: object) -> dict[str, str]:
 
 
 class SecretValues:
-    """The ``e2b_secrets`` table of a ``SecretStore``'s file, per tenant (an E2B team)."""
+    """The ``e2b_secrets`` table of a ``SecretStore``'s file, per tenant (an E2B team):
+    ``connect`` opens that file, ``keyring`` is the store's."""
 
-    def __init__(self, store: SecretStore) -> None:
-        self.store = store
-        with store._db() as db:
+    def __init__(self, connect: Connect, keyring: Sealer) -> None:
+        self.connect = connect
+        self.keyring = keyring
+        with connect() as db:
             db.execute(SCHEMA)
 
     def _where(self, ref: str) -> tuple[str, str]:
@@ -128,10 +140,10 @@ class SecretValues:
     ) -> ValueInfo:
         name, raw, meta = canonical_name(name), _check_value(value), check_metadata(metadata)
         sid = ID_PREFIX + "".join(secrets.choice(ID_ALPHABET) for _ in range(20))
-        key_id, nonce, sealed = self.store.keyring.seal(raw, _aad(tenant, sid, 1))
+        key_id, nonce, sealed = self.keyring.seal(raw, _aad(tenant, sid, 1))
         now = time.time()
         try:
-            with self.store._db() as db:
+            with self.connect() as db:
                 db.execute(
                     "INSERT INTO e2b_secrets VALUES (?,?,?,?,?,?,?,?,?,?)",
                     (tenant, sid, name, 1, json.dumps(meta), key_id, nonce, sealed, now, now),
@@ -146,10 +158,10 @@ class SecretValues:
         """The next version replaces the value; metadata is replaced only when given."""
         raw = _check_value(value)
         meta = None if metadata is None else check_metadata(metadata)
-        with self.store._db() as db:
+        with self.connect() as db:
             info = self._info(tenant, self._row(db, tenant, ref))
             version, now = info.version + 1, time.time()
-            key_id, nonce, sealed = self.store.keyring.seal(raw, _aad(tenant, info.id, version))
+            key_id, nonce, sealed = self.keyring.seal(raw, _aad(tenant, info.id, version))
             info.metadata = info.metadata if meta is None else meta
             db.execute(
                 "UPDATE e2b_secrets SET version=?, metadata=?, key_id=?, nonce=?, ciphertext=?, "
@@ -161,7 +173,7 @@ class SecretValues:
 
     def delete(self, tenant: str, ref: str) -> None:
         column, key = self._where(ref)
-        with self.store._db() as db:
+        with self.connect() as db:
             n = db.execute(
                 f"DELETE FROM e2b_secrets WHERE tenant=? AND {column}=?", (tenant, key)
             ).rowcount
@@ -175,9 +187,9 @@ class SecretValues:
         ).fetchall()
         for tenant, sid, version, key_id, nonce, sealed in rows:
             aad = _aad(tenant, sid, version)
-            value = self.store._unseal(f"secret {sid!r} of tenant {tenant!r}", key_id, nonce,
-                                       sealed, aad)  # fmt: skip
-            new_id, new_nonce, resealed = self.store.keyring.seal(value, aad)
+            value = self.keyring.unseal(f"secret {sid!r} of tenant {tenant!r}", key_id, nonce,
+                                        sealed, aad)  # fmt: skip
+            new_id, new_nonce, resealed = self.keyring.seal(value, aad)
             db.execute(
                 "UPDATE e2b_secrets SET key_id=?, nonce=?, ciphertext=? WHERE tenant=? AND id=?",
                 (new_id, new_nonce, resealed, tenant, sid),
@@ -186,11 +198,11 @@ class SecretValues:
 
     # -- reading ------------------------------------------------------------------------------
     def get(self, tenant: str, ref: str) -> ValueInfo:
-        with self.store._db() as db:
+        with self.connect() as db:
             return self._info(tenant, self._row(db, tenant, ref))
 
     def list(self, tenant: str) -> builtins.list[ValueInfo]:
-        with self.store._db() as db:
+        with self.connect() as db:
             rows = db.execute(
                 "SELECT id, name, version, metadata, created_at, updated_at FROM e2b_secrets "
                 "WHERE tenant=? ORDER BY created_at, id",
@@ -199,13 +211,13 @@ class SecretValues:
         return [self._info(tenant, tuple(r)) for r in rows]
 
     def names(self, tenant: str) -> set[str]:
-        with self.store._db() as db:
+        with self.connect() as db:
             rows = db.execute("SELECT name FROM e2b_secrets WHERE tenant=?", (tenant,)).fetchall()
         return {r[0] for r in rows}
 
     def resolve(self, tenant: str, name: str) -> bytes | None:
         """The current value of ``tenant``'s secret ``name``, or None if there is none."""
-        with self.store._db() as db:
+        with self.connect() as db:
             row = db.execute(
                 "SELECT id, version, key_id, nonce, ciphertext FROM e2b_secrets "
                 "WHERE tenant=? AND name=?",
@@ -214,5 +226,5 @@ class SecretValues:
         if row is None:
             return None
         sid, version, key_id, nonce, sealed = row
-        return self.store._unseal(f"secret {name!r} of tenant {tenant!r}", key_id, nonce, sealed,
-                                  _aad(tenant, sid, version))  # fmt: skip
+        return self.keyring.unseal(f"secret {name!r} of tenant {tenant!r}", key_id, nonce, sealed,
+                                   _aad(tenant, sid, version))  # fmt: skip

@@ -110,6 +110,18 @@ class KeyRing:
             raise SecretKeyError(f"key {key_id} is not in the secrets key ring")
         return AESGCM(key).decrypt(nonce, sealed, aad)
 
+    def unseal(self, what: str, key_id: str, nonce: bytes, sealed: bytes, aad: bytes) -> bytes:
+        """As ``open``, but any failure is a SecretKeyError that says which ``what`` (a secret)
+        failed and why, never the ciphertext."""
+        try:
+            return self.open(key_id, nonce, sealed, aad)
+        except SecretKeyError:  # open raises it only for a key not in the ring
+            raise SecretKeyError(
+                f"{what} is sealed with key {key_id}, which is not configured any more"
+            ) from None
+        except Exception:
+            raise SecretKeyError(f"{what} does not decrypt (tampered or moved)") from None
+
     def add_new_key(self) -> None:
         """Put a fresh key first (key file only; configured keys are the operator's to edit)."""
         if self.file is None:
@@ -183,7 +195,7 @@ class SecretStore:
                 "created_at REAL NOT NULL, updated_at REAL NOT NULL, PRIMARY KEY (tenant, name))"
             )
         os.chmod(db_path, 0o600)
-        self.values = SecretValues(self)  # E2B's /secrets, in the same file
+        self.values = SecretValues(self._db, self.keyring)  # E2B's /secrets, in the same file
 
     @contextmanager
     def _db(self) -> Iterator[sqlite3.Connection]:
@@ -328,17 +340,7 @@ class SecretStore:
 
     def _open(self, tenant: str, name: str, key_id: str, nonce: bytes, sealed: bytes) -> bytes:
         what = f"secret {name!r} of tenant {tenant!r}"
-        return self._unseal(what, key_id, nonce, sealed, _aad(tenant, name))
-
-    def _unseal(self, what: str, key_id: str, nonce: bytes, sealed: bytes, aad: bytes) -> bytes:
-        try:
-            return self.keyring.open(key_id, nonce, sealed, aad)
-        except SecretKeyError:  # open raises it only for a key not in the ring
-            raise SecretKeyError(
-                f"{what} is sealed with key {key_id}, which is not configured any more"
-            ) from None
-        except Exception:
-            raise SecretKeyError(f"{what} does not decrypt (tampered or moved)") from None
+        return self.keyring.unseal(what, key_id, nonce, sealed, _aad(tenant, name))
 
 
 def _validate(tenant: str, name: str, value: str, hosts: list[str], header: str, fmt: str) -> None:

@@ -139,7 +139,7 @@ def _display(obj: Any) -> None:
 def _patch_pil(image_module: Any) -> None:
     """``Image.save`` to a str path displays the image first, ``Image.show`` only displays it."""
     image_class = image_module.Image
-    if getattr(image_class.save, "_sandhold_shows", False):
+    if getattr(image_class.save, "sandhold_shows", False):
         return
     save = image_class.save
 
@@ -154,7 +154,7 @@ def _patch_pil(image_module: Any) -> None:
     def show(self: Any, title: str | None = None, **options: Any) -> None:
         _display(self)
 
-    save_and_show._sandhold_shows = True  # type: ignore[attr-defined]
+    save_and_show.sandhold_shows = True  # type: ignore[attr-defined]
     image_class.save = save_and_show
     image_class.show = show
 

@@ -175,14 +175,14 @@ def setup(settings: Any, component: str) -> Path:
                          else TextFormatter())  # fmt: skip
         handlers.append(err)
     root = logging.getLogger()
-    for old in [h for h in root.handlers if getattr(h, "_sandhold_logs", False)]:
+    for old in [h for h in root.handlers if getattr(h, "sandhold_logs", False)]:
         root.removeHandler(old)
         old.close()
     level = logging.getLevelName(settings.log_level)
     root.setLevel(level)
     for h in handlers:
         h.setLevel(level)
-        h._sandhold_logs = True  # type: ignore[attr-defined]
+        h.sandhold_logs = True  # type: ignore[attr-defined]
         root.addHandler(h)
     for name in UVICORN:
         logger = logging.getLogger(name)

@@ -57,6 +57,7 @@ CP_BATCH = 256
 GROUP_BLOCKS = 4096  # 16 MiB of 4 KiB blocks
 
 log = logging.getLogger(__name__)
+_libc = ctypes.CDLL(None, use_errno=True)
 
 
 def mkfs_options(size: int) -> list[str]:
@@ -350,7 +351,7 @@ def _unlink_if(path: Path, fd: int) -> None:
 def _syncfs(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        if images._libc.syncfs(fd) != 0:
+        if _libc.syncfs(fd) != 0:
             err = ctypes.get_errno()
             raise OSError(err, f"syncfs {path}: {os.strerror(err)}")
     finally:

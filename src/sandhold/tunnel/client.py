@@ -137,6 +137,10 @@ class TunnelClient:
         raise AssertionError("unreachable")
 
     # -- tools ---------------------------------------------------------------------------------
+    def last_listing(self, tunnel_id: str) -> Listing | None:
+        """What this replica last listed of the tunnel's tools (fresh or not), if anything."""
+        return self._listings.get(tunnel_id)
+
     async def listing(
         self, tunnel: TunnelInfo, force: bool = False, wait_s: float | None = None
     ) -> Listing:

@@ -239,7 +239,7 @@ class TunnelRoutes:
         self._admin(request)
         info = await asyncio.to_thread(self.tunnels.registry.get, request.path_params["tunnel_id"])
         out = info.public(self.settings.gateway_tunnel_stale_s)
-        listing = self.tunnels.client._listings.get(info.id)  # what this replica last listed
+        listing = self.tunnels.client.last_listing(info.id)
         out["tools"] = sorted(listing.tools) if listing else None
         out["refused_tools"] = listing.refused if listing else None
         return JSONResponse(out)

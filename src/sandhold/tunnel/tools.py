@@ -139,7 +139,9 @@ class TunnelTools:
         the caller's tunnel tools are added (``server``: an ``MCPServer``)."""
         from mcp.server.mcpserver import Context
 
-        low = server._lowlevel_server
+        # The SDK has no public way to its low-level server's handlers (mcp's MCPServer keeps
+        # it private): wrapping tools/list and tools/call needs them.
+        low = server._lowlevel_server  # noqa: SLF001
         list_entry = low.get_request_handler("tools/list")
         call_entry = low.get_request_handler("tools/call")
 

@@ -47,7 +47,7 @@ class Handle:
     def __lt__(self, other: Handle) -> bool:
         return self.when < other.when
 
-    def _run(self) -> None:
+    def run(self) -> None:
         try:
             self.callback(*self.args)
         except (SystemExit, KeyboardInterrupt):
@@ -194,7 +194,7 @@ class Task(Future[T]):
             self._must_cancel = False
         self._waiting_on = None
         loop = self._loop
-        loop._current = self
+        loop.current = self
         try:
             yielded = self._coro.send(None) if exc is None else self._coro.throw(exc)
         except StopIteration as stop:
@@ -212,8 +212,9 @@ class Task(Future[T]):
             super().set_exception(e)
             self._unretrieved = True  # until someone asks: else reported when collected
         else:
-            if isinstance(yielded, Future) and yielded._asyncio_future_blocking:
-                yielded._asyncio_future_blocking = False
+            # The flag is asyncio's Future protocol (every Future has it), not private state.
+            if isinstance(yielded, Future) and yielded._asyncio_future_blocking:  # noqa: SLF001
+                yielded._asyncio_future_blocking = False  # noqa: SLF001
                 self._waiting_on = yielded
                 yielded.add_done_callback(self._wakeup)
                 if self._must_cancel and yielded.cancel():
@@ -223,7 +224,7 @@ class Task(Future[T]):
             else:
                 loop.call_soon(self._step, RuntimeError(f"task got bad yield: {yielded!r}"))
         finally:
-            loop._current = None
+            loop.current = None
 
     def _wakeup(self, fut: Future[Any]) -> None:
         try:
@@ -246,7 +247,7 @@ class Loop:
         self._signals: dict[int, Handle] = {}
         self._registered: set[int] = set()
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self._current: Task[Any] | None = None
+        self.current: Task[Any] | None = None  # the task whose step is running
         self._closed = False
         self._timers_compact_at = TIMERS_COMPACT_MIN
 
@@ -331,6 +332,15 @@ class Loop:
     def remove_writer(self, fd: int) -> bool:
         return self._replace(self._writers, fd, None)
 
+    def remove_if(self, fd: int, write: bool, callback: Callable[..., Any]) -> bool:
+        """Remove ``fd``'s reader (writer: ``write``) only if its callback is still ``callback``;
+        whether it was."""
+        table = self._writers if write else self._readers
+        handle = table.get(fd)
+        if handle is None or handle.callback is not callback:
+            return False
+        return self._replace(table, fd, None)
+
     # -- signals ----------------------------------------------------------------------------
     def add_signal_handler(self, sig: int, callback: Callable[..., Any], *args: Any) -> None:
         """As asyncio's: the handler only writes the signal's number to the wake-up pipe (the
@@ -381,7 +391,7 @@ class Loop:
         for _ in range(len(self._ready)):  # only those ready now: new ones wait a turn
             handle = self._ready.popleft()
             if not handle.cancelled:
-                handle._run()
+                handle.run()
 
     def run_until_complete(self, main: Future[T]) -> T:
         global _running
@@ -422,7 +432,7 @@ def get_running_loop() -> Loop:
 
 
 def current_task() -> Task[Any] | None:
-    return get_running_loop()._current
+    return get_running_loop().current
 
 
 def run(main: Coroutine[Any, Any, T]) -> T:

@@ -42,9 +42,7 @@ async def wait_fd(fd: int, write: bool, waiters: set[Future[None]] | None = None
         # Only if it is still ours: were fd closed while this waited (its waiter cancelled)
         # and its number reused, the handle there now is another waiter's, whose wake-up
         # would be lost.
-        handle = (loop._writers if write else loop._readers).get(fd)
-        if handle is not None and handle.callback is ready:
-            (loop.remove_writer if write else loop.remove_reader)(fd)
+        loop.remove_if(fd, write, ready)
 
 
 async def sock_accept(sock: socket.socket) -> tuple[socket.socket, Any]:

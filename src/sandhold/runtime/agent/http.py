@@ -148,7 +148,7 @@ class Request:
         leftover, _closed = conn.h11.trailing_data
         return (conn.reader, conn.writer), leftover
 
-    async def _drain(self, limit: int) -> bool:
+    async def drain(self, limit: int) -> bool:
         """Discard the rest of the body; False if it was too long to bother."""
         size = 0
         while chunk := await self.read_chunk():
@@ -274,7 +274,7 @@ class _Connection:
                 await self._run(req, resp)
                 if self.closing or self.h11.our_state is not h11.DONE:
                     return
-                if not req.body_done and not await req._drain(DRAIN_LIMIT):
+                if not req.body_done and not await req.drain(DRAIN_LIMIT):
                     return
                 if self.h11.their_state is not h11.DONE:
                     return
@@ -319,7 +319,7 @@ class _Connection:
     async def _tunnel(self, req: Request, resp: Response) -> None:
         """CONNECT: not through ``_run``, whose disconnect watch would read the socket the
         tunnel now owns; the connection closes when the handler returns."""
-        await req._drain(DRAIN_LIMIT)
+        await req.drain(DRAIN_LIMIT)
         if self.router.tunnel is None:
             await resp.send_error(405, f"method {req.method} not allowed")
             return
