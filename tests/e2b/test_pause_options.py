@@ -44,7 +44,7 @@ def test_a_filesystem_pause_drops_processes_and_keeps_files(server: Server) -> N
         assert info.state == SandboxState.PAUSED
         record = server.runtime().get(sbx.sandbox_id)
         assert record.suspended == "filesystem"
-        assert server.runtime()._cg(record.id).pids() == []  # no process, no memory
+        assert server.runtime().cgroup(record.id).pids() == []  # no process, no memory
         assert sbx.pause(mode="filesystem") is False  # already paused
         back = Sandbox.connect(sbx.sandbox_id)  # boots afresh over the files
         assert back.files.read("/home/user/kept.txt") == "on disk"

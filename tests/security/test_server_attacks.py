@@ -30,7 +30,7 @@ def _hwm_mib(pid: int) -> float:
 
 def _agent_pid(srv: Server, sandbox_id: str) -> int:
     info = srv.runtime().get(sandbox_id)
-    for pid in srv.runtime()._cg(sandbox_id).pids():
+    for pid in srv.runtime().cgroup(sandbox_id).pids():
         try:
             if b"runtime/agent" in Path(f"/proc/{pid}/cmdline").read_bytes():
                 return pid

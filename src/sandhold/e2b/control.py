@@ -178,7 +178,7 @@ class ControlPlane:
         token, given = self.settings.server_metrics_token, http_edge.bearer(request.headers)
         if not (token and given and hmac.compare_digest(given.encode(), token.encode())):
             self.teams.team_of(request.headers)
-        text = await self.service._run(self.service.prom.exposition)
+        text = await self.service.offload.run(self.service.prom.exposition)
         return Response(text, media_type=CONTENT_TYPE)
 
     async def unsupported(self, request: Request, team: str) -> Response:
@@ -342,7 +342,9 @@ class ControlPlane:
 
     async def delete_template(self, request: Request, team: str) -> Response:
         """A team's built template (all its builds), else a snapshot (E2B deletes both here)."""
-        if await self.service._run(self.service.builds.delete, team, request.path_params["id"]):
+        if await self.service.offload.run(
+            self.service.builds.delete, team, request.path_params["id"]
+        ):
             return Response(status_code=204)
         return await snapshots.delete(self.service, team, request.path_params["id"])
 

@@ -14,6 +14,8 @@ Modules:
 - ``locks.py``: Per-key asyncio locks that do not pile up
 - ``metadata.py``: Metadata keys with a meaning beyond labels
 - ``metrics.py``: Metrics samples of sandboxes, and the count of sandboxes that failed
+- ``offload.py``: ``Offload``: the one thread pool that moves the runtime's work off the event
+  loop, handed to each part that calls the runtime
 - ``pooler.py``: Keeping the pools of sandboxes booted ahead (runtime/pool.py) filled to
   ``pool_sizes``
 - ``prom.py``: Prometheus metrics of ``sandhold serve`` (``GET /metrics``)

@@ -28,8 +28,9 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from sandhold.config import Settings
 from sandhold.errors import (
     Conflict,
     Forbidden,
@@ -41,11 +42,10 @@ from sandhold.errors import (
 from sandhold.runtime import copy_archive, oci, registry_access
 from sandhold.runtime.build import Builder, BuildLog, BuildRequest, Step
 from sandhold.runtime.image_templates import from_image, may_use, qualified
+from sandhold.runtime.runtime import Runtime
 from sandhold.runtime.spec import NAME_RE
 from sandhold.runtime.templates import Template
-
-if TYPE_CHECKING:
-    from sandhold.service.service import SandboxService
+from sandhold.service.offload import Offload
 
 log = logging.getLogger(__name__)
 
@@ -117,12 +117,13 @@ class Job:
 
 
 class Builds:
-    def __init__(self, service: SandboxService) -> None:
-        self.service = service
-        self.rt = service.runtime
-        self.uploads = service.settings.data_dir / "template-uploads"
+    def __init__(self, runtime: Runtime, settings: Settings, offload: Offload) -> None:
+        self.rt = runtime
+        self.settings = settings
+        self.offload = offload
+        self.uploads = settings.data_dir / "template-uploads"
         self.jobs: dict[str, Job] = {}
-        self._running = asyncio.Semaphore(service.settings.template_builds_at_once)
+        self._running = asyncio.Semaphore(settings.template_builds_at_once)
         self._tasks: set[asyncio.Task[None]] = set()
 
     # -- what the team may see --------------------------------------------------------------
@@ -242,7 +243,7 @@ class Builds:
         base = self._base(job.team, body)
         job.started = True  # (a second start meanwhile is refused)
         try:
-            await self.service._run(self._check_uploads, job.team, steps)
+            await self.offload.run(self._check_uploads, job.team, steps)
         except BaseException:
             job.started = False
             raise
@@ -265,7 +266,7 @@ class Builds:
         and holding the files its hash claims (the SDK's filesHash, recomputed), else 400 and
         the upload removed (a retry uploads it again); its content digest goes to the step,
         for the layer's key. Nothing else changes."""
-        s = self.service.settings
+        s = self.settings
         bounds = copy_archive.Bounds.for_disk(s.template_build_disk_mb,
                                               s.template_unpack_max_depth)  # fmt: skip
         for i, step in enumerate(steps):
@@ -311,7 +312,7 @@ class Builds:
             return "base"
         if not isinstance(image, str):
             raise InvalidRequest("fromImage must be an image reference")
-        ref = oci.parse_reference(qualified(self.rt, image))  # (400 for one that does not parse)
+        ref = oci.parse_reference(qualified(self.rt.host, image))  # (400: one that does not parse)
         registry_access.check_allowed(self.rt.settings, ref.domain)  # (before any traffic)
         registry = body.get("fromImageRegistry") or {}
         if not isinstance(registry, dict) or registry.get("type", "registry") != "registry":
@@ -325,11 +326,11 @@ class Builds:
             job.status = "building"
             builder = Builder(self.rt, lambda h: self.upload_path(job.team, h))
             t0 = time.monotonic()
-            emit = BuildLog(self.rt, req.name, job.emit)
+            emit = BuildLog(self.rt.host, req.name, job.emit)
             try:
                 if image is not None:
                     emit("info", f"FROM {image.ref}: pulling")
-                    base = await self.service._run(self._pull, image, req.force, emit)
+                    base = await self.offload.run(self._pull, image, req.force, emit)
                     req.base = base.name
                     emit("info", f"FROM {image.ref}: template {base.name}")
                 await self._build(builder, req, emit)
@@ -346,14 +347,14 @@ class Builds:
             finally:
                 emit.close()
             self._tag(job.team, job.template_id, req.name, job.tags)
-            await self.service._run(self.prune)  # (the build its tags moved off, if unused)
+            await self.offload.run(self.prune)  # (the build its tags moved off, if unused)
             job.emit("info", f"Build finished in {time.monotonic() - t0:.1f} s")
             job.status, job.finished = "ready", time.time()
 
     async def _build(self, builder: Builder, req: BuildRequest, emit: BuildLog) -> None:
         """``builder.build`` on a worker thread; cancelled (the server stops), the build is
         cancelled too (its running step's sandbox killed) and awaited: nothing half-made."""
-        running = asyncio.ensure_future(self.service._run(builder.build, req, emit))
+        running = asyncio.ensure_future(self.offload.run(builder.build, req, emit))
         try:
             await asyncio.shield(running)
         except asyncio.CancelledError:
@@ -363,7 +364,7 @@ class Builds:
             raise
 
     def _pull(self, image: ImageBase, force: bool, emit: BuildLog) -> Template:
-        return from_image(self.rt, image.ref, team=image.team, username=image.username,
+        return from_image(self.rt.host, image.ref, team=image.team, username=image.username,
                           password=image.password, force=force,
                           log_to=lambda line: emit("info", line))  # fmt: skip
 

@@ -6,21 +6,34 @@ from __future__ import annotations
 
 import secrets
 import time
-from typing import TYPE_CHECKING
+from contextlib import AbstractAsyncContextManager
+from typing import Protocol
 
 from sandhold.errors import InvalidRequest, SandholdError
 from sandhold.runtime.fork import MAX_FORKS
 from sandhold.runtime.records import SandboxInfo
+from sandhold.runtime.runtime import Runtime
+from sandhold.service.offload import Offload
 from sandhold.service.records import RECORD_KEY, Lifecycle, Sandbox
-
-if TYPE_CHECKING:
-    from sandhold.service.service import SandboxService
 
 DEFAULT_TIMEOUT_S = 300  # E2B's API default
 
 
+class ServiceParts(Protocol):
+    """What a fork uses of the service (``SandboxService`` has it all)."""
+
+    runtime: Runtime
+    offload: Offload
+
+    def check_timeout(self, timeout: int) -> None: ...
+
+    def lock(self, sandbox_id: str) -> AbstractAsyncContextManager[None]: ...
+
+    async def usable(self, owner: str, sandbox_id: str) -> Sandbox: ...
+
+
 async def fork(
-    service: SandboxService, owner: str, sandbox_id: str, timeout: int | None, count: int | None
+    service: ServiceParts, owner: str, sandbox_id: str, timeout: int | None, count: int | None
 ) -> list[Sandbox | SandholdError]:
     timeout = DEFAULT_TIMEOUT_S if timeout is None else timeout
     service.check_timeout(timeout)
@@ -31,7 +44,7 @@ async def fork(
         src = await service.usable(owner, sandbox_id)
         now = time.time()
         lives = [_lifecycle(src.life, timeout, now) for _ in range(count)]
-        got = await service._run(
+        got = await service.offload.run(
             service.runtime.fork, src.id, [{RECORD_KEY: life.model_dump()} for life in lives]
         )
     return [_result(r, life) for r, life in zip(got, lives, strict=True)]

@@ -18,8 +18,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from sandhold.errors import SandholdError
 
 if TYPE_CHECKING:
+    from sandhold.config import Settings
     from sandhold.runtime.pool import Pools
-    from sandhold.service.service import SandboxService
+    from sandhold.service.offload import Offload
 
 log = logging.getLogger(__name__)
 
@@ -29,19 +30,20 @@ MAX_DEFER_S = 1.0  # a refill waits for a pause in creates no longer than this
 
 
 class Pooler:
-    def __init__(self, service: SandboxService) -> None:
-        self.service = service
-        self.pools = service.runtime.pools
+    def __init__(self, pools: Pools, settings: Settings, offload: Offload) -> None:
+        self.pools = pools
+        self.settings = settings
+        self.offload = offload
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._failed_at: dict[str, float] = {}
         self._last_create = 0.0  # (monotonic)
 
     async def start(self) -> None:
-        stale = await self.service._run(self.pools.drain)
+        stale = await self.offload.run(self.pools.drain)
         if stale:
             log.info("killed %d pooled sandboxes a previous server left", stale)
-        if self.service.settings.pool_sizes:
+        if self.settings.pool_sizes:
             self._task = asyncio.create_task(self._run(), name="sandhold-pool")
 
     def kick(self) -> None:
@@ -50,7 +52,7 @@ class Pooler:
 
     async def _quiet(self) -> None:
         """Until creates have paused for ``pool_refill_quiet_ms``, or ``MAX_DEFER_S`` passed."""
-        quiet = self.service.settings.pool_refill_quiet_ms / 1000
+        quiet = self.settings.pool_refill_quiet_ms / 1000
         deadline = time.monotonic() + MAX_DEFER_S
         while (left := self._last_create + quiet - time.monotonic()) > 0:
             if time.monotonic() >= deadline:
@@ -62,12 +64,12 @@ class Pooler:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
-        await self.service._run(self.pools.drain)
+        await self.offload.run(self.pools.drain)
 
     def _short(self) -> str | None:
         """A template whose pool is below its size (and did not just fail to boot)."""
         now = time.time()
-        for name, size in self.service.settings.pool_sizes.items():
+        for name, size in self.settings.pool_sizes.items():
             if now - self._failed_at.get(name, 0) < RETRY_S:
                 continue
             if self.pools.ready(name) < size:
@@ -86,7 +88,7 @@ class Pooler:
                 continue
             await self._quiet()
             try:
-                await self.service._run(self.pools.fill, name)
+                await self.offload.run(self.pools.fill, name)
             except SandholdError as e:
                 self._failed_at[name] = time.time()
                 log.error("could not boot a pooled %s sandbox: %s", name, e)

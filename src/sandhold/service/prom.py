@@ -27,7 +27,7 @@ import re
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,13 +39,14 @@ from prometheus_client.registry import Collector as BaseCollector
 from sandhold.audit import egress_dir
 from sandhold.runtime.cgroups import CgroupSet
 from sandhold.runtime.pool import POOL_KEY
-from sandhold.service.metrics import suspend_gauge
+from sandhold.service.metrics import Failures, suspend_gauge
 from sandhold.service.pooler import pool_metrics
 from sandhold.service.records import LEGACY_RECORD_KEY, RECORD_KEY
 
 if TYPE_CHECKING:
+    from sandhold.config import Settings
     from sandhold.runtime.records import SandboxInfo
-    from sandhold.service.service import SandboxService
+    from sandhold.runtime.runtime import Runtime
 
 # No ``*_created`` samples (the process's start time, per series): noise on every histogram.
 disable_created_metrics()
@@ -152,11 +153,19 @@ class OomKills:
 class ServiceMetrics:
     """The registry of one service: its histograms, observed by ``created`` and ``timed``, and
     the collector of everything computed at scrape. ``enabled=False`` (setting
-    ``server_metrics``) observes nothing and serves only ``sandhold_suspend_to_disk``."""
+    ``server_metrics``) observes nothing and serves only ``sandhold_suspend_to_disk``.
+    ``suspends_to_disk`` tells whether paused sandboxes are suspended to disk here (asked at
+    each scrape: the suspender decides)."""
 
-    def __init__(self, service: SandboxService) -> None:
-        self.service = service
-        self.enabled = service.settings.server_metrics
+    def __init__(
+        self, runtime: Runtime, settings: Settings, failures: Failures,
+        suspends_to_disk: Callable[[], bool],
+    ) -> None:  # fmt: skip
+        self.runtime = runtime
+        self.settings = settings
+        self.failures = failures
+        self.suspends_to_disk = suspends_to_disk
+        self.enabled = settings.server_metrics
         self.registry = CollectorRegistry(auto_describe=True)
         self.create_seconds = Histogram(
             "sandhold_create_duration_seconds",
@@ -172,8 +181,8 @@ class ServiceMetrics:
         )  # fmt: skip
         for start in STARTS:  # every series present from the start, at 0
             self.create_seconds.labels(start)
-        self.oom = OomKills(service.settings.cgroup_group)
-        self.egress = EgressTail(egress_dir(service.settings.data_dir))
+        self.oom = OomKills(settings.cgroup_group)
+        self.egress = EgressTail(egress_dir(settings.data_dir))
         self.registry.register(Collector(self))
 
     def created(self, info: SandboxInfo, seconds: float) -> None:
@@ -194,7 +203,7 @@ class ServiceMetrics:
         this replaces match integers: the gateway's e2b provider reads the suspend gauge so)."""
         if not self.enabled:
             reg = CollectorRegistry(auto_describe=False)
-            reg.register(_Static([suspend_gauge(self.service.suspender.enabled)]))
+            reg.register(_Static([suspend_gauge(self.suspends_to_disk())]))
             return _WHOLE.sub(rb"\1", generate_latest(reg))
         return _WHOLE.sub(rb"\1", generate_latest(self.registry))
 
@@ -217,11 +226,11 @@ class Collector(BaseCollector):
         return []  # unchecked names: the families below are all ours
 
     def collect(self) -> Iterable[Metric]:
-        service = self.m.service
-        s = service.settings
+        m = self.m
+        s = m.settings
         counts: Counter[tuple[str, str, str]] = Counter()
         budget, live = 0, []
-        for rec in records(service.runtime.sandboxes_dir):
+        for rec in records(m.runtime.sandboxes_dir):
             extra = rec.get("extra") or {}
             if POOL_KEY in extra:
                 continue  # booted ahead, nobody's yet: sandhold_pool_ready
@@ -261,10 +270,10 @@ class Collector(BaseCollector):
             "sandhold_oom_kills",
             "Processes the OOM killer ended inside sandboxes (their memory limit), since this "
             "server started; an agent killed so also counts in sandhold_sandboxes_failed_total.",
-            value=self.m.oom.read(live),
+            value=m.oom.read(live),
         )
-        yield service.failures.metric()
-        self.m.egress.poll()
+        yield m.failures.metric()
+        m.egress.poll()
         e = CounterMetricFamily(
             "sandhold_egress_decisions",
             "Egress connections, requests and DNS questions of sandboxes judged by the egress "
@@ -273,12 +282,12 @@ class Collector(BaseCollector):
         )
         for kind in (*EGRESS_KINDS, "other"):
             for decision in (*EGRESS_DECISIONS, "other"):
-                n = self.m.egress.counts.get((kind, decision), 0)
+                n = m.egress.counts.get((kind, decision), 0)
                 if n or (decision != "other" and kind != "other"):
                     e.add_metric([kind, decision], n)
         yield e
-        yield suspend_gauge(service.suspender.enabled)
-        yield from pool_metrics(service.runtime.pools, s.pool_sizes)
+        yield suspend_gauge(m.suspends_to_disk())
+        yield from pool_metrics(m.runtime.pools, s.pool_sizes)
 
 
 def records(sandboxes_dir: Path) -> Iterator[dict[str, Any]]:

@@ -3,14 +3,12 @@ of sandboxes on this host, for any surface. See the package docstring."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import secrets
 import time
-from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from collections.abc import Iterable
+from typing import Any
 
 import httpx
 from pydantic import ValidationError
@@ -32,23 +30,22 @@ from sandhold.runtime.build import kill_leftovers
 from sandhold.runtime.records import SandboxInfo
 from sandhold.runtime.runtime import Runtime
 from sandhold.runtime.spec import NetworkPolicy, SandboxSpec, validation_message
-from sandhold.service import snapshots
 from sandhold.service.builds import Builds
 from sandhold.service.limits import check_create
 from sandhold.service.locks import KeyedLocks
 from sandhold.service.metrics import Failures, Sample, Samples
+from sandhold.service.offload import Offload
 from sandhold.service.pooler import Pooler
 from sandhold.service.prom import ServiceMetrics
 from sandhold.service.records import RECORD_KEY, CreateSandbox, Lifecycle, Sandbox, Views
+from sandhold.service.snapshots import find as find_snapshot
+from sandhold.service.snapshots import start as start_snapshot
 from sandhold.service.suspender import Suspender
 from sandhold.service.timers import Periodic, Timer
 from sandhold.service.warmer import WARM_CHECK_S, Warmer
 
-RUNTIME_THREADS = 16  # creates, kills, pauses and resumes in flight at once
 REFRESH_MIN_S = 15
 HEALTH_TIMEOUT_S = 5.0  # a strict pause's health check of the agent (the SDK's own probe: 5 s)
-
-T = TypeVar("T")
 
 
 def not_found(sandbox_id: str) -> SandboxNotFound:
@@ -62,79 +59,63 @@ class SandboxService:
         self.settings = settings
         self._locks = KeyedLocks()
         self._views = Views()
-        self._executor = ThreadPoolExecutor(RUNTIME_THREADS, thread_name_prefix="sandhold-rt")
-        self._timer = (
-            Timer(self.query, self.expire, settings.lifecycle_interval_s) if timers else None
-        )
-        # Half-made sandboxes of a crash (of any process on this data dir) are cleaned while
-        # we run, not only at the next start.
-        self._reconciler = (
-            Periodic(lambda: self._run(self.runtime.reconcile), settings.reconcile_interval_s,
-                     "sandhold-reconcile") if timers else None
-        )  # fmt: skip
-        self.suspender = Suspender(self)
-        self._suspending = (
-            Periodic(self.suspender.tick, min(5.0, max(settings.suspend_after_s, 0.5)),
-                     "sandhold-suspend") if timers else None
-        )  # fmt: skip
-        self.builds = Builds(self)
-        self.warmer = Warmer(self)
-        self._warming = (
-            Periodic(self.warmer.tick, WARM_CHECK_S, "sandhold-warm", at_start=True)
-            if timers else None
-        )  # fmt: skip
-        self.pooler = Pooler(self) if timers else None
+        self.offload = Offload()
         self.samples = Samples(0)
         self.failures = Failures(time.time())  # before open(): its reconcile may find some
         self.disk_total = 0
-        self.prom = ServiceMetrics(self)  # GET /metrics: service/prom.py
+        # GET /metrics (service/prom.py); its suspend gauge asks the suspender, made next, which
+        # observes its suspends here.
+        self.prom = ServiceMetrics(runtime, settings, self.failures,
+                                   lambda: self.suspender.enabled)  # fmt: skip
+        self.suspender = Suspender(runtime, settings, self.offload, self.prom,
+                                   lock=self.lock, list_now=self.list_now)  # fmt: skip
+        self.builds = Builds(runtime, settings, self.offload)
+        self.warmer = Warmer(runtime, settings, self.offload)
+        self.pooler = Pooler(runtime.pools, settings, self.offload)
+        # The upkeep in the background: none at all with timers=False (a service that only
+        # reads, as bench/listing_bench.py's); the pools are kept filled only with it.
+        self.jobs: list[Periodic | Timer] = self._jobs() if timers else []
 
-    # -- running the runtime -----------------------------------------------------------------
-    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        """Runtime work on a worker thread, so that its blocking parts (create mounts and waits
-        for bwrap, kill waits for processes and removes directories, flocks) never stall other
-        traffic, and creates overlap (twice the creates per second on 2 CPUs)."""
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+    def _jobs(self) -> list[Periodic | Timer]:
+        s = self.settings
+        return [
+            Timer(self.query, self.expire, s.lifecycle_interval_s),
+            # Half-made sandboxes of a crash (of any process on this data dir) are cleaned
+            # while we run, not only at the next start.
+            Periodic(lambda: self.offload.run(self.runtime.reconcile), s.reconcile_interval_s,
+                     "sandhold-reconcile"),
+            Periodic(self.suspender.tick, min(5.0, max(s.suspend_after_s, 0.5)),
+                     "sandhold-suspend"),
+            Periodic(self.warmer.tick, WARM_CHECK_S, "sandhold-warm", at_start=True),
+        ]  # fmt: skip
 
     async def open(self) -> SandboxService:
         """Open the runtime (re-attach, clean up), build ``base`` and the agent's library before
-        the first create (concurrent first creates would each build them), start the timer."""
-        await self._run(self.runtime.open)
-        await self._run(self.runtime.templates.get, "base")
-        await self._run(self.runtime.agent_lib)
-        await self._run(kill_leftovers, self.runtime)  # (builds never outlive their server)
-        await self._run(self.builds.prune)
+        the first create (concurrent first creates would each build them), start the jobs."""
+        await self.offload.run(self.runtime.open)
+        await self.offload.run(self.runtime.templates.get, "base")
+        await self.offload.run(self.runtime.agent_lib)
+        await self.offload.run(kill_leftovers, self.runtime)  # (builds never outlive their server)
+        await self.offload.run(self.builds.prune)
         st = os.statvfs(self.settings.data_dir)
         self.disk_total = st.f_blocks * st.f_frsize
         self.samples.disk_total = self.disk_total
-        if self._timer is not None:
-            self._timer.start()
-        if self._reconciler is not None:
-            self._reconciler.start()
-        if self._suspending is not None:
-            self._suspending.start()
-        if self._warming is not None:
-            self._warming.start()
-        if self.pooler is not None:
+        for job in self.jobs:
+            job.start()
+        if self.jobs:  # (the pools are upkeep too: left alone with timers=False)
             await self.pooler.start()
         return self
 
     async def close(self) -> None:
-        """Stop the timer and wait for runtime work already started: a kill cut short would
+        """Stop the jobs and wait for runtime work already started: a kill cut short would
         leave a half-removed sandbox behind. Sandboxes themselves are left as they are."""
-        if self._timer is not None:
-            await self._timer.stop()
-        if self._reconciler is not None:
-            await self._reconciler.stop()
-        if self._suspending is not None:
-            await self._suspending.stop()
-        if self._warming is not None:
-            await self._warming.stop()
+        for job in self.jobs:
+            await job.stop()
         await self.warmer.close()
-        if self.pooler is not None:
+        if self.jobs:
             await self.pooler.close()
         await self.builds.close()
-        await asyncio.to_thread(self._executor.shutdown, True)
+        await self.offload.close()
 
     def lock(self, sandbox_id: str) -> contextlib.AbstractAsyncContextManager[None]:
         return self._locks(sandbox_id)
@@ -148,7 +129,9 @@ class SandboxService:
         self.failures.observe(info)
         return self._views(info)
 
-    def _list_now(self) -> list[SandboxInfo]:
+    def list_now(self) -> list[SandboxInfo]:
+        """Every sandbox's record, read now (blocking: run it through ``offload``); failures
+        are counted and the views of the gone forgotten."""
         everything = self.runtime.list()
         for info in everything:
             self.failures.observe(info)
@@ -157,7 +140,7 @@ class SandboxService:
         return everything
 
     async def get(self, sandbox_id: str) -> Sandbox | None:
-        return await self._run(self._get_now, sandbox_id)
+        return await self.offload.run(self._get_now, sandbox_id)
 
     def peek(self, sandbox_id: str) -> Sandbox | None:
         """A running sandbox known at its current version, without a thread (``Runtime.peek``);
@@ -192,7 +175,7 @@ class SandboxService:
         """Sandboxes of ``owner`` (everyone's when None) in ``states`` whose metadata has all
         the given pairs."""
         wanted, pairs = set(states), (metadata or {}).items()
-        everything = await self._run(self._list_now)
+        everything = await self.offload.run(self.list_now)
         return [
             s
             for s in map(self._views, everything)
@@ -203,7 +186,7 @@ class SandboxService:
         ]
 
     async def _save(self, sbx: Sandbox) -> Sandbox:
-        info = await self._run(
+        info = await self.offload.run(
             lambda: self.runtime.update_extra(sbx.id, **{RECORD_KEY: sbx.life.model_dump()})
         )
         return Sandbox(info, sbx.life)
@@ -243,7 +226,7 @@ class SandboxService:
                 "autoResume cannot be combined with a filesystem-only pause (autoPauseMemory)"
             )
         s, t0 = self.settings, time.perf_counter()
-        req.template, made = await self._run(self.builds.resolve, req.owner, req.template)
+        req.template, made = await self.offload.run(self.builds.resolve, req.owner, req.template)
         try:
             spec = SandboxSpec.model_validate({
                 "template": req.template,
@@ -278,14 +261,14 @@ class SandboxService:
         extra: dict[str, object] = {RECORD_KEY: life.model_dump()}
         snap = None
         if not self.runtime.templates.exists(req.template):  # a snapshot's id or name?
-            snap = await snapshots.find(self, req.owner, req.template)
+            snap = await find_snapshot(self, req.owner, req.template)
         if snap is not None:
-            info = await snapshots.start(self, snap, spec, extra)
+            info = await start_snapshot(self, snap, spec, extra)
         else:
-            info = await self._run(self.runtime.create, spec, extra)
-            if info.started_from != "warm" and self._warming is not None:
-                self.warmer.kick()  # (a template that starts warm, without its checkpoint?)
-            if self.pooler is not None:
+            info = await self.offload.run(self.runtime.create, spec, extra)
+            if self.jobs:  # (no upkeep with timers=False: no checkpoints, no refills)
+                if info.started_from != "warm":
+                    self.warmer.kick()  # (a template that starts warm, without its checkpoint?)
                 self.pooler.kick()
         self.prom.created(info, time.perf_counter() - t0)
         return Sandbox(info, life)
@@ -297,7 +280,7 @@ class SandboxService:
         await self._save(sbx)
         op = "restore" if sbx.info.suspended == "disk" else "resume"
         with self.prom.timed(op, sbx.info.suspended or "memory"):
-            info = await self._run(self.runtime.resume, sbx.id)
+            info = await self.offload.run(self.runtime.resume, sbx.id)
         return Sandbox(info, sbx.life)
 
     async def connect(
@@ -313,7 +296,7 @@ class SandboxService:
                 sbx.life.end_at = max(sbx.life.end_at, now + timeout)
                 return await self._save(sbx), False
             if memory is False:  # on_resume="reboot": its memory dropped, a fresh boot
-                await self._run(self._drop_memory, sbx)
+                await self.offload.run(self._drop_memory, sbx)
             return await self._resume(sbx, now + timeout), True
 
     async def resume(
@@ -327,7 +310,7 @@ class SandboxService:
             if sbx.running:
                 raise Conflict(f"sandbox {sbx.id!r} is already running")
             if memory is False:
-                await self._run(self._drop_memory, sbx)
+                await self.offload.run(self._drop_memory, sbx)
             if auto_pause is not None:
                 sbx.life.auto_pause = auto_pause
             return await self._resume(sbx, time.time() + timeout)
@@ -380,8 +363,8 @@ class SandboxService:
                     "running"
                 )
             with self.prom.timed("pause", "filesystem" if memory is False else "memory"):
-                await self._run(self.runtime.pause if memory is not False
-                                else self.runtime.pause_filesystem, sbx.id)  # fmt: skip
+                await self.offload.run(self.runtime.pause if memory is not False
+                                       else self.runtime.pause_filesystem, sbx.id)  # fmt: skip
             if memory is False:
                 return
         if self.settings.suspend_after_s == 0 and self.suspender.enabled:
@@ -407,7 +390,7 @@ class SandboxService:
 
     async def _kill(self, sandbox_id: str, state: str) -> None:
         with contextlib.suppress(SandboxNotFound), self.prom.timed("kill", state):
-            await self._run(self.runtime.kill, sandbox_id)
+            await self.offload.run(self.runtime.kill, sandbox_id)
         self.samples.forget(sandbox_id)
         self.failures.forget(sandbox_id)
 
@@ -419,7 +402,7 @@ class SandboxService:
     async def suspends_to_disk(self) -> bool:
         """Whether paused sandboxes are checkpointed to disk here after ``suspend_after_s``:
         CRIU is usable (``criu check`` runs once per process) and the setting is not negative."""
-        return await self._run(lambda: self.suspender.enabled)
+        return await self.offload.run(lambda: self.suspender.enabled)
 
     async def _agent_answers(self, sbx: Sandbox) -> bool:
         """Whether the sandbox's agent answers ``GET /health`` (on its socket) in time."""
@@ -436,7 +419,7 @@ class SandboxService:
         ``surface``, update the surface's echo of it in the same step."""
         async with self.lock(sandbox_id):
             sbx = await self.usable(owner, sandbox_id)
-            info = await self._run(self.runtime.update_network, sbx.id, policy)
+            info = await self.offload.run(self.runtime.update_network, sbx.id, policy)
             sbx = Sandbox(info, sbx.life)
             if surface:
                 sbx.life.surface = {**sbx.life.surface, **surface}
@@ -469,10 +452,10 @@ class SandboxService:
             with contextlib.suppress(Conflict, SandboxNotFound):
                 if sbx.life.auto_pause_memory is False:  # on_timeout mode "filesystem"
                     with self.prom.timed("pause", "filesystem"):
-                        await self._run(self.runtime.pause_filesystem, sbx.id)
+                        await self.offload.run(self.runtime.pause_filesystem, sbx.id)
                     return
                 with self.prom.timed("pause", "memory"):
-                    await self._run(self.runtime.pause, sbx.id)
+                    await self.offload.run(self.runtime.pause, sbx.id)
         if self.settings.suspend_after_s == 0 and self.suspender.enabled:
             await self.suspender.suspend(sandbox_id)
 
@@ -480,7 +463,7 @@ class SandboxService:
     async def sample(self, sbx: Sandbox) -> Sample:
         """Take one metrics sample of a sandbox now."""
         try:
-            usage = await self._run(self.runtime.usage, sbx.id)
+            usage = await self.offload.run(self.runtime.usage, sbx.id)
         except SandboxNotFound:
             raise not_found(sbx.id) from None
         return self.samples.add(sbx.id, sbx.info.created_at, usage, time.time())

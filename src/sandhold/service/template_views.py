@@ -48,7 +48,7 @@ def _visible(builds: Builds, team: str) -> list[Template]:
 
 
 def _resources(builds: Builds, t: Template) -> dict[str, Any]:
-    s = builds.service.settings
+    s = builds.settings
     return {
         "cpuCount": int(t.cpu or s.default_cpu),
         "memoryMB": t.memory_mb or s.default_memory_mb,
@@ -136,7 +136,7 @@ def _stored_build(builds: Builds, t: Template) -> dict[str, Any]:
 
 
 def _job_build(builds: Builds, j: Job) -> dict[str, Any]:
-    s = builds.service.settings
+    s = builds.settings
     out = {
         "buildID": j.build_id, "status": j.status, "createdAt": _when(j.created),
         "updatedAt": _when(j.finished or j.created), "cpuCount": int(j.cpu or s.default_cpu),

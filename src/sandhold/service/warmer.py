@@ -15,7 +15,9 @@ from sandhold.errors import SandholdError
 from sandhold.runtime.criu import criu_status
 
 if TYPE_CHECKING:
-    from sandhold.service.service import SandboxService
+    from sandhold.config import Settings
+    from sandhold.runtime.runtime import Runtime
+    from sandhold.service.offload import Offload
 
 log = logging.getLogger(__name__)
 
@@ -24,15 +26,17 @@ RETRY_S = 600.0
 
 
 class Warmer:
-    def __init__(self, service: SandboxService) -> None:
-        self.service = service
+    def __init__(self, runtime: Runtime, settings: Settings, offload: Offload) -> None:
+        self.runtime = runtime
+        self.settings = settings
+        self.offload = offload
         self._failed_at: dict[str, float] = {}
         self._running: asyncio.Task[None] | None = None
         self._warned = False
 
     @property
     def enabled(self) -> bool:
-        settings = self.service.settings
+        settings = self.settings
         if not settings.warm_templates or not settings.disk_enforced:
             return False
         ok, detail = criu_status(settings.criu_path)
@@ -49,17 +53,17 @@ class Warmer:
     async def tick(self) -> None:
         if not self.enabled:
             return
-        rt = self.service.runtime
-        for template in await self.service._run(rt.templates.list):
+        rt = self.runtime
+        for template in await self.offload.run(rt.templates.list):
             name = template.name
             if not template.warm or time.time() - self._failed_at.get(name, 0) < RETRY_S:
                 continue
             if template.owner is not None and not template.tags:
                 continue  # a team's build no name points at (replaced or deleted): going
-            if await self.service._run(rt.warm.available, template) is not None:
+            if await self.offload.run(rt.warm.available, template) is not None:
                 continue
             try:
-                await self.service._run(rt.warm.build, name)
+                await self.offload.run(rt.warm.build, name)
             except SandholdError as e:
                 self._failed_at[name] = time.time()
                 log.error("template %s boots cold (its checkpoint failed): %s", name, e)
