@@ -317,9 +317,6 @@ class Runtime:
             cpu_count=info.spec.limits.cpu,
         )
 
-    def template_of(self, info: SandboxInfo) -> Template:
-        return self.templates.get(info.template)
-
     # -- re-attachment and garbage --------------------------------------------------------------
     def reconcile(self) -> reconciling.Report:
         """Re-attach to live sandboxes and clean up whatever a crash left half-created or

@@ -18,20 +18,14 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
-from sqlalchemy import ColumnElement, Connection, Engine, bindparam, delete, or_, select, update
+from sqlalchemy import Connection, Engine, bindparam, delete, select, update
 
 from sandhold.store import statements as q
-from sandhold.store.models import Session
 from sandhold.store.statements import RELEASE, S, U
 
 CHUNK = 500  # rows per statement: far below SQLite's (32766) and PostgreSQL's (65535) bind limits
 T = TypeVar("T")
 Outcome = Literal["locked", "busy", "in_use", "changed"]
-
-
-def lock_free(now: float) -> ColumnElement[bool]:
-    """A session's lease lock can be taken: nobody holds it, or its holder's lease ran out."""
-    return or_(Session.lock_owner.is_(None), Session.lock_until < now)
 
 
 def chunks(items: Sequence[T], size: int | None = None) -> Iterator[Sequence[T]]:

@@ -124,9 +124,6 @@ class Store(BatchQueries):
         with self._read() as conn:
             return _tenant(conn.execute(q.TENANT_BY_ID, {"tenant": tenant_id}).first())
 
-    def tenant_by_key(self, api_key: str) -> Tenant | None:
-        return self.tenant_by_digest(key_digest(api_key))
-
     def tenant_by_digest(self, digest: str) -> Tenant | None:
         """The tenant whose API key has this sha256 (hex)."""
         with self._read() as conn:

@@ -163,9 +163,6 @@ class Task(Future[T]):
             except Exception:
                 pass  # at interpreter exit the modules it needs may be gone
 
-    def get_coro(self) -> Coroutine[Any, Any, T]:
-        return self._coro
-
     def cancel(self, msg: object = None) -> bool:
         if self.done():
             return False

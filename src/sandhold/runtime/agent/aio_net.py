@@ -199,12 +199,6 @@ class StreamReader:
         self._buffer = bytearray()
         self._eof = False
 
-    def feed_data(self, data: bytes) -> None:
-        self._buffer += data
-
-    def feed_eof(self) -> None:
-        self._eof = True
-
     def at_eof(self) -> bool:
         return self._eof and not self._buffer
 

@@ -94,13 +94,6 @@ def group_ids(user: User) -> list[int]:
     return gids
 
 
-def require_user(name: str) -> User:
-    user = lookup_user(name)
-    if user is None:
-        raise UserError(f"invalid username: '{name}'")
-    return user
-
-
 # -- paths ------------------------------------------------------------------------------------
 
 

@@ -55,10 +55,6 @@ _OPS = (
 _WITH_ENTRY = {"EVENT_TYPE_CREATE", "EVENT_TYPE_WRITE", "EVENT_TYPE_CHMOD"}
 
 
-class WatchError(Exception):
-    pass
-
-
 class DirWatcher:
     """Watches ``root``; calls ``on_event(FilesystemEvent)`` or ``on_error(message)``."""
 
