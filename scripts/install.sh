@@ -13,7 +13,7 @@ APT_PACKAGES=(bubblewrap util-linux e2fsprogs libseccomp2 python3 python3-pip py
               python3-dev chromium)
               # (r-base-core to openjdk: the interpreter's R, TypeScript and Java contexts;
               # gcc and libc6-dev: the agent's static spawn helper; python3-dev: its one-step
-              # spawn (runtime/agent/native.c, an extension of /usr/bin/python3);
+              # spawn (agent/native.c, an extension of /usr/bin/python3);
               # chromium: the console's browser tests, driven by Playwright from the venv)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do

@@ -23,7 +23,7 @@ HOST_SIDE_INTERPRETER = {"sandhold.interpreter", "sandhold.interpreter.template"
 
 def _in_sandbox(name: str) -> bool:
     """The agent and the code interpreter run inside sandboxes and answer in envd's codes."""
-    if name.startswith("sandhold.runtime.agent") or name.endswith(".__main__"):
+    if name.startswith("sandhold.agent") or name.endswith(".__main__"):
         return True  # (a __main__ runs a program when imported)
     return name.startswith("sandhold.interpreter") and name not in HOST_SIDE_INTERPRETER
 

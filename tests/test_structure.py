@@ -52,9 +52,17 @@ def test_no_module_over_the_limit() -> None:
     assert not big, f"modules over {MAX_LINES} lines: {big}"
 
 
+def test_the_agent_imports_nothing_of_the_host() -> None:
+    """The in-sandbox program (``sandhold.agent``) runs alone, on the sandbox's Python, with its
+    package copied (runtime/agentlib.py): the host may import its constants, never the reverse."""
+    bad = [f"{p.relative_to(SRC)} imports {m}" for p in modules("agent") for m in imported(p)
+           if m.startswith("sandhold") and not m.startswith("sandhold.agent")]  # fmt: skip
+    assert not bad, bad
+
+
 def test_the_envd_ports_are_named_once_on_the_host_side() -> None:
     """The in-sandbox code (agent, interpreter service) cannot import the host's constants."""
-    in_sandbox = ("runtime/agent/", "interpreter/")
+    in_sandbox = ("agent/", "interpreter/")
     host_interpreter = ("interpreter/template.py", "interpreter/packages.py")
     literal = []
     for p in modules():

@@ -45,7 +45,7 @@ def agent_host_pid(runtime: Runtime, info: SandboxInfo) -> int:
         try:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
             if argv[0] == b"/usr/bin/python3" and any(
-                a.endswith(b"runtime/agent/__main__.py") for a in argv
+                a.endswith(b"agent/__main__.py") for a in argv
             ):
                 return pid
         except FileNotFoundError:
@@ -75,7 +75,7 @@ async def test_the_agent_is_init_and_handles_only_sigchld(make_sandbox, runtime)
     r = await sh(info, "tr '\\0' ' ' < /proc/1/cmdline; echo; grep -E '^Sig(Cgt|Ign)' "
                        "/proc/1/status; ls /proc/1/task", user="root")  # fmt: skip
     lines = r.text.splitlines()
-    assert "sandhold/runtime/agent/__main__.py" in lines[0]
+    assert "sandhold/agent/__main__.py" in lines[0]
     masks = {k: int(v, 16) for k, v in (line.split() for line in lines[1:3])}
     sigs = {k: {s for s in range(1, 65) if m >> (s - 1) & 1} for k, m in masks.items()}
     # A handler makes a signal deliverable to init from inside: SIGCHLD only, which reaps.
@@ -179,7 +179,7 @@ async def test_nothing_of_the_host_layout_is_visible_inside(make_sandbox, runtim
     await sh(info, "(sleep 600 &)")
     r = await sh(info, "ps -ef; tr '\\0' ' ' < /proc/1/cmdline; env; for p in /proc/[0-9]*; do "
                        "tr '\\0' '\\n' < $p/environ; done 2>/dev/null", user="root")  # fmt: skip
-    assert "sandhold/runtime/agent" in r.text  # the agent's own argv: nothing of the host
+    assert "sandhold/agent" in r.text  # the agent's own argv: nothing of the host
     assert data not in r.text and "bwrap" not in r.text
     mountinfo = (await sh(info, "cat /proc/self/mountinfo")).text
     binds = []

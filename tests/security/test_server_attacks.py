@@ -32,7 +32,7 @@ def _agent_pid(srv: Server, sandbox_id: str) -> int:
     info = srv.runtime().get(sandbox_id)
     for pid in srv.runtime().cgroup(sandbox_id).pids():
         try:
-            if b"runtime/agent" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            if b"agent" in Path(f"/proc/{pid}/cmdline").read_bytes():
                 return pid
         except FileNotFoundError:
             pass

@@ -2,7 +2,7 @@
 sandbox can be reached by (``transports``: its agent's unix socket, a CONNECT tunnel through
 it, a remote E2B endpoint), and the ports and version every surface names.
 
-The in-sandbox agent (``sandhold.runtime.agent``) is the server side and imports none of this:
+The in-sandbox agent (``sandhold.agent``) is the server side and imports none of this:
 it is standard-library only.
 
 Modules:

@@ -14,7 +14,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-AGENT_SRC = Path(__file__).parent / "agent"
+AGENT_SRC = Path(__file__).parents[1] / "agent"  # (sandhold.agent)
 HELPER_SRC = AGENT_SRC / "spawn_helper.c"
 EXTENSION_SRC = AGENT_SRC / "native.c"
 CHILD_SRC = AGENT_SRC / "spawn_child.h"  # (included by both)
@@ -90,14 +90,13 @@ class AgentLib:
         self.root.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(dir=self.root, prefix=".staging-"))
         pkg = staging / "sandhold"
-        (pkg / "runtime" / "agent").mkdir(parents=True)
+        (pkg / "agent").mkdir(parents=True)
         (pkg / "__init__.py").write_text("")
-        (pkg / "runtime" / "__init__.py").write_text("")
         for f in AGENT_SRC.glob("*.py"):
-            shutil.copy2(f, pkg / "runtime" / "agent" / f.name)
+            shutil.copy2(f, pkg / "agent" / f.name)
         shutil.copytree(h11_src, staging / "h11", ignore=shutil.ignore_patterns("__pycache__"))
-        _build_helper(pkg / "runtime" / "agent" / "sandhold-spawn")
-        _build_extension(pkg / "runtime" / "agent")
+        _build_helper(pkg / "agent" / "sandhold-spawn")
+        _build_extension(pkg / "agent")
         subprocess.run(["/usr/bin/python3", "-m", "compileall", "-q", str(staging)], check=False)
         for dirpath, dirnames, filenames in os.walk(staging):
             for n in (*dirnames, *filenames):

@@ -15,7 +15,7 @@ from sandhold.egress.control import sandbox_env as egress_sandbox_env
 from sandhold.envd import ENVD_VERSION
 from sandhold.errors import Unavailable
 from sandhold.runtime import checkpoint, disk, images, mounts
-from sandhold.runtime.agent.libc import CAPS
+from sandhold.agent.libc import CAPS
 from sandhold.runtime.assembly import prepare_workspace
 from sandhold.runtime.host import Host
 from sandhold.runtime.launcher import BOOT_ID_FILE, IDENTITY_FILE, Launch, new_boot, spawn

@@ -38,7 +38,7 @@ AGENT_LIB = "/opt/sandhold/lib"
 KIT_USR = "/.sandhold/usr"  # the host's /usr, for the agent of a root without our Python
 RW_DIRS = ".sandhold-rw"  # in the sandbox's root: what Launch.rw_dirs binds
 HANDOFF_AT = "/run/sandbox-handoff"  # where the host hands the agent its socket (checkpoint.py)
-AGENT_MAIN = f"{AGENT_LIB}/sandhold/runtime/agent/__main__.py"
+AGENT_MAIN = f"{AGENT_LIB}/sandhold/agent/__main__.py"
 # The agent's /proc files that its owner (the sandbox's root has the same uid) could write to
 # make it the OOM killer's first choice; bwrap covers each with a read-only view of itself, taken
 # from the host's procfs (so its mount names the agent's host pid, nothing else). The agent has

@@ -1,6 +1,6 @@
 """The ``sudo`` command of ``base`` (copied to ``/opt/sandhold/bin/sudo``, run by the sandbox's
 Python): asks the agent to run a command as another user, root by default, with this process's
-stdin, stdout and stderr (runtime/agent/sudo.py), and exits with its status. Passwordless for
+stdin, stdout and stderr (agent/sudo.py), and exits with its status. Passwordless for
 every user inside, as E2B's base; what root can do inside is what any root command of the
 sandbox can (no capabilities, the sandbox's seccomp, its own uid range)."""
 

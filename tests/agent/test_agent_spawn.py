@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from sandhold.runtime import agentlib
-from sandhold.runtime.agent import aio, spawn
-from sandhold.runtime.agent.rpc import RpcError
-from sandhold.runtime.agent.users import lookup_user
+from sandhold.agent import aio, spawn
+from sandhold.agent.rpc import RpcError
+from sandhold.agent.users import lookup_user
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="switches users: needs root")
 WAYS = ("extension", "helper", "fork")

@@ -10,7 +10,7 @@ import signal
 import struct
 import time
 
-from tests.runtime.agent.helpers import (
+from tests.agent.helpers import (
     END_STREAM,
     STREAM_HEADERS,
     EnvelopeStream,

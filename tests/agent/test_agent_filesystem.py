@@ -7,7 +7,7 @@ import os
 import re
 import uuid
 
-from tests.runtime.agent.helpers import END_STREAM, ok, open_stream, unary
+from tests.agent.helpers import END_STREAM, ok, open_stream, unary
 
 FS = "filesystem.Filesystem"
 RFC3339 = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{3}|\.\d{6}|\.\d{9})?Z$")

@@ -16,11 +16,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import sandhold.runtime.agent
+import sandhold.agent
 from sandhold.config import Settings
 
-AGENT_DIR = Path(sandhold.runtime.agent.__file__).parent
-PACKAGE = "sandhold.runtime.agent"
+AGENT_DIR = Path(sandhold.agent.__file__).parent
+PACKAGE = "sandhold.agent"
 PYTHON = "/usr/bin/python3"  # what templates provide, not the venv's interpreter
 
 # Imports every module named on stdin, then prints sys.modules: each name and its file.
@@ -138,7 +138,7 @@ SERVE_PROBE = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
 import socket
-import sandhold.runtime.agent.config, sandhold.runtime.agent.server
+import sandhold.agent.config, sandhold.agent.server
 print(json.dumps(sorted(sys.modules)))
 """
 
@@ -163,7 +163,7 @@ def test_serving_imports_none_of_the_heavy_modules(tmp_path: Path) -> None:
 async def test_an_idle_agent_has_not_mapped_ctypes() -> None:
     """A C module shows in the process's mappings once imported: an agent that has served
     requests but needed no libc call (no file operation as another user) has no _ctypes."""
-    from tests.runtime.agent.conftest import start_agent
+    from tests.agent.conftest import start_agent
 
     async with start_agent() as a:
         for _ in range(3):
@@ -177,11 +177,11 @@ async def test_an_agent_that_ran_commands_as_a_user_has_not_mapped_ctypes(tmp_pa
     """From a copy built as the runtime builds it: commands and their cwd checks as another
     user go through the agent's extension (native.c), not ctypes (~1 MiB of every agent)."""
     from sandhold.runtime.runtime import Runtime
-    from tests.runtime.agent.conftest import start_agent
-    from tests.runtime.agent.helpers import run
+    from tests.agent.conftest import start_agent
+    from tests.agent.helpers import run
 
     lib = Runtime(Settings(data_dir=tmp_path)).agent_lib()
-    assert list(lib.glob("sandhold/runtime/agent/_native*.so")), "the extension did not build"
+    assert list(lib.glob("sandhold/agent/_native*.so")), "the extension did not build"
     async with start_agent(lib=lib) as a:
         for _ in range(3):
             out = await run(a.client, "id -un; pwd", user="nobody", process={"cwd": "/tmp"})

@@ -6,7 +6,7 @@ import gzip
 import os
 import zlib
 
-from tests.runtime.agent.helpers import ok
+from tests.agent.helpers import ok
 
 
 async def test_octet_stream_upload_and_download(agent):

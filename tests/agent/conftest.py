@@ -1,7 +1,7 @@
 """Runs the agent as a real process, exactly as a sandbox starts it, and talks to it over its
 unix socket.
 
-``/usr/bin/python3 -I -S <lib>/sandhold/runtime/agent/__main__.py --config <file>`` where
+``/usr/bin/python3 -I -S <lib>/sandhold/agent/__main__.py --config <file>`` where
 ``<lib>`` is a throw-away directory with ``sandhold`` and ``h11`` symlinked in: the same layout
 as ``/opt/sandhold/lib`` inside a sandbox. On the host the agent runs as root, with ``root`` as
 its default user.
@@ -75,7 +75,7 @@ async def start_agent(lib: Path | None = None, **overrides: Any) -> AsyncIterato
     (root / "agent.json").write_text(json.dumps(config))
     log = open(root / "agent.log", "wb")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(
-        [PYTHON, "-I", "-S", str(lib / "sandhold/runtime/agent/__main__.py"),
+        [PYTHON, "-I", "-S", str(lib / "sandhold/agent/__main__.py"),
          "--config", str(root / "agent.json")],
         stdin=subprocess.DEVNULL, stdout=log, stderr=log, pass_fds=(ready_w,),
         env={"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"},

@@ -1,9 +1,9 @@
 """Entry point of the in-sandbox agent.
 
-Started as ``/usr/bin/python3 -I -S /opt/sandhold/lib/sandhold/runtime/agent/__main__.py
+Started as ``/usr/bin/python3 -I -S /opt/sandhold/lib/sandhold/agent/__main__.py
 --config-fd N --socket-fd N --ready-fd N`` (in a sandbox: descriptors the host opened) or
 ``--config FILE [--socket PATH]`` (tests on a host): isolated mode, no site-packages, so the
-directory four levels up (which holds the ``sandhold`` and ``h11`` packages) goes on sys.path
+directory three levels up (which holds the ``sandhold`` and ``h11`` packages) goes on sys.path
 first.
 """
 
@@ -13,9 +13,7 @@ import sys
 
 
 def _bootstrap() -> None:
-    lib = os.path.dirname(
-        os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    )
+    lib = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     if lib not in sys.path:
         sys.path.insert(0, lib)
     # Descriptors 0-2 must exist, or a new pipe could land on them and be clobbered by dup2.
@@ -77,7 +75,7 @@ if __name__ == "__main__":
         signal_ready(int(opts["ready-fd"]))
     import socket
 
-    from sandhold.runtime.agent.config import AgentConfig
+    from sandhold.agent.config import AgentConfig
 
     config = AgentConfig.load(int(opts["config-fd"]) if "config-fd" in opts else opts["config"])
     config.socket_owned = "socket-fd" not in opts
@@ -85,6 +83,6 @@ if __name__ == "__main__":
         listening = int(opts["socket-fd"]) if "socket-fd" in opts else listen(config.socket)
         signal_ready(config.ready_fd)
     config.ready_fd = None
-    from sandhold.runtime.agent.server import main
+    from sandhold.agent.server import main
 
     raise SystemExit(main(config, socket.socket(fileno=listening)))

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from sandhold.runtime.agent import aio
+from sandhold.agent import aio
 
 BOUND = 10.0  # seconds: a guard against hanging, never reached when the loop works
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from sandhold.runtime.agent import aio
-from sandhold.runtime.agent.aio_loop import TIMERS_COMPACT_MIN
+from sandhold.agent import aio
+from sandhold.agent.aio_loop import TIMERS_COMPACT_MIN
 
 BOUND = 10.0  # seconds: a guard against hanging, never reached when the loop works
 
