@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from sandhold.runtime import agentlib
 from sandhold.agent import aio, spawn
 from sandhold.agent.rpc import RpcError
 from sandhold.agent.users import lookup_user
+from sandhold.runtime import agentlib
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="switches users: needs root")
 WAYS = ("extension", "helper", "fork")

@@ -17,8 +17,8 @@ import time
 from typing import Any
 from urllib.parse import parse_qsl
 
-from sandhold.audit import FILE_FIELDS, AuditLog, files_dir
 from sandhold.agent.view import DENIED_MARK
+from sandhold.audit import FILE_FIELDS, AuditLog, files_dir
 from sandhold.runtime.records import session_of
 from sandhold.service import Sandbox
 

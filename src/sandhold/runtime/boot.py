@@ -10,12 +10,12 @@ import os
 import subprocess
 from pathlib import Path
 
+from sandhold.agent.libc import CAPS
 from sandhold.egress.control import agent_config as egress_agent_config
 from sandhold.egress.control import sandbox_env as egress_sandbox_env
 from sandhold.envd import ENVD_VERSION
 from sandhold.errors import Unavailable
 from sandhold.runtime import checkpoint, disk, images, mounts
-from sandhold.agent.libc import CAPS
 from sandhold.runtime.assembly import prepare_workspace
 from sandhold.runtime.host import Host
 from sandhold.runtime.launcher import BOOT_ID_FILE, IDENTITY_FILE, Launch, new_boot, spawn
