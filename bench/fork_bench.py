@@ -13,7 +13,7 @@ recorded). Of each source:
   ``criu restore``, handoff) and when in the call it was done, then each fork's first answer
   (``/bin/true`` through the agent, or ``run_code("x + 1")`` on port 49999, which must be 42),
   asked one fork after another once the call has returned; forks that failed are counted.
-- ``full`` and ``filesystem`` snapshots (runtime/snapshots.py): take time, the source's pause,
+- ``full`` and ``filesystem`` snapshots (checkpoint/snapshots.py): take time, the source's pause,
   size on disk (du of the snapshot's directory), and a sandbox started from it to its first
   answer (``x + 1`` for a full one, ``1+1`` / ``/bin/true`` for a filesystem one: a fresh boot).
 
@@ -40,11 +40,12 @@ from sandhold.config import Settings
 from sandhold.errors import SandholdError
 from sandhold.interpreter.template import TEMPLATE_NAME
 from sandhold.interpreter.template import build_code_interpreter_template as build_interpreter
-from sandhold.runtime import checkpoint, fork, images
-from sandhold.runtime.criu import criu_status
+from sandhold.runtime import images
+from sandhold.runtime.checkpoint import fork, process_tree
+from sandhold.runtime.checkpoint.criu import criu_status
+from sandhold.runtime.checkpoint.snapshots import SnapshotStore
 from sandhold.runtime.records import SandboxInfo
 from sandhold.runtime.runtime import Runtime
-from sandhold.runtime.snapshots import SnapshotStore
 from suspend_bench import anon, disk_kib, first_answer, load, meminfo, throwaway_runtime
 
 KINDS: dict[str, dict[str, Any]] = {
@@ -55,9 +56,9 @@ COUNTS = (1, 10)
 # The calls timed: the two a fork is made of, and the steps inside them (nested steps are
 # counted in both: prepare_root holds a fork's copy_layer and shift_tree).
 OUTER = {"checkpoint": (fork, "checkpoint_in_place"), "start": (fork, "start")}
-INNER = {"quiesce": (checkpoint, "quiesce"), "copy_layer": (images, "copy_sparse"),
-         "dump": (checkpoint, "dump"), "copy_images": (checkpoint, "copy_images"),
-         "restore": (checkpoint, "restore"), "handoff": (fork, "hand_back")}  # fmt: skip
+INNER = {"quiesce": (process_tree, "quiesce"), "copy_layer": (images, "copy_sparse"),
+         "dump": (process_tree, "dump"), "copy_images": (process_tree, "copy_images"),
+         "restore": (process_tree, "restore"), "handoff": (fork, "hand_back")}  # fmt: skip
 
 
 class Steps:

@@ -14,7 +14,7 @@ ZMQ, to the reply and to the IOPub idle status: the kernel's own share) and ``GE
 (the HTTP floor). Before and after in one run.
 
 Three ways a sandbox starts are timed, interleaved in one run: ``cold`` (booted: agent, service,
-kernel start), ``warm`` (restored from the template's checkpoint, runtime/warm.py; made first,
+kernel start), ``warm`` (restored from the template's checkpoint, checkpoint/warm.py; made first,
 its build time and size reported) and ``pool`` (booted ahead, runtime/pool.py, and taken by the
 create). Without CRIU ``warm`` does not run.
 
@@ -48,8 +48,8 @@ from sandhold.interpreter.template import (
     build_code_interpreter_template,
 )
 from sandhold.runtime.cgroups import CgroupSet
+from sandhold.runtime.checkpoint.criu import criu_status
 from sandhold.runtime.client import AgentClient
-from sandhold.runtime.criu import criu_status
 from sandhold.runtime.runtime import Runtime
 
 # Runs inside the sandbox: wait for the service, then time executions over one keep-alive

@@ -11,7 +11,7 @@ suspend from paused as the server's suspender does (thaw, quiesce, criu dump), r
 (criu restore + the agent's socket handoff), the first command (``/bin/true``) or first
 ``run_code`` result after it, the image's size on disk, and host memory (cgroup usage, PSS of
 the processes) before suspending, suspended and after. Each suspend and resume is split into its
-steps by timing the calls of runtime/checkpoint.py. A dump or restore that fails is recorded
+steps by timing the calls of checkpoint/process_tree.py. A dump or restore that fails is recorded
 with CRIU's Error lines (its log is copied first: the runtime removes a failed dump's log with
 the partial image); after a failed dump the sandbox is checked to be paused in the freezer and
 to carry on once resumed.
@@ -52,26 +52,27 @@ from sandhold.envd.transports import agent_channel
 from sandhold.errors import CheckpointFailed
 from sandhold.interpreter.template import SERVICE_PORT, TEMPLATE_NAME
 from sandhold.interpreter.template import build_code_interpreter_template as build_interpreter
-from sandhold.runtime import cgroups, checkpoint
+from sandhold.runtime import cgroups
+from sandhold.runtime.checkpoint import process_tree
+from sandhold.runtime.checkpoint.criu import criu_status
 from sandhold.runtime.client import AgentClient
-from sandhold.runtime.criu import criu_status
 from sandhold.runtime.records import SandboxInfo
 from sandhold.runtime.runtime import Runtime
 
 MIB = 2**20
-# Time spent in each of these calls of runtime/checkpoint.py, per suspend or resume.
+# Time spent in each of these calls of runtime/checkpoint/process_tree.py, per suspend or resume.
 STEPS = ("quiesce", "dump", "restore", "handoff")
 
 
 class Steps:
-    """Wraps the checkpoint module's steps to time them (``runtime/suspend.py`` calls them
+    """Wraps the checkpoint module's steps to time them (``checkpoint/suspend.py`` calls them
     through the module), and copies the log of a dump or restore that fails."""
 
     def __init__(self, logs: Path) -> None:
         self.current: dict[str, float] = {}
         self.logs, self.failed_logs = logs, 0
         for name in STEPS:
-            setattr(checkpoint, name, self._timed(name, getattr(checkpoint, name)))
+            setattr(process_tree, name, self._timed(name, getattr(process_tree, name)))
 
     def _timed(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
@@ -81,7 +82,7 @@ class Steps:
                 return fn(*a, **kw)
             except CheckpointFailed:
                 if name in ("dump", "restore"):  # keep its log before the runtime removes it
-                    log = a[1] / checkpoint.IMAGES / f"{name}.log"
+                    log = a[1] / process_tree.IMAGES / f"{name}.log"
                     self.logs.mkdir(parents=True, exist_ok=True)
                     self.failed_logs += 1
                     with contextlib.suppress(OSError):
@@ -257,7 +258,7 @@ async def cycle(rt: Runtime, steps: Steps, kind: str, idle_s: float) -> dict[str
             return out
         out["suspend_ms"] = (time.perf_counter() - t) * 1000
         out["suspend_steps_ms"] = steps.take()
-        images = info.dir / checkpoint.IMAGES
+        images = info.dir / process_tree.IMAGES
         out["image_kib"] = disk_kib(images)
         out["image_pages_kib"] = sum(p.stat().st_size for p in images.glob("pages-*.img")) // 1024
         out["memory_suspended"] = memory(rt, info)
@@ -479,7 +480,7 @@ async def density(args: argparse.Namespace) -> dict[str, Any]:
         result["suspended_cgroup_rss_mib"] = summary([u["memory_rss_bytes"] / MIB for u in susp_cg])
         result["suspended_disk_kib"] = summary([disk_kib(i.dir) for i in suspended])
         result["suspended_image_kib"] = summary(
-            [disk_kib(i.dir / checkpoint.IMAGES) for i in suspended]
+            [disk_kib(i.dir / process_tree.IMAGES) for i in suspended]
         )
         result["data_fs_used_delta_mib"] = round(((s0.f_bfree - s1.f_bfree) * s0.f_frsize) / MIB, 1)
         result["host_mounts_added"] = (

@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # e2fsprogs: mkfs.ext4 formats the sandboxes' disk images (docs/runtime.md, "Disk budget")
-# skopeo, umoci: OCI image pulls (runtime/oci.py); docker-registry: a registry for its tests only
+# skopeo, umoci: OCI image pulls (runtime/templates/oci.py); docker-registry: a registry for its tests only
 # prometheus: a real Prometheus server scraping `sandhold serve` in tests/e2b/test_metrics.py only
 APT_PACKAGES=(bubblewrap util-linux e2fsprogs libseccomp2 python3 python3-pip python3-venv socat nftables debootstrap postgresql
               ca-certificates curl procps iproute2 skopeo umoci docker-registry prometheus

@@ -100,7 +100,7 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """A real image registry on loopback for a module's tests (tests/runtime/test_oci.py)."""
-    from sandhold.runtime import oci
+    from sandhold.runtime.templates import oci
 
     ok, detail = oci.tool_status()
     if not ok:

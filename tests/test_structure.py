@@ -21,7 +21,15 @@ FORBIDDEN = [
     ("envd", "sandhold.e2b"),
     ("envd", "sandhold.gateway"),
     ("envd", "sandhold.service"),
+    # Templates are built on the sandbox core, never on checkpoints (which build on both).
+    ("runtime/templates", "sandhold.runtime.checkpoint"),
+    # Only the facade composes the runtime; its parts are handed what they use (host.py).
+    ("runtime/templates", "sandhold.runtime.runtime"),
+    ("runtime/checkpoint", "sandhold.runtime.runtime"),
 ]
+# The sandbox core's modules that may use checkpoints: the facade, which composes, and the
+# doctor, which checks CRIU on this host.
+CORE_USING_CHECKPOINTS = {"runtime/runtime.py", "runtime/doctor.py"}
 
 
 def modules(package: str = "") -> list[Path]:
@@ -43,6 +51,21 @@ def imported(path: Path) -> set[str]:
 def test_imports_go_down_only(package: str, forbidden: str) -> None:
     bad = [f"{p.relative_to(SRC)} imports {m}" for p in modules(package) for m in imported(p)
            if m == forbidden or m.startswith(forbidden + ".")]  # fmt: skip
+    assert not bad, bad
+
+
+def test_the_sandbox_core_uses_no_checkpoint() -> None:
+    """The core (``runtime/*.py``) works without CRIU: the cgroup and mount layers below it can
+    be swapped without touching checkpoints, and nothing in it reaches for the facade."""
+    bad = []
+    for p in sorted((SRC / "runtime").glob("*.py")):
+        rel = str(p.relative_to(SRC))
+        for m in imported(p):
+            uses_checkpoint = m.startswith("sandhold.runtime.checkpoint")
+            if uses_checkpoint and rel not in CORE_USING_CHECKPOINTS:
+                bad.append(f"{rel} imports {m}")
+            if m == "sandhold.runtime.runtime" and rel != "runtime/runtime.py":
+                bad.append(f"{rel} imports {m}")
     assert not bad, bad
 
 

@@ -19,7 +19,7 @@ from e2b import Sandbox, SandboxException
 from moto.server import ThreadedMotoServer
 
 from sandhold.config import Settings
-from sandhold.runtime.criu import criu_status
+from sandhold.runtime.checkpoint.criu import criu_status
 from tests.e2b.test_suspend import COUNTER, state
 from tests.support.e2b_server import KEY_B, Server, new_server
 

@@ -12,7 +12,7 @@ import pytest
 from e2b import Sandbox
 
 from sandhold.config import Settings
-from sandhold.runtime.criu import criu_status
+from sandhold.runtime.checkpoint.criu import criu_status
 from tests.counter import COUNTER
 from tests.runtime.test_suspend import reboot
 from tests.support.e2b_server import Server, new_server

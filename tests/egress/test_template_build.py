@@ -1,4 +1,5 @@
-"""A template build's steps reach the build allow-list and nothing else (runtime/build.py):
+"""A template build's steps reach the build allow-list and nothing else
+(runtime/templates/build.py):
 ``pip install`` of a package from an index on the test internet works; a step aiming at a host
 off the list is refused by the egress proxy and that host sees nothing; a secret stored for a
 host on the list is never injected into a build's requests nor seen by its steps."""
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from sandhold.errors import TemplateBuildFailed
-from sandhold.runtime.build import Builder, BuildRequest, Step
+from sandhold.runtime.templates.build import Builder, BuildRequest, Step
 from tests.egress.fixtures import SECRET
 from tests.runtime.helpers import sh
 

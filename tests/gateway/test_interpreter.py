@@ -9,7 +9,7 @@ import httpx
 
 from sandhold.config import Settings
 from sandhold.interpreter.template import build_code_interpreter_template
-from sandhold.runtime.templates import TemplateStore
+from sandhold.runtime.templates.store import TemplateStore
 from tests.interpreter.conftest import CACHE_DIR
 from tests.support.gateway_server import Gateway, tool
 

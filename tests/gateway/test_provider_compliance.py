@@ -26,7 +26,7 @@ from sandhold.errors import NeedsNewSandbox, PreconditionFailed, SandboxGone, Un
 from sandhold.gateway.providers.base import CreateRequest, Provider
 from sandhold.gateway.providers.e2b import E2bProvider
 from sandhold.gateway.providers.local import LocalProvider
-from sandhold.runtime.criu import criu_status
+from sandhold.runtime.checkpoint.criu import criu_status
 from sandhold.service import forks, snapshots
 from tests.counter import COUNTER as BARE_COUNTER
 from tests.support.e2b_server import KEY_A, Server, new_server

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from sandhold.config import Settings
-from sandhold.runtime.criu import criu_status
+from sandhold.runtime.checkpoint.criu import criu_status
 from sandhold.runtime.runtime import Runtime
 from tests.counter import COUNTER
 from tests.support.e2b_server import Server, new_server

@@ -18,7 +18,7 @@ from e2b_code_interpreter import Sandbox
 
 from sandhold.config import Settings
 from sandhold.interpreter.template import SERVICE_PORT, build_code_interpreter_template
-from sandhold.runtime.templates import TemplateStore
+from sandhold.runtime.templates.store import TemplateStore
 from tests.support.e2b_server import KEY_A, Server, listen
 
 API_KEY = KEY_A  # the e2b suite's server configuration: key -> team-a

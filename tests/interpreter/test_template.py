@@ -19,7 +19,7 @@ from sandhold.interpreter.template import (
     is_up_to_date,
     prune_site_trees,
 )
-from sandhold.runtime.templates import TemplateStore
+from sandhold.runtime.templates.store import TemplateStore
 from tests.interpreter.conftest import CACHE_DIR, InterpreterServer
 
 

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from sandhold.config import Settings
-from sandhold.runtime.criu import criu_status
+from sandhold.runtime.checkpoint.criu import criu_status
 from sandhold.runtime.runtime import Runtime
 from tests.interpreter.conftest import InterpreterServer, SandboxFactory
 

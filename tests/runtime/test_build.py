@@ -1,7 +1,7 @@
-"""Templates built from steps (runtime/build.py): each step in a build sandbox, its files kept
-as a layer (removals too), the layers stacked under the template's sandboxes, an identical
-rebuild served from the cache, a changed step rebuilt from there on, a failing step reported
-with its exit code and output and no template left."""
+"""Templates built from steps (runtime/templates/build.py): each step in a build sandbox, its files
+kept as a layer (removals too), the layers stacked under the template's sandboxes, an identical
+rebuild served from the cache, a changed step rebuilt from there on, a failing step reported with
+its exit code and output and no template left."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from sandhold.errors import InvalidRequest, TemplateBuildFailed
-from sandhold.runtime.build import Builder, BuildRequest, Step
 from sandhold.runtime.runtime import Runtime
+from sandhold.runtime.templates.build import Builder, BuildRequest, Step
 from tests.runtime.helpers import sh
 
 
@@ -112,7 +112,7 @@ def test_no_layer_is_collected_while_a_build_runs(runtime):
 
 
 async def test_build_sandboxes_of_a_build_cut_short_are_killed(runtime, make_sandbox):
-    from sandhold.runtime.build import BUILD_KEY, kill_leftovers
+    from sandhold.runtime.templates.build import BUILD_KEY, kill_leftovers
 
     plain = await make_sandbox()
     orphan = runtime.create({"template": "base"}, {BUILD_KEY: "a-layer"})  # its build died
@@ -149,7 +149,7 @@ def test_a_cancelled_or_timed_out_build_leaves_nothing(runtime, uploads, monkeyp
     Neither leaves a template, a build sandbox or the step's layer."""
     import threading
 
-    from sandhold.runtime import build as build_module
+    from sandhold.runtime.templates import build as build_module
 
     before = set(runtime.sandboxes_dir.iterdir())
     layers = lambda: {d.name for d in runtime.layers.root.glob("[!.]*")}  # noqa: E731

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from sandhold.config.runtime import RuntimeSettings
-from sandhold.runtime.criu import criu_status
+from sandhold.runtime.checkpoint.criu import criu_status
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "install-criu.sh"
 DEFAULT = RuntimeSettings.model_fields["criu_path"].default

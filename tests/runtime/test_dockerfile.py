@@ -1,8 +1,8 @@
-"""Dockerfiles (runtime/dockerfile.py, `sandhold template build -f`): the parser as pure unit
-tests (every instruction, ARG substitution, continuations, exec and shell forms, the files hash,
-what is refused and where), then the real CLI end to end on a data dir of its own: a build from
-`base` with ARG, ENV, WORKDIR, COPY --chown, RUN, USER and CMD, a sandbox of it serving its CMD,
-the cache, `template ls / logs / rm`, and a failing build leaving nothing."""
+"""Dockerfiles (runtime/templates/dockerfile.py, `sandhold template build -f`): the parser as pure
+unit tests (every instruction, ARG substitution, continuations, exec and shell forms, the files
+hash, what is refused and where), then the real CLI end to end on a data dir of its own: a build
+from `base` with ARG, ENV, WORKDIR, COPY --chown, RUN, USER and CMD, a sandbox of it serving its
+CMD, the cache, `template ls / logs / rm`, and a failing build leaving nothing."""
 
 from __future__ import annotations
 
@@ -21,10 +21,10 @@ import pytest
 
 from sandhold.config import Settings
 from sandhold.errors import InvalidRequest
-from sandhold.runtime import cgroups, dockerfile, images, mounts
-from sandhold.runtime.dockerfile import Dockerfile, parse
+from sandhold.runtime import cgroups, images, mounts
 from sandhold.runtime.runtime import Runtime
-from sandhold.runtime.templates import Template
+from sandhold.runtime.templates.dockerfile import Dockerfile, parse
+from sandhold.runtime.templates.store import Template, dockerfile
 from tests.runtime.helpers import sh
 
 

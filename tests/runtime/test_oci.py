@@ -1,7 +1,7 @@
-"""OCI image pulls (runtime/oci.py) against a real registry on loopback: Debian's docker-registry
-serving TLS (a CA made here) with htpasswd credentials, holding images this test builds itself
-(layer tars, config, manifest: an OCI layout pushed with skopeo). Traffic goes to 127.0.0.1 only.
-"""
+"""OCI image pulls (runtime/templates/oci.py) against a real registry on loopback: Debian's
+docker-registry serving TLS (a CA made here) with htpasswd credentials, holding images this test
+builds itself (layer tars, config, manifest: an OCI layout pushed with skopeo). Traffic goes to
+127.0.0.1 only. """
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from sandhold.errors import InvalidRequest, TemplateBuildFailed
-from sandhold.runtime import oci
+from sandhold.runtime.templates import oci
 
 try:
     from compression import zstd  # type: ignore[import-not-found]

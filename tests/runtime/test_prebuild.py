@@ -9,8 +9,7 @@ import time
 from pathlib import Path
 
 from sandhold.config import Settings
-from sandhold.runtime import prebuild
-from sandhold.runtime.templates import TemplateStore
+from sandhold.runtime.templates.store import TemplateStore, prebuild
 
 
 def group_members(pgid: int) -> list[int]:

@@ -1,4 +1,4 @@
-"""The default build allow-list (runtime/registries.py): the hosts of the pip, npm and apt
+"""The default build allow-list (runtime/templates/registries.py): the hosts of the pip, npm and apt
 registries this machine's own configuration names (here files a test writes, naming test
 hosts), and the environment that points a build's tools at them; the environment's variables
 win over the files, as they do for the tools."""
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sandhold.runtime import registries
+from sandhold.runtime.templates import registries
 
 
 @pytest.fixture

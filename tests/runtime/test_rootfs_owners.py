@@ -1,4 +1,5 @@
-"""An imported root filesystem (runtime/rootfs_owners.py through TemplateStore.build_from_rootfs)
+"""An imported root filesystem (runtime/templates/rootfs_owners.py through
+TemplateStore.build_from_rootfs)
 on real directories: its owners become the sandbox's, nothing privileged stays (setuid and setgid
 bits, file capabilities, device nodes, host ids past 65,535), no link of it is followed to the
 host, and with refuse_privileged such a root is refused leaving nothing behind."""
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from sandhold.errors import InvalidRequest
-from sandhold.runtime.templates import TemplateStore
+from sandhold.runtime.templates.store import TemplateStore
 
 BASE = 100_000
 CAP_NET_RAW = struct.pack("<5I", 0x02000001, 1 << 13, 0, 0, 0)

@@ -1,6 +1,6 @@
-"""The S3 copy of the snapshot store (runtime/snapshot_remote.py) against a real moto server on
-loopback: objects are sealed (no plaintext in the bucket), sparse images keep their holes, and
-every way an object can be changed - a flipped byte, a cut, a swap with another object, another
+"""The S3 copy of the snapshot store (runtime/checkpoint/snapshot_remote.py) against a real moto
+server on loopback: objects are sealed (no plaintext in the bucket), sparse images keep their holes,
+and every way an object can be changed - a flipped byte, a cut, a swap with another object, another
 key ring - fails with CheckpointFailed; an upload that fails leaves nothing in the bucket."""
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from moto.server import ThreadedMotoServer
 
 from sandhold.config import Settings
 from sandhold.errors import CheckpointFailed, QuotaExceeded, Unavailable
-from sandhold.runtime import snapshot_remote
-from sandhold.runtime.snapshot_remote import S3Remote
-from sandhold.runtime.snapshots import SnapshotStore
+from sandhold.runtime.checkpoint import snapshot_remote
+from sandhold.runtime.checkpoint.snapshot_remote import S3Remote
+from sandhold.runtime.checkpoint.snapshots import SnapshotStore
 from tests.runtime.helpers import sh
 
 BUCKET = "snapshots"

@@ -8,9 +8,9 @@ import time
 import pytest
 
 from sandhold.errors import TemplateNotFound
-from sandhold.runtime.criu import criu_status
+from sandhold.runtime.checkpoint.criu import criu_status
+from sandhold.runtime.checkpoint.snapshots import SnapshotStore
 from sandhold.runtime.runtime import Runtime
-from sandhold.runtime.snapshots import SnapshotStore
 from tests.runtime.helpers import sh
 from tests.runtime.test_suspend import COUNTER, _state
 

@@ -9,8 +9,8 @@ import subprocess
 from pathlib import Path
 
 from sandhold.runtime import staging
-from sandhold.runtime.layers import NEW, LayerStore
-from sandhold.runtime.templates import BUILD, PULL, TemplateStore
+from sandhold.runtime.templates.layers import NEW, LayerStore
+from sandhold.runtime.templates.store import BUILD, PULL, TemplateStore
 from sandhold.runtime.uids import UidPool
 
 

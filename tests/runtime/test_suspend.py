@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from sandhold.errors import CheckpointFailed, Conflict
-from sandhold.runtime import checkpoint, disk, images, mounts
-from sandhold.runtime.criu import criu_status
+from sandhold.runtime import disk, images, mounts
+from sandhold.runtime.checkpoint import process_tree
+from sandhold.runtime.checkpoint.criu import criu_status
 from sandhold.runtime.runtime import Runtime
 from tests.counter import COUNTER as BARE_COUNTER
 from tests.runtime.helpers import sh
@@ -61,7 +62,7 @@ async def test_suspend_frees_the_processes_and_resume_restores_their_memory(make
     n1, secret1 = await _state(restored)
     assert secret1 == secret and n1 > n0  # the same process, carrying on from its memory
     assert (await sh(restored, "echo $((6*7))")).text.strip() == "42"
-    assert not (info.dir / checkpoint.IMAGES).exists()
+    assert not (info.dir / process_tree.IMAGES).exists()
 
 
 async def test_a_suspended_sandbox_survives_a_new_runtime(make_sandbox, runtime, settings):
@@ -114,7 +115,7 @@ async def test_a_paused_sandbox_survives_a_host_reboot(make_sandbox, runtime, se
 async def test_a_dump_that_fails_leaves_the_sandbox_as_it_was(make_sandbox, runtime):
     info = await _counting(make_sandbox)
     runtime.pause(info.id)
-    images = info.dir / checkpoint.IMAGES
+    images = info.dir / process_tree.IMAGES
     images.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(images)], check=True)
     try:
@@ -136,8 +137,8 @@ async def test_a_dump_that_fails_leaves_the_sandbox_as_it_was(make_sandbox, runt
 async def test_a_damaged_image_is_a_clear_error_and_loses_nothing(make_sandbox, runtime, damaged):
     info = await _counting(make_sandbox)
     runtime.suspend(info.id)
-    images = info.dir / checkpoint.IMAGES
-    compressed = list(images.glob("pages-*.img" + checkpoint.COMPRESSED))
+    images = info.dir / process_tree.IMAGES
+    compressed = list(images.glob("pages-*.img" + process_tree.COMPRESSED))
     assert compressed and not list(images.glob("pages-*.img"))  # (suspend_compress, the default)
     if damaged == "core":
         (images / "core-1.img").write_bytes(b"not an image")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from sandhold.errors import InvalidRequest
-from sandhold.runtime.templates import debian_archive
+from sandhold.runtime.templates.store import debian_archive
 from tests.runtime.helpers import sh
 
 MIRROR = debian_archive()  # the machine's own, from its apt sources

@@ -1,5 +1,5 @@
-"""Templates that start warm (runtime/warm.py): a checkpoint of a sandbox whose service was
-ready, restored per create with the create's own identity and env; creates it cannot serve, and
+"""Templates that start warm (runtime/checkpoint/warm.py): a checkpoint of a sandbox whose service
+was ready, restored per create with the create's own identity and env; creates it cannot serve, and
 a damaged checkpoint, boot cold."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 from sandhold.errors import InvalidRequest
-from sandhold.runtime import checkpoint
+from sandhold.runtime.checkpoint import process_tree
 from sandhold.runtime.runtime import Runtime
 from tests.runtime.helpers import sh
 from tests.runtime.test_suspend import _criu  # noqa: F401 (autouse)
@@ -97,7 +97,7 @@ async def test_a_damaged_checkpoint_boots_cold_and_leaves_nothing(
     saved = d.with_name(".saved")
     shutil.copytree(d, saved)
     try:
-        (d / checkpoint.IMAGES / "core-1.img").write_bytes(b"not an image")
+        (d / process_tree.IMAGES / "core-1.img").write_bytes(b"not an image")
         info = await make_sandbox(template=warm_template, env={"WHO": "c"})
         assert info.started_from is None and (await sh(info, "echo $WHO")).text.strip() == "c"
         assert set(runtime.sandboxes_dir.iterdir()) == before | {info.dir}  # no half-made one

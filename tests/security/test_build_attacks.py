@@ -1,13 +1,13 @@
-"""Attacks from a template build step (runtime/build.py): root in a build sandbox keeps the
-capabilities a container build needs, in its own user namespace only. Each attack must fail,
-and what the step leaves (its layer) must hold nothing the host's root owns."""
+"""Attacks from a template build step (runtime/templates/build.py): root in a build sandbox keeps
+the capabilities a container build needs, in its own user namespace only. Each attack must fail, and
+what the step leaves (its layer) must hold nothing the host's root owns."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from sandhold.runtime.build import Builder, BuildRequest, Step
+from sandhold.runtime.templates.build import Builder, BuildRequest, Step
 
 # name -> a command that must fail (exit non-zero) in the step
 ATTACKS = {

@@ -34,7 +34,7 @@ from e2b import Sandbox, Template
 from e2b.exceptions import BuildException, SandboxException
 
 from sandhold.errors import TemplateBuildFailed
-from sandhold.runtime import oci
+from sandhold.runtime.templates import oci
 from tests.e2b.test_template_images import tiny_root
 from tests.runtime.test_oci import (
     PASSWORD,

@@ -23,8 +23,8 @@ from e2b.exceptions import BuildException
 
 from sandhold.errors import InvalidRequest
 from sandhold.runtime import mounts
-from sandhold.runtime.build import Builder, BuildRequest, Step
 from sandhold.runtime.runtime import Runtime
+from sandhold.runtime.templates.build import Builder, BuildRequest, Step
 from tests.e2b.test_template_images import tiny_root
 from tests.runtime.test_oci import PASSWORD, USER, Registry, entry, push_image
 from tests.support.e2b_server import Server, new_server

@@ -41,7 +41,7 @@ class AgentConfig:
         # sandbox the host binds it and hands over the listening descriptor.
         self.socket_owned = socket_owned
         # Capabilities (numbers) its root processes keep, in its user namespace: a build
-        # sandbox's (runtime/build.py); every other sandbox's root has none.
+        # sandbox's (runtime/templates/build.py); every other sandbox's root has none.
         self.root_caps = root_caps
 
     @classmethod

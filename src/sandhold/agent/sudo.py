@@ -1,6 +1,6 @@
 """``sudo`` inside the sandbox, as E2B's base has it (passwordless, for everyone inside): setuid
 binaries grant nothing here (no_new_privs), so the ``sudo`` command of the template
-(``runtime/templates.py`` SUDO_CLIENT) asks the agent, over an abstract unix socket (one per
+(``runtime/templates/store.py`` SUDO_CLIENT) asks the agent, over an abstract unix socket (one per
 network namespace: only the sandbox's own processes reach it), to run a command as another
 user with the caller's stdin, stdout and stderr (passed as descriptors). The command runs as any
 command of the agent's does: root inside, no capabilities, the sandbox's seccomp, its uid range:

@@ -1,6 +1,6 @@
-"""`sandhold template build -f Dockerfile NAME`: a Dockerfile (runtime/dockerfile.py) built with
-the template builder (runtime/build.py), its progress shown live, its log kept for
-`sandhold template logs`. Templates built here are the operator's: no owner, public."""
+"""`sandhold template build -f Dockerfile NAME`: a Dockerfile (runtime/templates/dockerfile.py)
+built with the template builder (runtime/templates/build.py), its progress shown live, its log
+kept for `sandhold template logs`. Templates built here are the operator's: no owner, public."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from sandhold.errors import Conflict, InvalidRequest, SandholdError
 
 if TYPE_CHECKING:
     from sandhold.runtime.runtime import Runtime
-    from sandhold.runtime.templates import Template
+    from sandhold.runtime.templates.store import Template
 
 _LABEL = re.compile(r"^(CACHED )?\[\d+/\d+\] (\S+)")
 
@@ -91,7 +91,7 @@ def check_name(rt: Runtime, name: str, base: Template | None = None) -> None:
     """Refuse a name the CLI must not (re)build: a built-in, a team's build, a template whose
     own root filesystem another template (or this build) stands on."""
     from sandhold.runtime.spec import NAME_RE, NAME_RULE
-    from sandhold.runtime.templates import BUILTIN_TEMPLATES
+    from sandhold.runtime.templates.store import BUILTIN_TEMPLATES
 
     if not NAME_RE.match(name):
         raise InvalidRequest(f"template name {name!r} is not valid: {NAME_RULE}")
@@ -132,8 +132,8 @@ def dependents(rt: Runtime, t: Template) -> list[str]:
 def build_dockerfile(rt: Runtime, name: str, file: Path, context: Path | None,
                      args: list[str], no_cache: bool, cpu: float | None,
                      memory_mb: int | None, ready_cmd: str | None) -> Template:  # fmt: skip
-    from sandhold.runtime import dockerfile
-    from sandhold.runtime.build import Builder, BuildLog, BuildRequest
+    from sandhold.runtime.templates import dockerfile
+    from sandhold.runtime.templates.build import Builder, BuildLog, BuildRequest
 
     try:
         text = file.read_text(encoding="utf-8")
@@ -177,7 +177,7 @@ def build_dockerfile(rt: Runtime, name: str, file: Path, context: Path | None,
 
 
 def _image_base(rt: Runtime, ref: str) -> str:
-    """The template of image ``ref``: pulled once per digest (runtime/image_templates.py)."""
-    from sandhold.runtime.image_templates import from_image
+    """The template of image ``ref``: pulled once per digest (runtime/templates/from_image.py)."""
+    from sandhold.runtime.templates.from_image import from_image
 
     return from_image(rt.host, ref).name

@@ -69,7 +69,7 @@ def template_build(
     """Build a template: from a Dockerfile (-f), a shipped one (`base`, `code-interpreter-v1`),
     from debootstrap, or from a root filesystem directory."""
     from sandhold.cli.template_build import build_dockerfile
-    from sandhold.runtime.templates import BUILTIN_TEMPLATES
+    from sandhold.runtime.templates.store import BUILTIN_TEMPLATES
 
     if sum(x is not None for x in (file, debootstrap, rootfs)) > 1:
         raise typer.BadParameter("give one of -f, --debootstrap and --rootfs")
@@ -103,8 +103,8 @@ def template_rm(name: str) -> None:
     """Remove a template, its warm checkpoint and the layers no other template uses. Refused
     for `base`, a template others are built on, and one with sandboxes."""
     from sandhold.cli.template_build import dependents
-    from sandhold.runtime.build import log_path
     from sandhold.runtime.spec import NAME_RE
+    from sandhold.runtime.templates.build import log_path
 
     try:
         rt = runtime()
@@ -138,8 +138,8 @@ def template_logs(
     """The log of a template's last build (through the CLI or the server)."""
     from rich.text import Text
 
-    from sandhold.runtime.build import log_path
     from sandhold.runtime.spec import NAME_RE
+    from sandhold.runtime.templates.build import log_path
 
     try:
         rt = runtime()

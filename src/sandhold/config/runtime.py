@@ -151,7 +151,7 @@ class RuntimeSettings(CreateLimits, Layer):
     warm_templates: bool = Field(
         True,
         description="Start sandboxes of templates that start warm (code-interpreter-v1) from a "
-        "checkpoint of a started one (runtime/warm.py, needs CRIU); off: they always boot.",
+        "checkpoint of a started one (checkpoint/warm.py, needs CRIU); off: they always boot.",
     )
     memory_merge: bool = Field(
         False,

@@ -27,9 +27,9 @@ from sandhold.e2b.proxy import DataPlane, route
 from sandhold.e2b.volumes import VolumeStore
 from sandhold.errors import Unauthenticated
 from sandhold.logs import Ids, RequestLog
-from sandhold.runtime import prebuild
 from sandhold.runtime.records import session_of
 from sandhold.runtime.runtime import Runtime
+from sandhold.runtime.templates import prebuild
 from sandhold.service import SandboxService
 
 SANDBOX_PATH = re.compile(r"^/(?:v2/)?sandboxes/([^/]+)")

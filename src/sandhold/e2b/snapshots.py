@@ -12,7 +12,7 @@ from starlette.responses import JSONResponse, Response
 
 from sandhold.e2b import models
 from sandhold.errors import InvalidRequest
-from sandhold.runtime.snapshots import Snapshot
+from sandhold.runtime.checkpoint.snapshots import Snapshot
 from sandhold.runtime.spec import NAME_RE
 from sandhold.service import SandboxService
 from sandhold.service import snapshots as service_snapshots

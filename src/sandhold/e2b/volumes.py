@@ -20,7 +20,7 @@ from sandhold.config import Settings
 from sandhold.errors import Conflict, InvalidRequest, VolumeNotFound
 from sandhold.runtime import safefs
 from sandhold.runtime.spec import NAME_RE, NAME_RULE, clipped
-from sandhold.runtime.templates import SANDBOX_USER_UID
+from sandhold.runtime.templates.store import SANDBOX_USER_UID
 
 ID_ALPHABET = string.ascii_lowercase + string.digits
 

@@ -37,8 +37,8 @@ from sandhold.errors import HostUnsupported, TemplateBuildFailed
 from sandhold.interpreter.contexts import ENV_PATH, READY_PATH
 from sandhold.interpreter.packages import PACKAGES
 from sandhold.runtime import staging
-from sandhold.runtime.rootfs_owners import shift_ownership
-from sandhold.runtime.templates import (
+from sandhold.runtime.templates.rootfs_owners import shift_ownership
+from sandhold.runtime.templates.store import (
     BASE_BIN,
     BUILD,
     DEFAULT_PATH,

@@ -32,8 +32,8 @@ from pathlib import Path
 
 from sandhold.errors import HostUnsupported, TemplateBuildFailed
 from sandhold.runtime import staging
-from sandhold.runtime.rootfs_owners import shift_ownership
-from sandhold.runtime.templates import (
+from sandhold.runtime.templates.rootfs_owners import shift_ownership
+from sandhold.runtime.templates.store import (
     BASE_BIN,
     BUILD,
     Template,

@@ -12,12 +12,13 @@ import os
 from pathlib import Path
 
 from sandhold.errors import InvalidRequest, SandholdError
-from sandhold.runtime import checkpoint, mounts, safefs
+from sandhold.runtime import mounts, safefs
 from sandhold.runtime.host import Host
+from sandhold.runtime.launcher import HANDOFF
 from sandhold.runtime.reaping import reap_init
 from sandhold.runtime.spec import NAME_RE, SandboxSpec
 from sandhold.runtime.staging import start_time
-from sandhold.runtime.templates import SANDBOX_USER_UID, Template
+from sandhold.runtime.templates.store import SANDBOX_USER_UID, Template
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +86,7 @@ def prepare_root(
     run_dir.mkdir(mode=0o700)
     os.chown(run_dir, host_uid, host_uid)
     # A tmpfs of its own: bound in, its root shows as "/", not as a path of the data dir.
-    mounts.mount_tmpfs(d / checkpoint.HANDOFF, 64 << 10, 0o755)
+    mounts.mount_tmpfs(d / HANDOFF, 64 << 10, 0o755)
     return host_uid
 
 
@@ -120,7 +121,7 @@ def destroy(host: Host, sandbox_id: str, init_pid: int | None = None) -> None:
     host.uids.give_back(d)
     host.wsdisk.release(d)  # after the views of it, before the range is given back
     mounts.umount(d / "root")
-    mounts.umount(d / checkpoint.HANDOFF)
+    mounts.umount(d / HANDOFF)
     host.disk.release(d)
     had_egress = (d / "egress.json").exists()
     if had_egress:

@@ -15,14 +15,21 @@ from sandhold.egress.control import agent_config as egress_agent_config
 from sandhold.egress.control import sandbox_env as egress_sandbox_env
 from sandhold.envd import ENVD_VERSION
 from sandhold.errors import Unavailable
-from sandhold.runtime import checkpoint, disk, images, mounts
+from sandhold.runtime import disk, images, mounts
 from sandhold.runtime.assembly import prepare_workspace
 from sandhold.runtime.host import Host
-from sandhold.runtime.launcher import BOOT_ID_FILE, IDENTITY_FILE, Launch, new_boot, spawn
+from sandhold.runtime.launcher import (
+    BOOT_ID_FILE,
+    HANDOFF,
+    IDENTITY_FILE,
+    Launch,
+    new_boot,
+    spawn,
+)
 from sandhold.runtime.reaping import wait_ready
 from sandhold.runtime.records import SandboxInfo, session_of
 from sandhold.runtime.spec import SandboxSpec
-from sandhold.runtime.templates import Template
+from sandhold.runtime.templates.store import Template
 from sandhold.runtime.uids import VIEW_LIST
 
 
@@ -91,10 +98,10 @@ def remount(host: Host, d: Path, info: SandboxInfo, binds: bool) -> None:
         template = host.templates.get(info.template)
         with host.uids.lower(template.lowers(), info.host_uid) as lower:
             mounts.mount_overlay(lower, layer / "upper", layer / "work", d / "root")
-    if not mounts.is_mountpoint(d / checkpoint.HANDOFF):
-        mounts.mount_tmpfs(d / checkpoint.HANDOFF, 64 << 10, 0o755)
+    if not mounts.is_mountpoint(d / HANDOFF):
+        mounts.mount_tmpfs(d / HANDOFF, 64 << 10, 0o755)
         if not _restore_handoff(d):  # (the host rebooted: so did it)
-            new_boot(d / checkpoint.HANDOFF, info.id, info.template)
+            new_boot(d / HANDOFF, info.id, info.template)
     views = [line.split("\t")[1] for line in _lines(d / VIEW_LIST)]
     if binds and not all(mounts.is_mountpoint(Path(v)) for v in views):
         host.uids.give_back(d)
@@ -109,7 +116,7 @@ HOST_BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 def save_handoff(d: Path) -> None:
     """Keep the handoff tmpfs's files (the sandbox's boot id and identity) for ``remount``,
     with the host's boot: the sandbox has not rebooted until the host has."""
-    files = {f.name: f.read_text() for f in (d / checkpoint.HANDOFF).iterdir() if f.is_file()
+    files = {f.name: f.read_text() for f in (d / HANDOFF).iterdir() if f.is_file()
              and f.name in (BOOT_ID_FILE, IDENTITY_FILE)}  # fmt: skip
     tmp = d / f".{SAVED_HANDOFF}"
     tmp.write_text(json.dumps({"host_boot": HOST_BOOT_ID.read_text(), "files": files}))
@@ -125,8 +132,8 @@ def _restore_handoff(d: Path) -> bool:
     if saved["host_boot"] != HOST_BOOT_ID.read_text():
         return False
     for name, text in saved["files"].items():
-        (d / checkpoint.HANDOFF / name).write_text(text)
-        (d / checkpoint.HANDOFF / name).chmod(0o444)
+        (d / HANDOFF / name).write_text(text)
+        (d / HANDOFF / name).chmod(0o444)
     return True
 
 
@@ -156,7 +163,7 @@ def boot(
         agent_cfg = agent_config(spec, template, env, binds)
         agent_cfg.update(ready_fd=ready_w, egress=egress_agent)
         (run_dir / "agent.json").write_text(json.dumps(agent_cfg))
-        new_boot(d / checkpoint.HANDOFF, d.name, template.name)
+        new_boot(d / HANDOFF, d.name, template.name)
         launch = Launch(
             root=root,
             ro_binds=template.ro_binds,
@@ -164,7 +171,7 @@ def boot(
             run_dir=run_dir,
             agent_lib=host.agent_lib.path(),
             memory_mb=spec.limits.memory_mb,
-            handoff=d / checkpoint.HANDOFF,
+            handoff=d / HANDOFF,
             root_caps=template.root_caps,
             agent_kit=template.agent_kit,
             rw_dirs=template.rw_dirs,

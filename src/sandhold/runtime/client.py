@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import socket
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
@@ -47,3 +48,15 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
         return pool.submit(asyncio.run, coro).result()
     finally:
         pool.shutdown(wait=False)
+
+
+def read_status(s: socket.socket) -> int:
+    """The status code of the response head read from ``s`` (its whole head consumed)."""
+    head = b""
+    while b"\r\n\r\n" not in head:
+        chunk = s.recv(4096)
+        if not chunk:
+            return 0
+        head += chunk
+    parts = head.split(b"\r\n", 1)[0].split()
+    return int(parts[1]) if len(parts) >= 2 and parts[1].isdigit() else 0

@@ -27,7 +27,7 @@ from sandhold.errors import InvalidRequest
 from sandhold.runtime import images, mounts
 from sandhold.runtime.images import BLOCK, BYTES_PER_INODE, MOUNT_OPTS, copy_sparse, mount_image
 from sandhold.runtime.spec import SandboxSpec
-from sandhold.runtime.templates import Template
+from sandhold.runtime.templates.store import Template
 
 __all__ = ["MOUNT_OPTS", "DiskBudget", "Layer", "copy_sparse", "mount_image"]  # (bench/ uses them)
 IMAGE = "disk.img"

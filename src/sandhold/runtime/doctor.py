@@ -9,7 +9,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandhold.runtime import cgroups, criu, idmap
+from sandhold.runtime import cgroups, idmap
+from sandhold.runtime.checkpoint import criu
 from sandhold.runtime.idmap import ID_RANGE
 
 

@@ -14,11 +14,11 @@ from sandhold.egress.control import EgressControl
 from sandhold.runtime.agentlib import AgentLib
 from sandhold.runtime.cgroups import CgroupSet
 from sandhold.runtime.disk import DiskBudget
-from sandhold.runtime.layers import LayerStore
 from sandhold.runtime.record_store import RecordStore
 from sandhold.runtime.records import SandboxInfo
 from sandhold.runtime.spec import SandboxSpec
-from sandhold.runtime.templates import Template, TemplateStore
+from sandhold.runtime.templates.layers import LayerStore
+from sandhold.runtime.templates.store import Template, TemplateStore
 from sandhold.runtime.uids import UidPool
 from sandhold.runtime.wsdisk import WorkspaceDisk
 

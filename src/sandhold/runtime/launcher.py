@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 AGENT_LIB = "/opt/sandhold/lib"
 KIT_USR = "/.sandhold/usr"  # the host's /usr, for the agent of a root without our Python
 RW_DIRS = ".sandhold-rw"  # in the sandbox's root: what Launch.rw_dirs binds
+HANDOFF = "handoff"  # in the sandbox's directory: a tmpfs bound read-only at HANDOFF_AT
 HANDOFF_AT = "/run/sandbox-handoff"  # where the host hands the agent its socket (checkpoint.py)
 AGENT_MAIN = f"{AGENT_LIB}/sandhold/agent/__main__.py"
 # The agent's /proc files that its owner (the sandbox's root has the same uid) could write to

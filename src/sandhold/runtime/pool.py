@@ -29,11 +29,11 @@ from collections import deque
 from sandhold.errors import SandholdError
 from sandhold.runtime import liveness
 from sandhold.runtime.boot import agent_config
+from sandhold.runtime.client import read_status
 from sandhold.runtime.host import Host, Sandboxes
 from sandhold.runtime.records import SandboxInfo
 from sandhold.runtime.spec import SandboxSpec
-from sandhold.runtime.templates import Template
-from sandhold.runtime.warm import read_status
+from sandhold.runtime.templates.store import Template
 
 POOL_KEY = "pool"  # in a pooled sandbox's extra: its template
 BUILT = "pool_template_built"  # and when that template was built

@@ -25,15 +25,16 @@ from sandhold.errors import (
     SandboxNotFound,
     SandholdError,
 )
-from sandhold.runtime import assembly, ksm, liveness, mounts, suspend
-from sandhold.runtime import fork as forking
+from sandhold.runtime import assembly, ksm, liveness, mounts
 from sandhold.runtime import reconcile as reconciling
 from sandhold.runtime.agentlib import AgentLib
 from sandhold.runtime.boot import boot
 from sandhold.runtime.cgroups import CgroupSet
+from sandhold.runtime.checkpoint import fork as forking
+from sandhold.runtime.checkpoint import suspend
+from sandhold.runtime.checkpoint.warm import WarmStarts, wait_ready
 from sandhold.runtime.disk import DiskBudget
 from sandhold.runtime.host import Host
-from sandhold.runtime.layers import LayerStore
 from sandhold.runtime.pool import Pools
 from sandhold.runtime.reaping import become_subreaper
 from sandhold.runtime.record_store import RecordStore
@@ -46,9 +47,9 @@ from sandhold.runtime.records import (
     session_of,
 )
 from sandhold.runtime.spec import NetworkPolicy, SandboxSpec, validation_message
-from sandhold.runtime.templates import Template, TemplateStore
+from sandhold.runtime.templates.layers import LayerStore
+from sandhold.runtime.templates.store import Template, TemplateStore
 from sandhold.runtime.uids import UidPool
-from sandhold.runtime.warm import WarmStarts, wait_ready
 from sandhold.runtime.wsdisk import WorkspaceDisk
 
 
@@ -223,17 +224,17 @@ class Runtime:
             return info
 
     def suspend(self, sandbox_id: str) -> SandboxInfo:
-        """Checkpoint a sandbox to disk (runtime/suspend.py): paused, no process, no memory."""
+        """Checkpoint a sandbox to disk (checkpoint/suspend.py): paused, no process, no memory."""
         return suspend.suspend(self.host, sandbox_id)
 
     def pause_filesystem(self, sandbox_id: str) -> SandboxInfo:
-        """Pause without the memory: processes dropped, files kept (runtime/suspend.py)."""
+        """Pause without the memory: processes dropped, files kept (checkpoint/suspend.py)."""
         return suspend.drop_processes(self.host, sandbox_id)
 
     def fork(
         self, sandbox_id: str, extras: list[dict[str, object]]
     ) -> list[SandboxInfo | SandholdError]:
-        """New sandboxes from one checkpoint of a running one (runtime/fork.py)."""
+        """New sandboxes from one checkpoint of a running one (runtime/checkpoint/fork.py)."""
         return forking.fork(self.host, sandbox_id, extras)
 
     def update_network(

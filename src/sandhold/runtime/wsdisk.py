@@ -45,7 +45,7 @@ from sandhold.errors import Conflict, InvalidRequest, QuotaExceeded, SandboxStar
 from sandhold.runtime import images, safefs
 from sandhold.runtime.images import BLOCK, BYTES_PER_INODE, MOUNT_FLAGS, MOUNT_OPTS
 from sandhold.runtime.spec import SandboxSpec
-from sandhold.runtime.templates import SANDBOX_USER_UID
+from sandhold.runtime.templates.store import SANDBOX_USER_UID
 
 IMAGE = ".sandhold-workspace.img"  # in the workspace directory: the workspace's files
 NEW = IMAGE + ".new"  # a first image being filled, before it is renamed into place

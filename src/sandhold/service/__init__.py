@@ -27,7 +27,7 @@ Modules:
   /templates``
 - ``timers.py``: The timer: every ``interval_s`` it expires each running sandbox whose stored end
   time has
-- ``warmer.py``: Keeping the checkpoints of templates that start warm (runtime/warm.py)
+- ``warmer.py``: Keeping the checkpoints of templates that start warm (runtime/checkpoint/warm.py)
 """
 
 from sandhold.service.records import CreateSandbox, Lifecycle, Mount, Sandbox

@@ -1,6 +1,6 @@
 """Template builds for a team (what E2B's ``Template.build`` drives): a build is requested for a
 name (``name`` or ``name:tag``), its files are uploaded by hash, it is started with its steps and
-runs in the background (runtime/build.py) while its status and log are polled.
+runs in the background (runtime/templates/build.py) while its status and log are polled.
 
 Naming: a template (team, name) has a stable id; each build is a template of the store named
 ``<template id>.<build id>``, recorded with its owner, name and tags (``Template.owner`` ...).
@@ -9,7 +9,8 @@ it marked public: ``set_public``, by its template id); another team's private on
 found", as E2B answers for what one does not own. Only the owner rebuilds, tags, untags,
 deletes a template or reads its builds' status and logs, public or not. Uploads are kept per
 team (``data_dir/template-uploads/<team>/<hash>``): one team cannot plant the files of another's.
-A build's start reads each COPY's archive (runtime/copy_archive.py, bounded, never unpacked on
+A build's start reads each COPY's archive (runtime/templates/copy_archive.py, bounded, never
+unpacked on
 the host): it must hold the files its hash names, and its content digest, not the client's
 hash, is what the layer cache keys on (another team's upload under the same hash is not ours).
 """
@@ -39,12 +40,12 @@ from sandhold.errors import (
     SandholdError,
     TemplateNotFound,
 )
-from sandhold.runtime import copy_archive, oci, registry_access
-from sandhold.runtime.build import Builder, BuildLog, BuildRequest, Step
-from sandhold.runtime.image_templates import from_image, may_use, qualified
 from sandhold.runtime.runtime import Runtime
 from sandhold.runtime.spec import NAME_RE
-from sandhold.runtime.templates import Template
+from sandhold.runtime.templates import copy_archive, oci, registry_access
+from sandhold.runtime.templates.build import Builder, BuildLog, BuildRequest, Step
+from sandhold.runtime.templates.from_image import from_image, may_use, qualified
+from sandhold.runtime.templates.store import Template
 from sandhold.service.offload import Offload
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """Fork through the service: each fork is a sandbox of the source's owner with a lifecycle of
 its own (new envd and traffic tokens, its own end time), restored from one checkpoint of the
-source (runtime/fork.py). The source keeps its id, record and end time."""
+source (runtime/checkpoint/fork.py). The source keeps its id, record and end time."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from contextlib import AbstractAsyncContextManager
 from typing import Protocol
 
 from sandhold.errors import InvalidRequest, SandholdError
-from sandhold.runtime.fork import MAX_FORKS
+from sandhold.runtime.checkpoint.fork import MAX_FORKS
 from sandhold.runtime.records import SandboxInfo
 from sandhold.runtime.runtime import Runtime
 from sandhold.service.offload import Offload

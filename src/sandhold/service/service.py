@@ -26,10 +26,10 @@ from sandhold.errors import (
     SandboxNotFound,
 )
 from sandhold.isotime import iso
-from sandhold.runtime.build import kill_leftovers
 from sandhold.runtime.records import SandboxInfo
 from sandhold.runtime.runtime import Runtime
 from sandhold.runtime.spec import NetworkPolicy, SandboxSpec, validation_message
+from sandhold.runtime.templates.build import kill_leftovers
 from sandhold.service.builds import Builds
 from sandhold.service.limits import check_create
 from sandhold.service.locks import KeyedLocks

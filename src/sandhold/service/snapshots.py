@@ -8,9 +8,9 @@ from contextlib import AbstractAsyncContextManager
 from typing import Protocol
 
 from sandhold.errors import TemplateNotFound
+from sandhold.runtime.checkpoint.snapshots import ID_PREFIX, Mode, Snapshot, SnapshotStore
 from sandhold.runtime.records import SandboxInfo
 from sandhold.runtime.runtime import Runtime
-from sandhold.runtime.snapshots import ID_PREFIX, Mode, Snapshot, SnapshotStore
 from sandhold.runtime.spec import SandboxSpec
 from sandhold.service.offload import Offload
 from sandhold.service.records import Sandbox

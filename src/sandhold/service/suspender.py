@@ -1,5 +1,6 @@
 """Suspend to disk, on a timer: a sandbox paused for ``suspend_after_s`` is checkpointed
-(runtime/suspend.py), so that it holds no memory while it waits; resume restores it whichever
+(runtime/checkpoint/suspend.py), so that it holds no memory while it waits; resume restores it
+whichever
 way it was paused. Off where CRIU is not usable (said once in the log), or with
 ``suspend_after_s`` negative."""
 
@@ -12,7 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from sandhold.errors import Conflict, SandboxNotFound, SandholdError
-from sandhold.runtime.criu import criu_status
+from sandhold.runtime.checkpoint.criu import criu_status
 
 if TYPE_CHECKING:
     from sandhold.config import Settings

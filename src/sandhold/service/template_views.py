@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 from sandhold.envd import ENVD_VERSION
 from sandhold.errors import InvalidRequest, NotFound
-from sandhold.runtime.image_templates import restricted
+from sandhold.runtime.templates.from_image import restricted
 from sandhold.service.builds import DEFAULT_TAG, Builds, Job
 
 if TYPE_CHECKING:
-    from sandhold.runtime.templates import Template
+    from sandhold.runtime.templates.store import Template
 
 MAX_BUILDS_PAGE = 100  # E2B's paginationLimit
 NO_BUILD_ID = str(uuid.UUID(int=0))  # a built-in template's one build

@@ -1,4 +1,4 @@
-"""Keeping the checkpoints of templates that start warm (runtime/warm.py): every
+"""Keeping the checkpoints of templates that start warm (runtime/checkpoint/warm.py): every
 ``WARM_CHECK_S``, and at once after a create that found none (that create booted cold), each
 built template that starts warm without a current checkpoint gets one, one build at a time, in
 the background. A build that fails is logged and tried again only after ``RETRY_S``. Off with
@@ -12,7 +12,7 @@ import time
 from typing import TYPE_CHECKING
 
 from sandhold.errors import SandholdError
-from sandhold.runtime.criu import criu_status
+from sandhold.runtime.checkpoint.criu import criu_status
 
 if TYPE_CHECKING:
     from sandhold.config import Settings

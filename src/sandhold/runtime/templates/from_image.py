@@ -27,10 +27,17 @@ from pathlib import Path
 from typing import Any
 
 from sandhold.errors import InvalidRequest, TemplateBuildFailed
-from sandhold.runtime import oci, registry_access, safefs
+from sandhold.runtime import safefs
 from sandhold.runtime.host import Host
 from sandhold.runtime.staging import make as make_staging
-from sandhold.runtime.templates import DEFAULT_PATH, PULL, SANDBOX_USER_UID, Template, flocked
+from sandhold.runtime.templates import oci, registry_access
+from sandhold.runtime.templates.store import (
+    DEFAULT_PATH,
+    PULL,
+    SANDBOX_USER_UID,
+    Template,
+    flocked,
+)
 
 log = logging.getLogger(__name__)
 REFS = ".images.json"  # in the template store: reference -> template, for the next build

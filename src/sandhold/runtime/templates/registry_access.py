@@ -14,7 +14,7 @@ the registry's redirects: both are the operator's registry's to give (docs/templ
 
 ``shared``: an image pulled anonymously from a reference under ``template_image_public``
 (default: ``template_image_registry``) is every team's; any other is usable only by the teams
-that proved access (image_templates.py).
+that proved access (from_image.py).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from sandhold.egress.policy import Guard, parse_ip
 from sandhold.errors import InvalidRequest, TemplateBuildFailed
-from sandhold.runtime import oci
+from sandhold.runtime.templates import oci
 
 if TYPE_CHECKING:
     from sandhold.config import Settings

@@ -29,12 +29,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sandhold.errors import InvalidRequest
-from sandhold.runtime import oci
-from sandhold.runtime.build import Step
 from sandhold.runtime.spec import ENV_KEY_RE
+from sandhold.runtime.templates import oci
+from sandhold.runtime.templates.build import Step
 
 if TYPE_CHECKING:
-    from sandhold.runtime.templates import TemplateStore
+    from sandhold.runtime.templates.store import TemplateStore
 
 SUPPORTED = ("FROM", "RUN", "COPY", "ADD", "ENV", "ARG", "WORKDIR", "USER", "CMD", "ENTRYPOINT")
 IGNORED = {"LABEL": "templates have no labels",
@@ -211,7 +211,7 @@ class _Parser:
             self.env = dict(self.store.get(ref).env)
             return
         try:
-            oci.parse_reference(ref)  # an image, pulled by the build (image_templates.py)
+            oci.parse_reference(ref)  # an image, pulled by the build (from_image.py)
         except InvalidRequest:
             raise InvalidRequest(f"FROM {ref}: neither a template of this host nor an image "
                                  "reference") from None  # fmt: skip

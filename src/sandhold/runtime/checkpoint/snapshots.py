@@ -42,10 +42,11 @@ from sandhold.errors import (
     TemplateNotFound,
     Unsupported,
 )
-from sandhold.runtime import disk, fork, safefs
+from sandhold.runtime import disk, safefs
+from sandhold.runtime.checkpoint import fork
+from sandhold.runtime.checkpoint.snapshot_remote import remote_for
 from sandhold.runtime.host import Sandboxes
 from sandhold.runtime.records import SandboxInfo
-from sandhold.runtime.snapshot_remote import remote_for
 from sandhold.runtime.spec import SandboxSpec
 
 Mode = Literal["full", "filesystem"]

@@ -1,4 +1,5 @@
-"""Build a template in a process of its own: ``python -m sandhold.runtime.prebuild ROOT UID NAME``.
+"""Build a template in a process of its own: ``python -m sandhold.runtime.templates.prebuild ROOT
+UID NAME``.
 
 A server builds the slow templates (``code-interpreter-v1``: a minute of ``pip download``) in
 the background at start-up. In a thread, a build cannot be stopped: its ``pip`` outlived the
@@ -21,8 +22,8 @@ STOP_GRACE_S = 5.0
 
 async def start(templates_root: Path, uid_base: int, name: str) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "sandhold.runtime.prebuild", str(templates_root), str(uid_base),
-        name, start_new_session=True, stdin=asyncio.subprocess.DEVNULL,
+        sys.executable, "-m", "sandhold.runtime.templates.prebuild", str(templates_root),
+        str(uid_base), name, start_new_session=True, stdin=asyncio.subprocess.DEVNULL,
     )  # fmt: skip
 
 
@@ -46,7 +47,7 @@ def _terminated(signum: int, frame: object) -> None:
 
 def main(argv: list[str]) -> int:
     from sandhold.errors import SandholdError
-    from sandhold.runtime.templates import TemplateStore
+    from sandhold.runtime.templates.store import TemplateStore
 
     root, uid_base, name = Path(argv[0]), int(argv[1]), argv[2]
     signal.signal(signal.SIGTERM, _terminated)

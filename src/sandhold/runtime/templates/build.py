@@ -35,11 +35,12 @@ from pathlib import Path
 from typing import Any
 
 from sandhold.errors import InvalidRequest, NotFound, SandholdError, TemplateBuildFailed
-from sandhold.runtime import disk, registries
+from sandhold.runtime import disk
 from sandhold.runtime.client import AgentClient, run_sync
 from sandhold.runtime.host import Host, Sandboxes
 from sandhold.runtime.records import SandboxInfo
-from sandhold.runtime.templates import BUILD_CAPS, Template
+from sandhold.runtime.templates import registries
+from sandhold.runtime.templates.store import BUILD_CAPS, Template
 
 STEP_TYPES = ("RUN", "COPY", "ENV", "WORKDIR", "USER")
 BUILD_KEY = "template_build"  # in a build sandbox's record: what leftovers() finds

@@ -31,15 +31,16 @@ import time
 from pathlib import Path
 
 from sandhold.errors import InvalidRequest, SandboxStartFailed, SandholdError
-from sandhold.runtime import checkpoint, safefs
-from sandhold.runtime import fork as forking
+from sandhold.runtime import safefs
 from sandhold.runtime.boot import agent_config
-from sandhold.runtime.client import AgentClient, run_sync
+from sandhold.runtime.checkpoint import fork as forking
+from sandhold.runtime.checkpoint import process_tree
+from sandhold.runtime.checkpoint.suspend import criu_path
+from sandhold.runtime.client import AgentClient, read_status, run_sync
 from sandhold.runtime.host import Host, Sandboxes
 from sandhold.runtime.records import SandboxInfo
 from sandhold.runtime.spec import SandboxSpec
-from sandhold.runtime.suspend import criu_path
-from sandhold.runtime.templates import Template, flocked
+from sandhold.runtime.templates.store import Template, flocked
 
 WARM = "warm"  # under data_dir
 META = "warm.json"
@@ -146,7 +147,7 @@ class WarmStarts:
             memory = self.host.cgroup(info.id).usage()["memory_rss_bytes"]
             with self.host.records.locked(info.id):
                 forking.checkpoint_in_place(self.host, info, staged)
-            for image in (staged / checkpoint.IMAGES).iterdir():  # shared by the sandboxes
+            for image in (staged / process_tree.IMAGES).iterdir():  # shared by the sandboxes
                 if not image.name.startswith("userns-"):  # restored from it (hard links); each
                     image.chmod(0o444)  # remaps its own copy of the user namespace's
             meta = {"template": name, "key": target.name, "made_at": time.time(),
@@ -221,15 +222,3 @@ def _wait_ready(agent_socket: Path, port: int, path: str) -> None:
         time.sleep(0.1)
     raise SandboxStartFailed(f"the service on port {port} was not ready ({path}) in "
                              f"{READY_TIMEOUT_S:g} s: {last or 'no answer'}")  # fmt: skip
-
-
-def read_status(s: socket.socket) -> int:
-    """The status code of the response head read from ``s`` (its whole head consumed)."""
-    head = b""
-    while b"\r\n\r\n" not in head:
-        chunk = s.recv(4096)
-        if not chunk:
-            return 0
-        head += chunk
-    parts = head.split(b"\r\n", 1)[0].split()
-    return int(parts[1]) if len(parts) >= 2 and parts[1].isdigit() else 0

@@ -28,9 +28,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from sandhold.errors import HostUnsupported, InvalidRequest, TemplateNotFound
-from sandhold.runtime import oci, rootfs_owners, safefs, staging
+from sandhold.runtime import safefs, staging
 from sandhold.runtime.launcher import root_mount_points
 from sandhold.runtime.spec import NAME_RE
+from sandhold.runtime.templates import oci, rootfs_owners
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ HOST_ETC_ENTRIES = (
 HOST_ETC_EXCLUDE = ("ssl/private",)
 
 # Where the store's work is staged (staging.py): a template's, the one it replaced, debootstrap's,
-# an image's pull (image_templates.py), a manifest fetch's (oci.py: its auth file too).
+# an image's pull (from_image.py), a manifest fetch's (oci.py: its auth file too).
 BUILD, OLD, DEBOOTSTRAP, PULL = ".build-", ".old-", ".debootstrap-", ".pull-"
 STAGING = (BUILD, OLD, DEBOOTSTRAP, PULL, oci.WORK)
 
@@ -95,7 +96,7 @@ class Template:
     alias: str | None = None
     build_id: str | None = None
     tags: list[str] = field(default_factory=list)
-    # An image's template (image_templates.py): the teams that proved they may pull the image,
+    # An image's template (from_image.py): the teams that proved they may pull the image,
     # who alone see it and, unless ``public``, use it; None: not an image's.
     teams: list[str] | None = None
 

@@ -2,7 +2,7 @@
 restored from it, each with its own copy of the writable layer, its own id, uid range, cgroups,
 network namespace and limits; the source carries on (its id and record untouched).
 
-The checkpoint is consistent: the source's agent quiesces (checkpoint.py), its cgroup is frozen,
+The checkpoint is consistent: the source's agent quiesces (process_tree.py), its cgroup is frozen,
 its layer's filesystem is synced and its image copied, and CRIU dumps the frozen tree leaving
 it in place; then the source is thawed and handed its socket back. Each fork gets a copy of the
 layer image with its owners moved to the fork's uid range, the images with its user namespace
@@ -23,13 +23,14 @@ import time
 from pathlib import Path
 
 from sandhold.errors import Conflict, InvalidRequest, SandholdError, Unsupported
-from sandhold.runtime import checkpoint, disk, images, safefs
+from sandhold.runtime import disk, images, safefs
 from sandhold.runtime.assembly import claim, destroy, prepare_root
+from sandhold.runtime.checkpoint import process_tree
+from sandhold.runtime.checkpoint.suspend import criu_path, hand_back
 from sandhold.runtime.host import Host
 from sandhold.runtime.launcher import new_boot
 from sandhold.runtime.records import SandboxInfo, new_sandbox_id
 from sandhold.runtime.spec import SandboxSpec
-from sandhold.runtime.suspend import criu_path, hand_back
 
 MAX_FORKS = 20  # E2B's bound on count
 FORKING = "forking"  # under data_dir: one checkpoint per fork in flight
@@ -59,7 +60,7 @@ def checkpoint_in_place(host: Host, info: SandboxInfo, into: Path, memory: bool 
         images.copy_sparse(d / disk.IMAGE, into / disk.IMAGE)
         return
     if criu is not None:
-        checkpoint.quiesce(info.agent_socket, info.init_pid)
+        process_tree.quiesce(info.agent_socket, info.init_pid)
     try:
         cg.freeze()
         try:
@@ -71,7 +72,7 @@ def checkpoint_in_place(host: Host, info: SandboxInfo, into: Path, memory: bool 
                 os.close(fd)
             images.copy_sparse(d / disk.IMAGE, into / disk.IMAGE)
             if criu is not None:
-                checkpoint.dump(criu, d, info.init_pid, into / checkpoint.IMAGES,
+                process_tree.dump(criu, d, info.init_pid, into / process_tree.IMAGES,
                                 freezer=cg.v1("freezer"))  # fmt: skip
         finally:
             if info.state == "running":
@@ -94,12 +95,12 @@ def start(
     lock = claim(d)
     try:
         host_uid = prepare_root(host, d, spec, template, layer_image=taken / disk.IMAGE)
-        checkpoint.copy_images(taken / checkpoint.IMAGES, d / checkpoint.IMAGES)
-        new_boot(d / checkpoint.HANDOFF, sandbox_id, template_name)  # (a new sandbox: its boot)
+        process_tree.copy_images(taken / process_tree.IMAGES, d / process_tree.IMAGES)
+        new_boot(d / process_tree.HANDOFF, sandbox_id, template_name)  # (a new sandbox: its boot)
         if config is not None:
             (d / "run" / "agent.json").write_text(json.dumps(config))
         procs = host.cgroup(sandbox_id).procs_files()
-        pid = checkpoint.restore(criu, d, procs, host_uid, own=False)
+        pid = process_tree.restore(criu, d, procs, host_uid, own=False)
         hand_back(d, pid, rebind=config is not None)
         info = SandboxInfo(
             id=sandbox_id, template=template_name, state="running", spec=spec,
@@ -107,7 +108,7 @@ def start(
             extra=dict(extra), host_uid=host_uid, started_from=started_from,
         )  # fmt: skip
         host.records.save(info)
-        safefs.remove_quietly(d / checkpoint.IMAGES)
+        safefs.remove_quietly(d / process_tree.IMAGES)
         return info
     except BaseException:
         destroy(host, sandbox_id, None)

@@ -41,7 +41,7 @@ from typing import Any
 
 from sandhold.errors import HostUnsupported, InvalidRequest, TemplateBuildFailed
 from sandhold.runtime import safefs, staging
-from sandhold.runtime.layer_scan import Bounds, deepest, drop_devices, over, scan
+from sandhold.runtime.templates.layer_scan import Bounds, deepest, drop_devices, over, scan
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Suspend to disk: a paused sandbox's processes checkpointed (runtime/checkpoint.py) and gone,
+"""Suspend to disk: a paused sandbox's processes checkpointed (process_tree.py) and gone,
 its memory freed, its files and memory image kept; resume restores them as they were.
 
 A suspended sandbox is recorded ``paused`` with ``suspended = "disk"``; its cgroups stay (empty,
@@ -19,9 +19,10 @@ import time
 from pathlib import Path
 
 from sandhold.errors import CheckpointFailed, Conflict, HostUnsupported
-from sandhold.runtime import checkpoint, disk, mounts, safefs
+from sandhold.runtime import disk, mounts, safefs
 from sandhold.runtime.boot import boot, remount, save_handoff
-from sandhold.runtime.criu import FIX, criu_status
+from sandhold.runtime.checkpoint import process_tree
+from sandhold.runtime.checkpoint.criu import FIX, criu_status
 from sandhold.runtime.host import Host
 from sandhold.runtime.launcher import listen
 from sandhold.runtime.reaping import reap_init
@@ -33,11 +34,11 @@ DISK = "disk"
 FILESYSTEM = "filesystem"  # no memory kept: resume boots afresh over the files
 
 
-def criu_path(host: Host) -> checkpoint.Criu:
+def criu_path(host: Host) -> process_tree.Criu:
     ok, detail = criu_status(host.settings.criu_path)
     if not ok:
         raise HostUnsupported(f"suspending to disk needs CRIU >= 4.1: {detail}; {FIX}")
-    return checkpoint.Criu(host.settings.criu_path, host.settings.criu_timeout_s)
+    return process_tree.Criu(host.settings.criu_path, host.settings.criu_timeout_s)
 
 
 def suspend(host: Host, sandbox_id: str) -> SandboxInfo:
@@ -54,11 +55,11 @@ def suspend(host: Host, sandbox_id: str) -> SandboxInfo:
         if frozen:
             cg.thaw()  # the agent must run to let go of the host's descriptors
         try:
-            checkpoint.quiesce(info.agent_socket, info.init_pid)
+            process_tree.quiesce(info.agent_socket, info.init_pid)
             try:
-                checkpoint.dump(criu, d, info.init_pid)
+                process_tree.dump(criu, d, info.init_pid)
             except CheckpointFailed:
-                safefs.remove_quietly(d / checkpoint.IMAGES)
+                safefs.remove_quietly(d / process_tree.IMAGES)
                 hand_back(d, info.init_pid)  # it carries on where it was
                 raise
         except BaseException:
@@ -78,7 +79,7 @@ def suspend(host: Host, sandbox_id: str) -> SandboxInfo:
         host.records.save(info)
         try:
             if host.settings.suspend_compress:
-                checkpoint.compress_pages(d / checkpoint.IMAGES)
+                process_tree.compress_pages(d / process_tree.IMAGES)
         except OSError as e:  # (a full disk) what is not compressed stays as it was dumped
             log.warning("the memory image of %s is kept uncompressed: %s", sandbox_id, e)
         release_mounts(d)
@@ -94,7 +95,7 @@ def release_mounts(d: Path) -> None:
     try:
         save_handoff(d)
         mounts.umount(d / "root")
-        mounts.umount(d / checkpoint.HANDOFF)
+        mounts.umount(d / process_tree.HANDOFF)
         # Not waited for: a copy of the host's mounts held a moment longer elsewhere (a bwrap
         # or a criu starting) keeps the layer's loop device attached until it goes; remount
         # waits then.
@@ -120,7 +121,7 @@ def drop_processes(host: Host, sandbox_id: str) -> SandboxInfo:
             if bwrap is not None:
                 bwrap.wait()
             reap_init(info.init_pid)
-        safefs.remove_quietly(d / checkpoint.IMAGES)
+        safefs.remove_quietly(d / process_tree.IMAGES)
         host.uids.give_back(d)  # the boot binds them again
         host.wsdisk.release(d)
         (d / "run" / "agent.sock").unlink(missing_ok=True)
@@ -160,14 +161,14 @@ def restore(host: Host, d: Path, info: SandboxInfo) -> None:
     procs = cg.procs_files()
     assert info.host_uid is not None
     try:
-        pid = checkpoint.restore(criu, d, procs, info.host_uid)
+        pid = process_tree.restore(criu, d, procs, info.host_uid)
         hand_back(d, pid)
     except BaseException:
         cg.kill_all()  # nothing half-restored stays; the image does
         raise
     info.pid = info.init_pid = pid
     info.suspended = None
-    safefs.remove_quietly(d / checkpoint.IMAGES)
+    safefs.remove_quietly(d / process_tree.IMAGES)
 
 
 def hand_back(d: Path, agent_pid: int, rebind: bool = False) -> None:
@@ -180,7 +181,7 @@ def hand_back(d: Path, agent_pid: int, rebind: bool = False) -> None:
                      0o600)  # fmt: skip
     config_fd = os.open(d / "run" / "agent.json", os.O_RDONLY | os.O_CLOEXEC) if rebind else None
     try:
-        checkpoint.handoff(d, agent_pid, listener, log_fd, config_fd)
+        process_tree.handoff(d, agent_pid, listener, log_fd, config_fd)
     finally:
         listener.close()
         os.close(log_fd)

@@ -25,12 +25,11 @@ from pathlib import Path
 import lz4.frame
 
 from sandhold.errors import CheckpointFailed
-from sandhold.runtime.criuimg import remap_userns
-from sandhold.runtime.launcher import BOOT_ID, BOOT_ID_FILE, HANDOFF_AT, JOIN_AND_EXEC
+from sandhold.runtime.checkpoint.criuimg import remap_userns
+from sandhold.runtime.launcher import BOOT_ID, BOOT_ID_FILE, HANDOFF, HANDOFF_AT, JOIN_AND_EXEC
 from sandhold.runtime.uids import VIEW_LIST
 
 IMAGES = "checkpoint"  # in the sandbox's directory
-HANDOFF = "handoff"  # host directory bound read-only at HANDOFF_AT
 QUIESCE = b"POST /sandhold/quiesce HTTP/1.1\r\nHost: agent\r\nContent-Length: 0\r\n\r\n"
 # Shared by dump and restore: mounts bound from the host are external (the root, /usr, the
 # workspace view, ...), found again by path; the sandbox's netns has no route to lock.

@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING
 
 from sandhold.errors import TemplateBuildFailed
 from sandhold.runtime import safefs, staging
-from sandhold.runtime.templates import flocked
+from sandhold.runtime.templates.store import flocked
 
 if TYPE_CHECKING:
-    from sandhold.runtime.templates import TemplateStore
+    from sandhold.runtime.templates.store import TemplateStore
     from sandhold.runtime.uids import UidPool
 
 log = logging.getLogger(__name__)
