@@ -42,7 +42,7 @@ BUILD_CAPS = ["CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_
               "CAP_SETGID", "CAP_SETUID", "CAP_SYS_CHROOT", "CAP_SETFCAP"]  # fmt: skip
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 BASE_BIN = "/opt/sandhold/bin"  # commands of `base`'s own (after the host's, on its PATH)
-SUDO_CLIENT = Path(__file__).with_name("sudo_client.py")
+SUDO_CLIENT = Path(__file__).parents[1] / "sudo_client.py"  # (sandhold.runtime)
 
 # Host /etc entries that are safe and useful inside a sandbox built on the host's /usr.
 HOST_ETC_ENTRIES = (
