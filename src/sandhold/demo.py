@@ -75,8 +75,10 @@ def tour(url: str) -> None:
         sbx.kill()
         console.print("  [green]✓[/green] killed")
 
-    console.print("[bold]e2b-code-interpreter SDK[/bold] → Sandhold (first run builds the "
-                  "template: about a minute)")  # fmt: skip
+    console.print(
+        "[bold]e2b-code-interpreter SDK[/bold] → Sandhold (first run builds the "
+        "template: about a minute)"
+    )
     t = time.perf_counter()
     ci = CodeSandbox.create(timeout=300, **opts)
     _step(f"code-interpreter sandbox {ci.sandbox_id}", t)

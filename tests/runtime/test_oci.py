@@ -1,7 +1,7 @@
 """OCI image pulls (runtime/templates/oci.py) against a real registry on loopback: Debian's
 docker-registry serving TLS (a CA made here) with htpasswd credentials, holding images this test
 builds itself (layer tars, config, manifest: an OCI layout pushed with skopeo). Traffic goes to
-127.0.0.1 only. """
+127.0.0.1 only."""
 
 from __future__ import annotations
 

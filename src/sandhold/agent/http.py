@@ -30,14 +30,27 @@ Handler = Callable[["Request", "Response"], Awaitable[None]]
 Streams = tuple[aio.StreamReader, aio.StreamWriter]
 
 _REASONS = {
-    100: b"Continue", 200: b"OK", 204: b"No Content", 400: b"Bad Request",
-    401: b"Unauthorized", 403: b"Forbidden", 404: b"Not Found", 405: b"Method Not Allowed",
-    406: b"Not Acceptable", 409: b"Conflict", 413: b"Content Too Large",
-    415: b"Unsupported Media Type", 429: b"Too Many Requests", 499: b"Client Closed Request",
-    500: b"Internal Server Error", 501: b"Not Implemented", 502: b"Bad Gateway",
+    100: b"Continue",
+    200: b"OK",
+    204: b"No Content",
+    400: b"Bad Request",
+    401: b"Unauthorized",
+    403: b"Forbidden",
+    404: b"Not Found",
+    405: b"Method Not Allowed",
+    406: b"Not Acceptable",
+    409: b"Conflict",
+    413: b"Content Too Large",
+    415: b"Unsupported Media Type",
+    429: b"Too Many Requests",
+    499: b"Client Closed Request",
+    500: b"Internal Server Error",
+    501: b"Not Implemented",
+    502: b"Bad Gateway",
     503: b"Service Unavailable",
-    504: b"Gateway Timeout", 507: b"Insufficient Storage",
-}  # fmt: skip
+    504: b"Gateway Timeout",
+    507: b"Insufficient Storage",
+}
 
 
 def percent_decode(s: str, plus: bool = False, encoding: str = "utf-8") -> str:

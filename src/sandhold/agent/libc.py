@@ -58,8 +58,17 @@ def setfsgid(gid: int) -> int:
 
 
 # Capabilities a build sandbox's root keeps (inside its user namespace): AgentConfig.root_caps.
-CAPS = {"CAP_CHOWN": 0, "CAP_DAC_OVERRIDE": 1, "CAP_FOWNER": 3, "CAP_FSETID": 4, "CAP_KILL": 5,
-        "CAP_SETGID": 6, "CAP_SETUID": 7, "CAP_SYS_CHROOT": 18, "CAP_SETFCAP": 31}  # fmt: skip
+CAPS = {
+    "CAP_CHOWN": 0,
+    "CAP_DAC_OVERRIDE": 1,
+    "CAP_FOWNER": 3,
+    "CAP_FSETID": 4,
+    "CAP_KILL": 5,
+    "CAP_SETGID": 6,
+    "CAP_SETUID": 7,
+    "CAP_SYS_CHROOT": 18,
+    "CAP_SETFCAP": 31,
+}
 
 
 def drop_all_capabilities(keep: frozenset[int] = frozenset()) -> None:

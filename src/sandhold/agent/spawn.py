@@ -196,9 +196,20 @@ def _spawn_in_one_step(
         if not k or "=" in k:
             raise ValueError("illegal environment variable name")  # (as os.posix_spawn says)
         env.append(f"{k}={v}")
-    return ext(spec.argv[0], spec.argv, env, std, err_w, can_switch(),
-               user.uid, user.gid, spec.groups, sum(1 << c for c in keep), tty,
-               spec.cwd)  # fmt: skip
+    return ext(
+        spec.argv[0],
+        spec.argv,
+        env,
+        std,
+        err_w,
+        can_switch(),
+        user.uid,
+        user.gid,
+        spec.groups,
+        sum(1 << c for c in keep),
+        tty,
+        spec.cwd,
+    )
 
 
 def _spawn(spec: SpawnSpec, fds: dict[str, int], err_w: int) -> int:
@@ -207,14 +218,30 @@ def _spawn(spec: SpawnSpec, fds: dict[str, int], err_w: int) -> int:
     user = spec.user
     switch = can_switch()
     keep = spec.root_caps if user.uid == 0 else frozenset()
-    argv = [HELPER, "1" if switch else "0", str(user.uid), str(user.gid),
-            ",".join(map(str, spec.groups)) or "-", f"{sum(1 << c for c in keep):x}",
-            "1" if "slave" in fds else "0", spec.cwd, "--", *spec.argv]  # fmt: skip
+    argv = [
+        HELPER,
+        "1" if switch else "0",
+        str(user.uid),
+        str(user.gid),
+        ",".join(map(str, spec.groups)) or "-",
+        f"{sum(1 << c for c in keep):x}",
+        "1" if "slave" in fds else "0",
+        spec.cwd,
+        "--",
+        *spec.argv,
+    ]
     std = [fds["slave"]] * 3 if "slave" in fds else [fds["stdin"], fds["stdout"], fds["stderr"]]
     actions = [(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(std)]
     actions.append((os.POSIX_SPAWN_DUP2, err_w, 3))  # last: a source may have been fd 3
-    return os.posix_spawn(HELPER, argv, spec.env, file_actions=actions, setsid=True,
-                          setsigmask=(), setsigdef=DEFAULT_SIGNALS)  # fmt: skip
+    return os.posix_spawn(
+        HELPER,
+        argv,
+        spec.env,
+        file_actions=actions,
+        setsid=True,
+        setsigmask=(),
+        setsigdef=DEFAULT_SIGNALS,
+    )
 
 
 def _run_in_child(spec: SpawnSpec, fds: dict[str, int], errpipe: int, max_fd: int) -> None:

@@ -93,8 +93,15 @@ class SudoServer:
             login = ["-l"] if req.get("login") else []
             argv = [shell, *login, *(["-c", " ".join(argv)] if argv else [])]
         env = {str(k): str(v) for k, v in (req.get("env") or {}).items()}
-        msg = {"process": {"cmd": argv[0], "args": argv[1:], "envs": env,
-                           "cwd": str(req.get("cwd") or "")}, "stdin": True}  # fmt: skip
+        msg = {
+            "process": {
+                "cmd": argv[0],
+                "args": argv[1:],
+                "envs": env,
+                "cwd": str(req.get("cwd") or ""),
+            },
+            "stdin": True,
+        }
         spec, _ = spawn_spec(msg, user, self.config)
         spec.stdio = (fds[0], fds[1], fds[2])
         pid, ended = await self.manager.start_unlisted(spec)

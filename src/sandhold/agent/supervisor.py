@@ -95,9 +95,12 @@ async def _post(port: int, path: str, body: bytes, timeout: float = 10.0) -> int
     """POST ``body`` (JSON) to a service on this sandbox's loopback; its status code."""
     reader, writer = await aio.wait_for(aio.open_connection("127.0.0.1", port), timeout)
     try:
-        writer.write(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
-                     f"application/json\r\nContent-Length: {len(body)}\r\nConnection: close"
-                     "\r\n\r\n".encode() + body)  # fmt: skip
+        writer.write(
+            f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
+            f"application/json\r\nContent-Length: {len(body)}\r\nConnection: close"
+            "\r\n\r\n".encode()
+            + body
+        )
         await writer.drain()
         line = await aio.wait_for(reader.readline(), timeout)
         parts = line.split()

@@ -32,8 +32,14 @@ def audit(
         if log not in dirs:
             raise InvalidRequest(f"unknown audit log {log!r}: use files or egress")
         directory = dirs[log](get_settings().data_dir)
-        records = logs.query(directory, since=time.time() - since, limit=limit,
-                             sandbox=sandbox, session=session, decision=decision)  # fmt: skip
+        records = logs.query(
+            directory,
+            since=time.time() - since,
+            limit=limit,
+            sandbox=sandbox,
+            session=session,
+            decision=decision,
+        )
     except SandholdError as e:
         fail(e)
     for rec in records:

@@ -40,7 +40,7 @@ def gateway_serve(
     def go() -> None:
         settings = load_settings(
             gateway_host=host, gateway_port=port, gateway_replica_id=replica_id
-        )  # fmt: skip
+        )
         setup(settings, "gateway")
         serve(settings, fd)
 

@@ -85,9 +85,16 @@ def logs(
             err.print(f"[yellow]{lines.skipped} malformed line(s) skipped[/yellow]")
 
 
-def _filter(level: str | None, request: str | None, tenant: str | None, session: str | None,
-            sandbox: str | None, since: str | None, until: str | None,
-            grep: str | None) -> Filter:  # fmt: skip
+def _filter(
+    level: str | None,
+    request: str | None,
+    tenant: str | None,
+    session: str | None,
+    sandbox: str | None,
+    since: str | None,
+    until: str | None,
+    grep: str | None,
+) -> Filter:
     from sandhold.logs import read as r
 
     min_level = 0
@@ -115,12 +122,17 @@ def _print_line(entry: Entry, as_json: bool) -> None:
         print(line, flush=True)
         return
     style = STYLES.get(str(rec.get("level")), "")
-    text = (f"{rec['ts']} {rec.get('level', '?'):<7} {rec.get('logger', '')}: "
-            f"{rec.get('message', '')} {_ids(rec)}")  # fmt: skip
+    text = (
+        f"{rec['ts']} {rec.get('level', '?'):<7} {rec.get('logger', '')}: "
+        f"{rec.get('message', '')} {_ids(rec)}"
+    )
     if rec.get("exc"):
         text += f"\n{rec['exc']}"
-    console.print(f"[{style}]{escape(text)}[/{style}]" if style else escape(text),
-                  highlight=False, soft_wrap=True)  # fmt: skip
+    console.print(
+        f"[{style}]{escape(text)}[/{style}]" if style else escape(text),
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 def _print_table(entries: Iterable[Entry]) -> None:
@@ -137,7 +149,11 @@ def _print_table(entries: Iterable[Entry]) -> None:
         if rec.get("exc"):
             message += f"\n{rec['exc']}"
         style = STYLES.get(str(rec.get("level")), "")
-        table.add_row(str(rec["ts"]), Text(str(rec.get("level", "?")), style=style),
-                      str(rec.get("logger", "")), Text(message, style=style),
-                      _ids(rec))  # fmt: skip
+        table.add_row(
+            str(rec["ts"]),
+            Text(str(rec.get("level", "?")), style=style),
+            str(rec.get("logger", "")),
+            Text(message, style=style),
+            _ids(rec),
+        )
     console.print(table)

@@ -42,8 +42,10 @@ def sandbox_create(
         envs, pairs = _pairs(env, "--env"), _pairs(metadata, "--metadata")
         # The service's bounds of a create, before anything is made (the CLI's sandboxes have
         # no lifecycle record, so no timeout: the server's timers leave them alone).
-        check_create(CreateSandbox(owner="cli", template=template, timeout_s=0, env=envs,
-                                   metadata=pairs), get_settings())  # fmt: skip
+        check_create(
+            CreateSandbox(owner="cli", template=template, timeout_s=0, env=envs, metadata=pairs),
+            get_settings(),
+        )
         rt = runtime()
         limits: dict[str, Any] = {
             "memory_mb": memory_mb or rt.settings.default_memory_mb,
@@ -75,12 +77,19 @@ def sandbox_ls(as_json: Annotated[bool, typer.Option("--json")] = False) -> None
         rows = []
         for info in rt.list():
             u = rt.usage(info.id)
-            rows.append({
-                "id": info.id, "template": info.template, "state": info.state,
-                "workspace": info.spec.workspace_id, "memory_mb": round(u.memory_bytes / 2**20, 1),
-                "cpu_s": round(u.cpu_seconds, 3), "pids": u.pids, "oom_kills": u.oom_kills,
-                "metadata": info.metadata,
-            })  # fmt: skip
+            rows.append(
+                {
+                    "id": info.id,
+                    "template": info.template,
+                    "state": info.state,
+                    "workspace": info.spec.workspace_id,
+                    "memory_mb": round(u.memory_bytes / 2**20, 1),
+                    "cpu_s": round(u.cpu_seconds, 3),
+                    "pids": u.pids,
+                    "oom_kills": u.oom_kills,
+                    "metadata": info.metadata,
+                }
+            )
     except SandholdError as e:
         fail(e)
     if as_json:

@@ -24,14 +24,21 @@ def doctor() -> None:
         fail(e)
     table = Table("check", "status", "detail", "fix")
     for c in checks:
-        status = "[green]ok[/green]" if c.ok else ("[red]MISSING[/red]" if c.required else
-                                                   "[yellow]optional[/yellow]")  # fmt: skip
+        status = (
+            "[green]ok[/green]"
+            if c.ok
+            else ("[red]MISSING[/red]" if c.required else "[yellow]optional[/yellow]")
+        )
         table.add_row(c.name, status, c.detail, "" if c.ok else c.fix)
     console.print(table)
     missing = [c.name for c in checks if c.required and not c.ok]
     if missing:  # what HostUnsupported exits with (69), not 1, which is Python's for a bug
-        fail(HostUnsupported(f"{len(missing)} required check(s) failed: {', '.join(missing)} "
-                             "(see the fix column)"))  # fmt: skip
+        fail(
+            HostUnsupported(
+                f"{len(missing)} required check(s) failed: {', '.join(missing)} "
+                "(see the fix column)"
+            )
+        )
 
 
 def demo(

@@ -28,9 +28,11 @@ def _store() -> Any:
     where = url.render_as_string(hide_password=True)
     if url.get_backend_name() == "sqlite":
         if not url.database or not Path(url.database).is_file():
-            raise NotFound(f"no gateway store at {url.database}: `sandhold gateway serve` "
-                           "creates it at its first start (SANDHOLD_DATA_DIR or "
-                           "SANDHOLD_GATEWAY_STORE_URL choose another)")  # fmt: skip
+            raise NotFound(
+                f"no gateway store at {url.database}: `sandhold gateway serve` "
+                "creates it at its first start (SANDHOLD_DATA_DIR or "
+                "SANDHOLD_GATEWAY_STORE_URL choose another)"
+            )
         where = url.database
     store = Store(url.render_as_string(hide_password=False))
     require_head(store.engine, where)
@@ -67,8 +69,7 @@ def session_ls(tenant: Annotated[str | None, typer.Option(help="only this tenant
         rows = _store().sessions(tenant)
     table = Table("tenant", "session", "state", "sandbox", "created")
     for r in rows:
-        table.add_row(r.tenant_id, r.session_id, r.state, r.sandbox_id or "-",
-                      _when(r.created_at))  # fmt: skip
+        table.add_row(r.tenant_id, r.session_id, r.state, r.sandbox_id or "-", _when(r.created_at))
     console.print(table)
 
 
@@ -99,10 +100,16 @@ def session_timeline(
     table = Table("at", "event", "sandbox", "tool", "ms", "exit", "in/out", "reason / error")
     for ev in events:
         io = f"{ev.bytes_in}/{ev.bytes_out}" if ev.bytes_in is not None else ""
-        table.add_row(_when(ev.at), ev.kind, ev.sandbox_id or "", ev.tool or "",
-                      "" if ev.duration_ms is None else f"{ev.duration_ms:.0f}",
-                      "" if ev.exit_code is None else str(ev.exit_code), io,
-                      ev.error or ev.reason or "")  # fmt: skip
+        table.add_row(
+            _when(ev.at),
+            ev.kind,
+            ev.sandbox_id or "",
+            ev.tool or "",
+            "" if ev.duration_ms is None else f"{ev.duration_ms:.0f}",
+            "" if ev.exit_code is None else str(ev.exit_code),
+            io,
+            ev.error or ev.reason or "",
+        )
     console.print(table)
 
 

@@ -101,15 +101,19 @@ def check_name(rt: Runtime, name: str, base: Template | None = None) -> None:
         return
     old = rt.templates.get(name)
     if old.owner is not None:
-        raise Conflict(f"template {name!r} is a team's build (through the server); choose "
-                       "another name")  # fmt: skip
+        raise Conflict(
+            f"template {name!r} is a team's build (through the server); choose another name"
+        )
     if not owns_rootfs(rt, old):  # (one built on it keeps its layers: they are its too)
         return
-    users = sorted({*dependents(rt, old), *([base.name] if base and base.rootfs == old.rootfs
-                                           else [])})  # fmt: skip
+    users = sorted(
+        {*dependents(rt, old), *([base.name] if base and base.rootfs == old.rootfs else [])}
+    )
     if users:
-        raise Conflict(f"template {name!r} has its own root filesystem, which "
-                       f"{', '.join(users)} stand(s) on; choose another name")  # fmt: skip
+        raise Conflict(
+            f"template {name!r} has its own root filesystem, which "
+            f"{', '.join(users)} stand(s) on; choose another name"
+        )
 
 
 def owns_rootfs(rt: Runtime, t: Template) -> bool:
@@ -129,9 +133,17 @@ def dependents(rt: Runtime, t: Template) -> list[str]:
     return out
 
 
-def build_dockerfile(rt: Runtime, name: str, file: Path, context: Path | None,
-                     args: list[str], no_cache: bool, cpu: float | None,
-                     memory_mb: int | None, ready_cmd: str | None) -> Template:  # fmt: skip
+def build_dockerfile(
+    rt: Runtime,
+    name: str,
+    file: Path,
+    context: Path | None,
+    args: list[str],
+    no_cache: bool,
+    cpu: float | None,
+    memory_mb: int | None,
+    ready_cmd: str | None,
+) -> Template:
     from sandhold.runtime.templates import dockerfile
     from sandhold.runtime.templates.build import Builder, BuildLog, BuildRequest
 
@@ -149,16 +161,25 @@ def build_dockerfile(rt: Runtime, name: str, file: Path, context: Path | None,
         base = _image_base(rt, df.meta["image"]) if df.meta.get("image") else df.base
         check_name(rt, name, rt.templates.get(base))
         if ready_cmd and not df.start_cmd:
-            raise InvalidRequest("--ready-cmd goes with a start command: the Dockerfile has no "
-                                 "CMD or ENTRYPOINT")  # fmt: skip
+            raise InvalidRequest(
+                "--ready-cmd goes with a start command: the Dockerfile has no CMD or ENTRYPOINT"
+            )
         for w in df.warnings:
             err.print(f"[yellow]warning[/yellow]: {escape(w)}")
         progress = Progress(console)
         log = BuildLog(rt.host, name, then=progress)
         log("info", f"building {name} from {file} (context {ctx}), on {base}")
-        req = BuildRequest(name=name, base=base, steps=df.steps, start_cmd=df.start_cmd,
-                           ready_cmd=ready_cmd, force=no_cache, cpu=cpu, memory_mb=memory_mb,
-                           meta={"owner": None, "public": True})  # fmt: skip
+        req = BuildRequest(
+            name=name,
+            base=base,
+            steps=df.steps,
+            start_cmd=df.start_cmd,
+            ready_cmd=ready_cmd,
+            force=no_cache,
+            cpu=cpu,
+            memory_mb=memory_mb,
+            meta={"owner": None, "public": True},
+        )
         try:
             t0 = time.monotonic()
             tpl = Builder(rt, df.archives.__getitem__).build(req, log)

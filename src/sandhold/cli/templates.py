@@ -29,8 +29,14 @@ def template_ls() -> None:
         table = Table("name", "kind", "layers", "owner", "tags", "created")
         for t in rt.templates.list():
             created = datetime.fromtimestamp(t.created_at).strftime("%Y-%m-%d %H:%M:%S")
-            table.add_row(t.name, t.kind, str(len(t.layers)), t.owner or "-",
-                          ", ".join(t.tags) or "-", created)  # fmt: skip
+            table.add_row(
+                t.name,
+                t.kind,
+                str(len(t.layers)),
+                t.owner or "-",
+                ", ".join(t.tags) or "-",
+                created,
+            )
         console.print(table)
     except SandholdError as e:
         fail(e)
@@ -81,8 +87,9 @@ def template_build(
     try:
         rt = runtime()
         if file is not None:
-            t = build_dockerfile(rt, name, file, context, build_arg or [], no_cache, cpu,
-                                 memory_mb, ready_cmd)  # fmt: skip
+            t = build_dockerfile(
+                rt, name, file, context, build_arg or [], no_cache, cpu, memory_mb, ready_cmd
+            )
             console.print(f"built template [bold]{t.name}[/bold]: {len(t.layers)} layers")
             return
         if debootstrap:
@@ -114,11 +121,13 @@ def template_rm(name: str) -> None:
             raise TemplateNotFound(f"template {name!r} does not exist")
         t = rt.templates.get(name)
         if users := dependents(rt, t):
-            raise Conflict(f"template {name!r} is what {', '.join(users)} is built on: remove "
-                           "that first")  # fmt: skip
+            raise Conflict(
+                f"template {name!r} is what {', '.join(users)} is built on: remove that first"
+            )
         if running := [i.id for i in rt.list() if i.template == name]:
-            raise Conflict(f"template {name!r} has sandboxes: {', '.join(running)} (kill them "
-                           "first)")  # fmt: skip
+            raise Conflict(
+                f"template {name!r} has sandboxes: {', '.join(running)} (kill them first)"
+            )
         rt.templates.remove(name)
         rt.warm.remove(name)
         log_path(rt.host, name).unlink(missing_ok=True)

@@ -30,8 +30,12 @@ class Source:
 
         self.kind = kind
         self.url = url.rstrip("/")
-        self.client = httpx.Client(base_url=self.url, timeout=timeout, trust_env=False,
-                                   headers={"Authorization": f"Bearer {key}"})  # fmt: skip
+        self.client = httpx.Client(
+            base_url=self.url,
+            timeout=timeout,
+            trust_env=False,
+            headers={"Authorization": f"Bearer {key}"},
+        )
 
     def post(self, name: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         import httpx
@@ -83,19 +87,36 @@ def _sandboxes(rows: list[dict[str, Any]], gateway: bool) -> Any:
         t.add_column(c, overflow="fold")
     for r in rows:
         first = [r.get("tenant"), r.get("session_id") if gateway else r.get("template")]
-        t.add_row(*map(_t, first), _t(r.get("sandbox_id")), _t(r.get("state")),
-                  _t(_age(r.get("age_s"))), _t(r.get("cpu_pct")), _t(r.get("memory_mib")),
-                  _t(r.get("disk_mib")))  # fmt: skip
+        t.add_row(
+            *map(_t, first),
+            _t(r.get("sandbox_id")),
+            _t(r.get("state")),
+            _t(_age(r.get("age_s"))),
+            _t(r.get("cpu_pct")),
+            _t(r.get("memory_mib")),
+            _t(r.get("disk_mib")),
+        )
     return t
 
 
 def _usage(stats: dict[str, Any], window_s: float) -> Any:
     from rich.table import Table
 
-    t = Table(title=f"Usage, last {window_s:g} s, by tenant and scenario", title_justify="left",
-              expand=True)  # fmt: skip
-    for c in ("tenant", "scenario", "sessions", "tool calls", "p50 ms", "p95 ms", "failures",
-              "sandbox-h"):  # fmt: skip
+    t = Table(
+        title=f"Usage, last {window_s:g} s, by tenant and scenario",
+        title_justify="left",
+        expand=True,
+    )
+    for c in (
+        "tenant",
+        "scenario",
+        "sessions",
+        "tool calls",
+        "p50 ms",
+        "p95 ms",
+        "failures",
+        "sandbox-h",
+    ):
         t.add_column(c, overflow="fold")
     for g in stats.get("groups") or []:
         t.add_row(
@@ -125,9 +146,15 @@ def _failures(rows: list[dict[str, Any]]) -> Any:
     for f in rows:
         at = f.get("at")
         when = time.strftime("%H:%M:%S", time.localtime(at)) if isinstance(at, int | float) else at
-        t.add_row(_t(when), _t(f.get("tenant_id")), _t(f.get("session_id")),
-                  _t(f.get("scenario")), _t(f.get("kind")), _t(f.get("tool")),
-                  _t(f.get("error") or f.get("reason")))  # fmt: skip
+        t.add_row(
+            _t(when),
+            _t(f.get("tenant_id")),
+            _t(f.get("session_id")),
+            _t(f.get("scenario")),
+            _t(f.get("kind")),
+            _t(f.get("tool")),
+            _t(f.get("error") or f.get("reason")),
+        )
     return t
 
 
@@ -136,8 +163,9 @@ def frame(src: Source, window_s: float) -> Any:
     from rich.console import Group
     from rich.text import Text
 
-    header = Text(f"sandhold top  {src.kind} {src.url}  {time.strftime('%Y-%m-%d %H:%M:%S')}",
-                  style="bold")  # fmt: skip
+    header = Text(
+        f"sandhold top  {src.kind} {src.url}  {time.strftime('%Y-%m-%d %H:%M:%S')}", style="bold"
+    )
     sandboxes = src.post("sandboxes").get("sandboxes") or []
     if src.kind == "server":
         return Group(header, _sandboxes(sandboxes, gateway=False))
@@ -145,8 +173,9 @@ def frame(src: Source, window_s: float) -> Any:
     span = {"since": now - window_s, "until": now}
     stats = src.post("stats", span)
     failures = src.post("failures", {**span, "limit": FAILURES_SHOWN}).get("failures") or []
-    return Group(header, _usage(stats, window_s), _sandboxes(sandboxes, gateway=True),
-                 _failures(failures))  # fmt: skip
+    return Group(
+        header, _usage(stats, window_s), _sandboxes(sandboxes, gateway=True), _failures(failures)
+    )
 
 
 def top(

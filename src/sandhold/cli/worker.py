@@ -39,9 +39,11 @@ def worker(
 
     try:
         settings = load_settings(
-            worker_base_url=base_url, worker_environment_id=environment_id,
-            worker_gateway_url=gateway_url, worker_id=worker_id,
-        )  # fmt: skip
+            worker_base_url=base_url,
+            worker_environment_id=environment_id,
+            worker_gateway_url=gateway_url,
+            worker_id=worker_id,
+        )
         settings.check_worker()
         setup(settings, "worker")
         status = asyncio.run(serve(settings))

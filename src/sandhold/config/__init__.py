@@ -96,14 +96,24 @@ __all__ = [
 ]
 
 LAYERS: tuple[type[Layer], ...] = (
-    RuntimeSettings, ServerSettings, EgressSettings, GatewaySettings, LogSettings, WorkerSettings
-)  # fmt: skip
+    RuntimeSettings,
+    ServerSettings,
+    EgressSettings,
+    GatewaySettings,
+    LogSettings,
+    WorkerSettings,
+)
 
 
 class Settings(
-    RuntimeSettings, ServerSettings, EgressSettings, GatewaySettings, LogSettings, WorkerSettings,
+    RuntimeSettings,
+    ServerSettings,
+    EgressSettings,
+    GatewaySettings,
+    LogSettings,
+    WorkerSettings,
     BaseSettings,
-):  # fmt: skip
+):
     model_config = SettingsConfigDict(env_prefix="SANDHOLD_", extra="forbid")
 
     # -- defaults that combine layers --

@@ -237,8 +237,9 @@ class RuntimeSettings(CreateLimits, Layer):
             try:
                 ipaddress.ip_network(cidr, strict=False)
             except ValueError:
-                raise ConfigError(f"template_image_open_cidrs: {cidr!r} is not an IP network "
-                                  "(e.g. 10.0.0.0/8)") from None  # fmt: skip
+                raise ConfigError(
+                    f"template_image_open_cidrs: {cidr!r} is not an IP network (e.g. 10.0.0.0/8)"
+                ) from None
         return self
 
     @property

@@ -37,8 +37,9 @@ def routes(gw: Gateway) -> list[Route]:
         cursor = body.get("cursor")
         if cursor is not None and (isinstance(cursor, bool) or not isinstance(cursor, int)):
             raise InvalidRequest("cursor must be the integer a previous page gave")
-        return await db(queries.sessions, gw.store, tenant, scenario, since, until, cursor,
-                        limit(body))  # fmt: skip
+        return await db(
+            queries.sessions, gw.store, tenant, scenario, since, until, cursor, limit(body)
+        )
 
     async def timeline(p: Principal, body: dict[str, Any]) -> dict[str, Any]:
         tenant, session = p.scope(text(body, "tenant", 64)), text(body, "session", 128)
@@ -74,9 +75,13 @@ def routes(gw: Gateway) -> list[Route]:
             sbx = await gw.provider.get(r.sandbox_id)
             if sbx is None:
                 return None
-            out: dict[str, Any] = {"sandbox_id": sbx.id, "tenant": r.tenant_id,
-                                   "session_id": r.session_id, "state": sbx.state,
-                                   "age_s": round(now - sbx.started_at, 1)}  # fmt: skip
+            out: dict[str, Any] = {
+                "sandbox_id": sbx.id,
+                "tenant": r.tenant_id,
+                "session_id": r.session_id,
+                "state": sbx.state,
+                "age_s": round(now - sbx.started_at, 1),
+            }
             if service is not None and sbx.state == "running":
                 try:
                     s = await service.sample(await service.get(sbx.id))
@@ -88,6 +93,11 @@ def routes(gw: Gateway) -> list[Route]:
         found = await asyncio.gather(*(row(r) for r in live))
         return {"sandboxes": [f for f in found if f is not None]}
 
-    handlers = {"sessions": sessions, "timeline": timeline, "failures": failures, "stats": stats,
-                "sandboxes": sandboxes}  # fmt: skip
+    handlers = {
+        "sessions": sessions,
+        "timeline": timeline,
+        "failures": failures,
+        "stats": stats,
+        "sandboxes": sandboxes,
+    }
     return page_routes("gateway") + api_routes(authenticate, handlers)

@@ -21,10 +21,25 @@ from sandhold.store.models import Event, Session
 
 FAILURE_KINDS = ("failure", "sandbox_failed")
 STARTS = ("sandbox_created", "sandbox_adopted", "sandbox_resumed")
-STOPS = ("sandbox_paused", "sandbox_reclaimed", "sandbox_replaced", "sandbox_failed",
-         "sandbox_orphan_killed", "session_closed")  # fmt: skip
-EVENT_FIELDS = ("id", "at", "kind", "sandbox_id", "tool", "duration_ms", "exit_code", "error",
-                "reason")  # fmt: skip
+STOPS = (
+    "sandbox_paused",
+    "sandbox_reclaimed",
+    "sandbox_replaced",
+    "sandbox_failed",
+    "sandbox_orphan_killed",
+    "session_closed",
+)
+EVENT_FIELDS = (
+    "id",
+    "at",
+    "kind",
+    "sandbox_id",
+    "tool",
+    "duration_ms",
+    "exit_code",
+    "error",
+    "reason",
+)
 MAX_STATS_EVENTS = 1_000_000  # what one stats query reads at most (beyond: a narrower range)
 
 
@@ -43,12 +58,20 @@ def _scoped(q: Any, tenant: str | None, scenario: str | None) -> Any:
 
 
 def _joined(q: Any) -> Any:
-    return q.join(Session, and_(Session.tenant_id == Event.tenant_id,
-                                Session.session_id == Event.session_id))  # fmt: skip
+    return q.join(
+        Session, and_(Session.tenant_id == Event.tenant_id, Session.session_id == Event.session_id)
+    )
 
 
-def sessions(store: Store, tenant: str | None, scenario: str | None, since: float, until: float,
-             cursor: int | None, limit: int) -> dict[str, Any]:  # fmt: skip
+def sessions(
+    store: Store,
+    tenant: str | None,
+    scenario: str | None,
+    since: float,
+    until: float,
+    cursor: int | None,
+    limit: int,
+) -> dict[str, Any]:
     """Sessions active in the range (opened before its end, not closed before its start),
     newest first, with their tool calls, failures and last event."""
     open_then = or_(Session.closed_at.is_(None), Session.closed_at >= since)
@@ -63,28 +86,44 @@ def sessions(store: Store, tenant: str | None, scenario: str | None, since: floa
         if page:
             keys = [(s.tenant_id, s.session_id) for s in page]
             agg = db.execute(
-                select(Event.tenant_id, Event.session_id,
-                       func.count().filter(Event.kind == "tool_call"),
-                       func.count().filter(_failed()), func.max(Event.at))
+                select(
+                    Event.tenant_id,
+                    Event.session_id,
+                    func.count().filter(Event.kind == "tool_call"),
+                    func.count().filter(_failed()),
+                    func.max(Event.at),
+                )
                 .where(or_(*(and_(Event.tenant_id == t, Event.session_id == s) for t, s in keys)))
                 .group_by(Event.tenant_id, Event.session_id)
-            )  # fmt: skip
+            )
             counts = {(t, s): (int(c), int(f), last) for t, s, c, f, last in agg}
     out = []
     for s in page:
         calls, fails, last = counts.get((s.tenant_id, s.session_id), (0, 0, None))
-        out.append({"tenant_id": s.tenant_id, "session_id": s.session_id, "scenario": s.scenario,
-                    "state": s.state, "sandbox_id": s.sandbox_id, "created_at": s.created_at,
-                    "last_at": last, "tool_calls": calls, "failures": fails})  # fmt: skip
+        out.append(
+            {
+                "tenant_id": s.tenant_id,
+                "session_id": s.session_id,
+                "scenario": s.scenario,
+                "state": s.state,
+                "sandbox_id": s.sandbox_id,
+                "created_at": s.created_at,
+                "last_at": last,
+                "tool_calls": calls,
+                "failures": fails,
+            }
+        )
     return {"sessions": out, "next": page[-1].id if len(rows) > limit else None}
 
 
-def timeline(store: Store, tenant: str, session: str, before: int | None,
-             limit: int) -> dict[str, Any] | None:  # fmt: skip
+def timeline(
+    store: Store, tenant: str, session: str, before: int | None, limit: int
+) -> dict[str, Any] | None:
     """A page of a session's events, newest first (None: no such session of that tenant)."""
     with store.db() as db:
-        row = db.scalar(select(Session).where(Session.tenant_id == tenant,
-                                              Session.session_id == session))  # fmt: skip
+        row = db.scalar(
+            select(Session).where(Session.tenant_id == tenant, Session.session_id == session)
+        )
         if row is None:
             return None
         q = select(Event).where(Event.tenant_id == tenant, Event.session_id == session)
@@ -93,37 +132,63 @@ def timeline(store: Store, tenant: str, session: str, before: int | None,
         events = list(db.scalars(q.order_by(Event.id.desc()).limit(limit + 1)))
     page = events[:limit]
     return {
-        "session": {"tenant_id": row.tenant_id, "session_id": row.session_id,
-                    "scenario": row.scenario, "state": row.state},
+        "session": {
+            "tenant_id": row.tenant_id,
+            "session_id": row.session_id,
+            "scenario": row.scenario,
+            "state": row.state,
+        },
         "events": [{k: getattr(e, k) for k in EVENT_FIELDS} for e in page],
         "next": page[-1].id if len(events) > limit else None,
-    }  # fmt: skip
+    }
 
 
-def failures(store: Store, tenant: str | None, scenario: str | None, since: float, until: float,
-             limit: int) -> list[dict[str, Any]]:  # fmt: skip
+def failures(
+    store: Store, tenant: str | None, scenario: str | None, since: float, until: float, limit: int
+) -> list[dict[str, Any]]:
     q = _joined(select(Event, Session.scenario)).where(
         _failed(), Event.at >= since, Event.at <= until
     )
     q = _scoped(q, tenant, scenario).order_by(Event.at.desc()).limit(limit)
     with store.db() as db:
         rows = list(db.execute(q))
-    return [{"tenant_id": e.tenant_id, "session_id": e.session_id, "scenario": sc,
-             **{k: getattr(e, k) for k in EVENT_FIELDS}} for e, sc in rows]  # fmt: skip
+    return [
+        {
+            "tenant_id": e.tenant_id,
+            "session_id": e.session_id,
+            "scenario": sc,
+            **{k: getattr(e, k) for k in EVENT_FIELDS},
+        }
+        for e, sc in rows
+    ]
 
 
-def stats(store: Store, tenant: str | None, scenario: str | None, since: float,
-          until: float) -> dict[str, Any]:  # fmt: skip
+def stats(
+    store: Store, tenant: str | None, scenario: str | None, since: float, until: float
+) -> dict[str, Any]:
     """Per (tenant, scenario): sessions with events in the range, tool calls, their p50/p95
     latency, failures by class, sandbox-hours."""
-    cols = (Event.tenant_id, Session.scenario, Event.session_id, Event.kind, Event.at,
-            Event.duration_ms, Event.error, Event.sandbox_id)  # fmt: skip
+    cols = (
+        Event.tenant_id,
+        Session.scenario,
+        Event.session_id,
+        Event.kind,
+        Event.at,
+        Event.duration_ms,
+        Event.error,
+        Event.sandbox_id,
+    )
     q = _joined(select(*cols)).where(Event.at >= since, Event.at <= until)
     q = _scoped(q, tenant, scenario).order_by(Event.at).limit(MAX_STATS_EVENTS)
 
     def group() -> dict[str, Any]:
-        return {"sessions": set(), "durations": [], "failures": defaultdict(int), "spans": {},
-                "seconds": 0.0}  # fmt: skip
+        return {
+            "sessions": set(),
+            "durations": [],
+            "failures": defaultdict(int),
+            "spans": {},
+            "seconds": 0.0,
+        }
 
     groups: dict[tuple[str, str | None], dict[str, Any]] = defaultdict(group)
     n = 0
@@ -148,13 +213,19 @@ def stats(store: Store, tenant: str | None, scenario: str | None, since: float,
     for (t, sc), g in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
         g["seconds"] += sum(until - start for start in g["spans"].values())  # still running
         d = sorted(g["durations"])
-        out.append({
-            "tenant": t, "scenario": sc, "sessions": len(g["sessions"]), "tool_calls": len(d),
-            "p50_ms": round(statistics.median(d), 2) if d else None,
-            "p95_ms": round(d[min(len(d) - 1, round(0.95 * (len(d) - 1)))], 2) if d else None,
-            "failures": sum(g["failures"].values()), "failure_classes": dict(g["failures"]),
-            "sandbox_hours": round(g["seconds"] / 3600, 4),
-        })  # fmt: skip
+        out.append(
+            {
+                "tenant": t,
+                "scenario": sc,
+                "sessions": len(g["sessions"]),
+                "tool_calls": len(d),
+                "p50_ms": round(statistics.median(d), 2) if d else None,
+                "p95_ms": round(d[min(len(d) - 1, round(0.95 * (len(d) - 1)))], 2) if d else None,
+                "failures": sum(g["failures"].values()),
+                "failure_classes": dict(g["failures"]),
+                "sandbox_hours": round(g["seconds"] / 3600, 4),
+            }
+        )
     return {"since": since, "until": until, "events": n, "groups": out}
 
 

@@ -25,9 +25,12 @@ def routes(service: SandboxService, teams: Teams) -> list[Route]:
 
         async def row(sbx: Any) -> dict[str, Any]:
             out: dict[str, Any] = {
-                "sandbox_id": sbx.id, "tenant": sbx.owner, "template": sbx.info.template,
-                "state": sbx.state, "age_s": round(now - sbx.info.created_at, 1),
-            }  # fmt: skip
+                "sandbox_id": sbx.id,
+                "tenant": sbx.owner,
+                "template": sbx.info.template,
+                "state": sbx.state,
+                "age_s": round(now - sbx.info.created_at, 1),
+            }
             if sbx.state == "running":
                 try:
                     s = await service.sample(sbx)

@@ -93,8 +93,11 @@ def api_routes(authenticate: Authenticate, handlers: Mapping[str, Handler]) -> l
                 body = await _body(request)
                 return JSONResponse(await handler(principal, body), headers=HEADERS)
             except SandholdError as e:
-                return JSONResponse({"code": e.code, "message": e.message},
-                                    status_code=rest_status(e), headers=HEADERS)  # fmt: skip
+                return JSONResponse(
+                    {"code": e.code, "message": e.message},
+                    status_code=rest_status(e),
+                    headers=HEADERS,
+                )
 
         return run
 
@@ -154,5 +157,8 @@ def text(body: dict[str, Any], name: str, most: int = 256) -> str | None:
 
 def usage(s: Sample) -> dict[str, float]:
     """A live sandbox's row fields from one metrics sample."""
-    return {"cpu_pct": round(s.cpu_used_pct, 1), "memory_mib": round(s.mem_used / MIB, 1),
-            "disk_mib": round(s.disk_used / MIB, 1)}  # fmt: skip
+    return {
+        "cpu_pct": round(s.cpu_used_pct, 1),
+        "memory_mib": round(s.mem_used / MIB, 1),
+        "disk_mib": round(s.disk_used / MIB, 1),
+    }

@@ -50,8 +50,9 @@ class E2bApp:
         self.control_plane = control.app(self._lifespan)
         # sandbox id -> (owner, session): neither changes in a sandbox's life
         self._owners: OrderedDict[str, tuple[str, str | None]] = OrderedDict()
-        self._logged = RequestLog(self._route, identify=self._identify, finish=self._finish,
-                                  capture=_is_create)  # fmt: skip
+        self._logged = RequestLog(
+            self._route, identify=self._identify, finish=self._finish, capture=_is_create
+        )
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
@@ -59,8 +60,10 @@ class E2bApp:
         # Templates that take long to build (code-interpreter-v1: about a minute on a fresh
         # machine) are built in the background, by processes stopped with the server; a create
         # that needs one meanwhile waits for it.
-        builds = [await prebuild.start(self.runtime.templates.root, self.settings.uid_base, name)
-                  for name in self.settings.prebuild_templates]  # fmt: skip
+        builds = [
+            await prebuild.start(self.runtime.templates.root, self.settings.uid_base, name)
+            for name in self.settings.prebuild_templates
+        ]
         try:
             yield
         finally:

@@ -115,8 +115,9 @@ class ControlPlane:
 
         return endpoint
 
-    def app(self, lifespan: Callable[[Starlette], contextlib.AbstractAsyncContextManager[None]]
-            ) -> Starlette:  # fmt: skip
+    def app(
+        self, lifespan: Callable[[Starlette], contextlib.AbstractAsyncContextManager[None]]
+    ) -> Starlette:
         a = self.authed
         unsupported = a(self.unsupported)
         routes = [
@@ -183,8 +184,9 @@ class ControlPlane:
 
     async def unsupported(self, request: Request, team: str) -> Response:
         # A known E2B endpoint, not an option of one: 501, the wire's own answer for that.
-        return error_response(501, f"{request.method} {request.url.path} is not supported by "
-                              "this server")  # fmt: skip
+        return error_response(
+            501, f"{request.method} {request.url.path} is not supported by this server"
+        )
 
     async def _create(self, request: Request, team: str, v1: bool) -> Response:
         raw = await self.read_body(request)
@@ -316,17 +318,22 @@ class ControlPlane:
     async def resume(self, request: Request, team: str) -> Response:
         body = models.parse(models.Resume, await self.read_body(request), empty_ok=True)
         sbx = await self.service.resume(
-            team, path_id(request), body.timeout,
-            auto_pause=body.autoPause, memory=body.memory,
-        )  # fmt: skip
+            team,
+            path_id(request),
+            body.timeout,
+            auto_pause=body.autoPause,
+            memory=body.memory,
+        )
         return JSONResponse(wire.created(sbx, self.domain), status_code=201)
 
     async def pause(self, request: Request, team: str) -> Response:
         body = models.parse(models.Pause, await self.read_body(request), empty_ok=True)
         await self.service.pause(
-            team, path_id(request), memory=body.memory,
+            team,
+            path_id(request),
+            memory=body.memory,
             require_healthy=bool(body.requireHealthyGuest),
-        )  # fmt: skip
+        )
         return Response(status_code=204)
 
     async def fork(self, request: Request, team: str) -> Response:
@@ -364,23 +371,33 @@ class ControlPlane:
         network = body.model_dump(exclude_none=True, exclude={"allow_internet_access"})
         sbx = await self.owned(team, sandbox_id)
         if not self.settings.egress_e2b_enabled:
-            raise InvalidRequest("egress is not enabled on this server: sandboxes have no "
-                                 "network access unless the operator sets "
-                                 "egress_e2b_enabled")  # fmt: skip
+            raise InvalidRequest(
+                "egress is not enabled on this server: sandboxes have no "
+                "network access unless the operator sets "
+                "egress_e2b_enabled"
+            )
         tenant = sbx.info.spec.network.tenant or team  # as chosen at create
         policy = egress_policy(self.settings, tenant, body.allow_internet_access, network)
         if sbx.info.spec.network.mode == "none":
-            raise Conflict(f"sandbox {sbx.id!r} was created without egress, so its "
-                           "network cannot be changed (the operator disabled "
-                           "egress_e2b_updatable)")  # fmt: skip
+            raise Conflict(
+                f"sandbox {sbx.id!r} was created without egress, so its "
+                "network cannot be changed (the operator disabled "
+                "egress_e2b_updatable)"
+            )
         if policy.mode == "none":
             policy = policy.model_copy(update={"mode": "allowlist"})
-        kept = {k: v for k, v in (sbx.life.surface.get("network") or {}).items()
-                if k in ("allowPublicTraffic", "maskRequestHost")}  # fmt: skip
+        kept = {
+            k: v
+            for k, v in (sbx.life.surface.get("network") or {}).items()
+            if k in ("allowPublicTraffic", "maskRequestHost")
+        }
         await self.service.set_network(
-            team, sbx.id, policy, allow_internet_access=body.allow_internet_access,
+            team,
+            sbx.id,
+            policy,
+            allow_internet_access=body.allow_internet_access,
             network={**kept, **network} or None,
-        )  # fmt: skip
+        )
 
     async def refresh(self, request: Request, team: str) -> Response:
         body = models.parse(models.Refresh, await self.read_body(request), empty_ok=True)
@@ -422,9 +439,11 @@ class ControlPlane:
 
     async def delete_volume(self, request: Request, team: str) -> Response:
         vol = self.volumes.get(team, request.path_params["id"])
-        users = [s.id for s in await self.service.query()
-                 if any(m.get("name") == vol.name
-                        for m in s.life.surface.get("volume_mounts") or [])]  # fmt: skip
+        users = [
+            s.id
+            for s in await self.service.query()
+            if any(m.get("name") == vol.name for m in s.life.surface.get("volume_mounts") or [])
+        ]
         if users:
             raise Conflict(f"volume {vol.name!r} is mounted by sandbox {users[0]}")
         self.volumes.delete(vol)

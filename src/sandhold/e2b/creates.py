@@ -34,9 +34,14 @@ V1_DEFAULT_TIMEOUT_S = 15
 
 
 def create_request(
-    settings: Settings, volumes: VolumeStore, team: str, body: NewSandbox, *, v1: bool,
+    settings: Settings,
+    volumes: VolumeStore,
+    team: str,
+    body: NewSandbox,
+    *,
+    v1: bool,
     idempotency_key: str | None,
-) -> CreateSandbox:  # fmt: skip
+) -> CreateSandbox:
     timeout = body.timeout
     if timeout is None:
         timeout = V1_DEFAULT_TIMEOUT_S if v1 else DEFAULT_TIMEOUT_S
@@ -115,8 +120,9 @@ def host_mounts(settings: Settings, raw: str | None) -> tuple[Path | None, list[
     for host_path, mount_path, read_only in parsed:
         real = Path(host_path).resolve()
         if not real.is_absolute() or not any(real.is_relative_to(r) for r in roots):
-            raise InvalidRequest(f"host-mount path {clipped(host_path)} is outside the allowed "
-                                 "roots")  # fmt: skip
+            raise InvalidRequest(
+                f"host-mount path {clipped(host_path)} is outside the allowed roots"
+            )
         if not real.is_dir():
             raise InvalidRequest(f"host-mount path {clipped(host_path)} is not a directory")
         if mount_path.rstrip("/") == "/workspace":
@@ -134,8 +140,9 @@ def parse_workspace_disk(raw: str | None) -> int | None:
     if raw is None:
         return None
     if not (raw.isascii() and raw.isdigit()) or len(raw) > 9:
-        raise InvalidRequest(f"metadata {WORKSPACE_DISK_KEY!r} must be a number of MiB, not "
-                             f"{clipped(raw)}")  # fmt: skip
+        raise InvalidRequest(
+            f"metadata {WORKSPACE_DISK_KEY!r} must be a number of MiB, not {clipped(raw)}"
+        )
     return int(raw)
 
 

@@ -24,8 +24,13 @@ from sandhold.service import Sandbox
 
 FILESYSTEM = "/filesystem.Filesystem/"
 HEAD = 64 * 1024  # enough of a request body for its paths, of a response for its error
-CONNECT_STATUS = {"permission_denied": 403, "not_found": 404, "invalid_argument": 400,
-                  "already_exists": 409, "unauthenticated": 401}  # fmt: skip
+CONNECT_STATUS = {
+    "permission_denied": 403,
+    "not_found": 404,
+    "invalid_argument": 400,
+    "already_exists": 409,
+    "unauthenticated": 401,
+}
 
 
 def file_op(method: str, path: str) -> str | None:

@@ -88,8 +88,9 @@ def routes(settings: Settings, authed: Callable[[Any], Any]) -> list[Route]:
         body = models.parse(
             SecretUpdate, await http_edge.read_body(request, settings.server_max_body_bytes)
         )
-        info = values_of(settings).update(team, request.path_params["id"], body.value,
-                                          body.metadata)  # fmt: skip
+        info = values_of(settings).update(
+            team, request.path_params["id"], body.value, body.metadata
+        )
         return JSONResponse(public(info))
 
     async def delete(request: Request, team: str) -> Response:

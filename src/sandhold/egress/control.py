@@ -70,9 +70,13 @@ class EgressControl:
 
     # -- per sandbox --------------------------------------------------------------------------
     def prepare(
-        self, sandbox_dir: Path, policy: EgressPolicy, tenant: str | None, session: str | None,
+        self,
+        sandbox_dir: Path,
+        policy: EgressPolicy,
+        tenant: str | None,
+        session: str | None,
         header_rules: list[HeaderRule],
-    ) -> list[tuple[str, str, bool]]:  # fmt: skip
+    ) -> list[tuple[str, str, bool]]:
         """Write the sandbox's egress record and bound files; returns the binds (host,
         sandbox, read_only) to add. The daemon is synced by the caller before the sandbox
         starts."""
@@ -103,12 +107,19 @@ class EgressControl:
 
     @staticmethod
     def write_policy(
-        sandbox_dir: Path, policy: EgressPolicy, tenant: str | None, session: str | None,
+        sandbox_dir: Path,
+        policy: EgressPolicy,
+        tenant: str | None,
+        session: str | None,
         header_rules: list[HeaderRule],
-    ) -> None:  # fmt: skip
+    ) -> None:
         rules = EgressPolicy(mode=policy.mode, allow=policy.allow, deny=policy.deny)
-        record = {"policy": rules.model_dump(), "tenant": tenant, "session": session,
-                  "header_rules": [r.model_dump() for r in header_rules]}  # fmt: skip
+        record = {
+            "policy": rules.model_dump(),
+            "tenant": tenant,
+            "session": session,
+            "header_rules": [r.model_dump() for r in header_rules],
+        }
         tmp = sandbox_dir / (POLICY_FILE + ".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:

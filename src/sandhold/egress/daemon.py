@@ -67,8 +67,9 @@ def read_sandbox(d: Path) -> SandboxEgress | None:
         rules = [HeaderRule.model_validate(r) for r in raw.get("header_rules") or []]
     except (OSError, ValueError, KeyError, ValidationError):
         return None
-    return SandboxEgress(d.name, CompiledPolicy(policy), raw.get("tenant"), raw.get("session"),
-                         rules)  # fmt: skip
+    return SandboxEgress(
+        d.name, CompiledPolicy(policy), raw.get("tenant"), raw.get("session"), rules
+    )
 
 
 class Daemon:

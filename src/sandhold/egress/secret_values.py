@@ -131,8 +131,15 @@ class SecretValues:
     @staticmethod
     def _info(tenant: str, row: tuple[object, ...]) -> ValueInfo:
         sid, name, version, metadata, created, updated = row
-        return ValueInfo(tenant, str(sid), str(name), int(str(version)), json.loads(str(metadata)),
-                         float(str(created)), float(str(updated)))  # fmt: skip
+        return ValueInfo(
+            tenant,
+            str(sid),
+            str(name),
+            int(str(version)),
+            json.loads(str(metadata)),
+            float(str(created)),
+            float(str(updated)),
+        )
 
     # -- writing ------------------------------------------------------------------------------
     def create(
@@ -187,8 +194,9 @@ class SecretValues:
         ).fetchall()
         for tenant, sid, version, key_id, nonce, sealed in rows:
             aad = _aad(tenant, sid, version)
-            value = self.keyring.unseal(f"secret {sid!r} of tenant {tenant!r}", key_id, nonce,
-                                        sealed, aad)  # fmt: skip
+            value = self.keyring.unseal(
+                f"secret {sid!r} of tenant {tenant!r}", key_id, nonce, sealed, aad
+            )
             new_id, new_nonce, resealed = self.keyring.seal(value, aad)
             db.execute(
                 "UPDATE e2b_secrets SET key_id=?, nonce=?, ciphertext=? WHERE tenant=? AND id=?",
@@ -226,5 +234,10 @@ class SecretValues:
         if row is None:
             return None
         sid, version, key_id, nonce, sealed = row
-        return self.keyring.unseal(f"secret {name!r} of tenant {tenant!r}", key_id, nonce, sealed,
-                                   _aad(tenant, sid, version))  # fmt: skip
+        return self.keyring.unseal(
+            f"secret {name!r} of tenant {tenant!r}",
+            key_id,
+            nonce,
+            sealed,
+            _aad(tenant, sid, version),
+        )

@@ -326,8 +326,11 @@ class SecretStore:
         for m in SECRET_REF.finditer(template):
             value = self.values.resolve(tenant, m.group(1))
             if value is None:
-                raise refused(502, f"secret {m.group(1)!r} named by the sandbox's network.rules "
-                              "does not exist", "secret")  # fmt: skip
+                raise refused(
+                    502,
+                    f"secret {m.group(1)!r} named by the sandbox's network.rules does not exist",
+                    "secret",
+                )
             parts += [template[at : m.start()], value.decode()]
             found.append(value)
             at = m.end()

@@ -18,8 +18,11 @@ from sandhold.envd.transports import Channel
 from sandhold.errors import EnvdError, PortClosed, SandboxGone
 
 CONNECT_HEADERS = {"Connect-Protocol-Version": "1"}
-FILE_TYPES = {"FILE_TYPE_FILE": "file", "FILE_TYPE_DIRECTORY": "dir",
-              "FILE_TYPE_SYMLINK": "symlink"}  # fmt: skip
+FILE_TYPES = {
+    "FILE_TYPE_FILE": "file",
+    "FILE_TYPE_DIRECTORY": "dir",
+    "FILE_TYPE_SYMLINK": "symlink",
+}
 
 
 @dataclass
@@ -90,8 +93,9 @@ class _Collected:
                     self._add(key, buf, base64.b64decode(event["data"][key]))
         elif "end" in event:
             end = event["end"]
-            return self.output(int(end.get("exitCode", 0)), end.get("error") or None,
-                               end.get("status", ""))  # fmt: skip
+            return self.output(
+                int(end.get("exitCode", 0)), end.get("error") or None, end.get("status", "")
+            )
         return None
 
     def _add(self, key: str, buf: bytearray, chunk: bytes) -> None:
@@ -109,8 +113,9 @@ class _Collected:
         raise EnvdError(code, error.get("message", ""))
 
     def output(self, exit_code: int | None, error: str | None, status: str = "") -> CommandOutput:
-        return CommandOutput(exit_code, bytes(self.out), bytes(self.err), self.pid,
-                             self.truncated, error, status)  # fmt: skip
+        return CommandOutput(
+            exit_code, bytes(self.out), bytes(self.err), self.pid, self.truncated, error, status
+        )
 
 
 class EnvdClient:
@@ -130,19 +135,26 @@ class EnvdClient:
     async def unary(self, method: str, body: dict[str, Any], user: str | None = None) -> Any:
         """A unary Connect RPC, e.g. ``filesystem.Filesystem/Stat``."""
         r = await self.ch.client.post(
-            f"{self.ch.base}/{method}", json=body,
+            f"{self.ch.base}/{method}",
+            json=body,
             headers=self._headers(CONNECT_HEADERS, user_auth(user)),
-        )  # fmt: skip
+        )
         if r.status_code != 200:
             raise_for(r, r.content)
         return r.json() if r.content else {}
 
     async def run(
-        self, argv: list[str], *, user: str | None = None, cwd: str | None = None,
-        env: dict[str, str] | None = None, timeout_s: float | None = None,
-        background: bool = False, max_output: int | None = None,
+        self,
+        argv: list[str],
+        *,
+        user: str | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        timeout_s: float | None = None,
+        background: bool = False,
+        max_output: int | None = None,
         on_output: Callable[[str, bytes], None] | None = None,
-    ) -> CommandOutput:  # fmt: skip
+    ) -> CommandOutput:
         """Run a program; to completion, or in the background until it started (envd processes
         outlive the stream that started them). A timeout stops it: exit_code None, error set.
         Output past ``max_output`` bytes is dropped (``truncated``); ``on_output`` gets each
@@ -150,17 +162,20 @@ class EnvdClient:
         process: dict[str, Any] = {"cmd": argv[0], "args": argv[1:], "envs": env or {}}
         if cwd:
             process["cwd"] = cwd
-        headers = self._headers(CONNECT_HEADERS, user_auth(user),
-                                {"Content-Type": "application/connect+json"})  # fmt: skip
+        headers = self._headers(
+            CONNECT_HEADERS, user_auth(user), {"Content-Type": "application/connect+json"}
+        )
         if timeout_s is not None and not background:
             headers["Connect-Timeout-Ms"] = str(int(timeout_s * 1000))
         got = _Collected(max_output if max_output is not None else float("inf"), on_output)
         http_timeout = httpx.Timeout(None if timeout_s is None else timeout_s + 10, connect=30)
         async with self.ch.client.stream(
-            "POST", self.ch.base + "/process.Process/Start",
-            content=envelope({"process": process, "stdin": False}), headers=headers,
+            "POST",
+            self.ch.base + "/process.Process/Start",
+            content=envelope({"process": process, "stdin": False}),
+            headers=headers,
             timeout=http_timeout,
-        ) as r:  # fmt: skip
+        ) as r:
             if r.status_code != 200:
                 raise_for(r, await r.aread())
             async for flags, msg in iter_envelopes(r.aiter_bytes()):
@@ -182,9 +197,12 @@ class EnvdClient:
     ) -> bytes:
         params = {"path": path, **({"username": user} if user else {})}
         async with self.ch.client.stream(
-            "GET", self.ch.base + "/files", params=params, headers=self.ch.headers,
+            "GET",
+            self.ch.base + "/files",
+            params=params,
+            headers=self.ch.headers,
             timeout=httpx.Timeout(120, connect=30),
-        ) as r:  # fmt: skip
+        ) as r:
             if r.status_code != 200:
                 raise_for(r, await r.aread())
             data = bytearray()
@@ -197,19 +215,28 @@ class EnvdClient:
     async def write_file(self, path: str, data: bytes, *, user: str | None = None) -> None:
         params = {"path": path, **({"username": user} if user else {})}
         r = await self.ch.client.post(
-            self.ch.base + "/files", params=params, content=data,
+            self.ch.base + "/files",
+            params=params,
+            content=data,
             headers=self._headers({"Content-Type": "application/octet-stream"}),
             timeout=httpx.Timeout(120, connect=30),
-        )  # fmt: skip
+        )
         if r.status_code != 200:
             raise_for(r, r.content)
 
     async def list_dir(self, path: str, *, user: str | None, depth: int) -> list[dict[str, Any]]:
-        data = await self.unary("filesystem.Filesystem/ListDir", {"path": path, "depth": depth},
-                                user)  # fmt: skip
-        return [{"name": e.get("name"), "path": e.get("path"),
-                 "type": FILE_TYPES.get(e.get("type"), "other"), "size": int(e.get("size") or 0)}
-                for e in data.get("entries", [])]  # fmt: skip
+        data = await self.unary(
+            "filesystem.Filesystem/ListDir", {"path": path, "depth": depth}, user
+        )
+        return [
+            {
+                "name": e.get("name"),
+                "path": e.get("path"),
+                "type": FILE_TYPES.get(e.get("type"), "other"),
+                "size": int(e.get("size") or 0),
+            }
+            for e in data.get("entries", [])
+        ]
 
     async def execute(
         self, code: str, *, language: str, timeout_s: float, max_output: int
@@ -219,9 +246,12 @@ class EnvdClient:
         out = Execution()
         size = 0
         async with self.ch.client.stream(
-            "POST", self.ch.base + "/execute", json={"code": code, "language": language},
-            headers=self.ch.headers, timeout=httpx.Timeout(timeout_s, connect=30),
-        ) as r:  # fmt: skip
+            "POST",
+            self.ch.base + "/execute",
+            json={"code": code, "language": language},
+            headers=self.ch.headers,
+            timeout=httpx.Timeout(timeout_s, connect=30),
+        ) as r:
             if r.status_code != 200:
                 raise_for(r, await r.aread())
             async for raw in r.aiter_lines():

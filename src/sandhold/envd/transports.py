@@ -56,9 +56,13 @@ class TunnelBackend(httpcore.AsyncNetworkBackend):
         self.inner = httpcore.AnyIOBackend()
 
     async def connect_tcp(
-        self, host: str, port: int, timeout: float | None = None,
-        local_address: str | None = None, socket_options: Any = None,
-    ) -> httpcore.AsyncNetworkStream:  # fmt: skip
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Any = None,
+    ) -> httpcore.AsyncNetworkStream:
         stream = await self.inner.connect_unix_socket(self.socket_path, timeout)
         await stream.write(tunnel_request(port))
         head = b""
@@ -120,9 +124,13 @@ async def agent_channel(
 
 
 def remote_channel(
-    client: httpx.AsyncClient, sandbox_url: str | None, domain: str | None, sandbox_id: str,
-    port: int, tokens: dict[str, str],
-) -> Channel:  # fmt: skip
+    client: httpx.AsyncClient,
+    sandbox_url: str | None,
+    domain: str | None,
+    sandbox_id: str,
+    port: int,
+    tokens: dict[str, str],
+) -> Channel:
     """A channel to a port of a sandbox behind an E2B data plane: one URL routed by the
     ``E2b-Sandbox-Id``/``-Port`` headers (a Sandhold server), or ``{port}-{id}.{domain}`` hosts.
     ``tokens``: ``envd`` (X-Access-Token) and ``traffic`` (for ports other than envd's)."""

@@ -68,14 +68,21 @@ class SessionsBase:
             await self.db(_make_workspace, workspace)
         return await self.provider.create(
             CreateRequest(
-                template=policy.template, timeout_s=timeout, metadata=tags, env=policy.env,
-                workspace_dir=workspace, memory_mb=policy.memory_mb, cpu=policy.cpu,
-                pids=policy.pids, views=[(v.source, v.target) for v in views],
-                tenant=row.tenant_id, network=policy.network,
+                template=policy.template,
+                timeout_s=timeout,
+                metadata=tags,
+                env=policy.env,
+                workspace_dir=workspace,
+                memory_mb=policy.memory_mb,
+                cpu=policy.cpu,
+                pids=policy.pids,
+                views=[(v.source, v.target) for v in views],
+                tenant=row.tenant_id,
+                network=policy.network,
                 file_view={"read": list(READ_ROOTS), "write": list(WRITE_ROOTS)},
                 workspace_disk_mb=policy.workspace_disk_mb,
             )
-        )  # fmt: skip
+        )
 
     async def _create(
         self, row: SessionRow, token: str, policy: TenantPolicy, timeout: int, cause: str
@@ -101,17 +108,21 @@ class SessionsBase:
                 if not await self.db(self.store.set_sandbox, row.pk, token, keep.id, handle):
                     raise SessionBusy("lost the session lock; retry")
                 await self.timeline.record(
-                    row.tenant_id, row.session_id, "sandbox_adopted", sandbox_id=keep.id,
+                    row.tenant_id,
+                    row.session_id,
+                    "sandbox_adopted",
+                    sandbox_id=keep.id,
                     reason="found at the provider with the session's tags but not in the store",
                     provider_state=keep.public(),
-                )  # fmt: skip
+                )
                 return keep.id, handle
             except SandboxGone:
                 pass
         quota, ttl = policy.max_live_sandboxes, self.settings.gateway_lock_ttl_s
         try:
-            taken = await self.db(self.store.reserve_create, row.tenant_id, row.pk, token,
-                                  quota, ttl)  # fmt: skip
+            taken = await self.db(
+                self.store.reserve_create, row.tenant_id, row.pk, token, quota, ttl
+            )
         except LockLost:
             raise SessionBusy("lost the session lock; retry") from None
         if taken is not None:
@@ -127,17 +138,23 @@ class SessionsBase:
             await self.db(self.store.set_sandbox, row.pk, token, None, None)  # free the slot
             raise
         handle = {**handle, "network": policy.network.model_dump()}
-        if not await self.db(self.store.set_sandbox, row.pk, token, sbx.id,
-                             self._sealed(row, handle)):  # fmt: skip
+        if not await self.db(
+            self.store.set_sandbox, row.pk, token, sbx.id, self._sealed(row, handle)
+        ):
             # Our lease ran out mid-create and another replica may have acted: do not leak.
             await self.provider.kill(sbx.id)
             raise SessionBusy("lost the session lock while creating its sandbox; retry")
         await self.timeline.record(
-            row.tenant_id, row.session_id, "sandbox_created", sandbox_id=sbx.id,
-            duration_ms=ms_since(t0), reason=f"first {cause} of the session" if row.generation == 0
+            row.tenant_id,
+            row.session_id,
+            "sandbox_created",
+            sandbox_id=sbx.id,
+            duration_ms=ms_since(t0),
+            reason=f"first {cause} of the session"
+            if row.generation == 0
             else f"{cause} after the previous sandbox was reclaimed or lost (same workspace)",
             provider_state=sbx.public(),
-        )  # fmt: skip
+        )
         return sbx.id, handle
 
 

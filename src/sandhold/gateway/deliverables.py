@@ -78,9 +78,12 @@ class S3Deliverables(DeliverableStore):
     async def put(self, key: str, data: bytes, content_type: str) -> str:
         full = self.prefix + key
         await asyncio.to_thread(
-            self.client.put_object, Bucket=self.bucket, Key=full, Body=data,
+            self.client.put_object,
+            Bucket=self.bucket,
+            Key=full,
+            Body=data,
             ContentType=content_type,
-        )  # fmt: skip
+        )
         base = (self.endpoint or f"https://{self.bucket}.s3.amazonaws.com").rstrip("/")
         return f"{base}/{self.bucket}/{full}" if self.endpoint else f"{base}/{full}"
 

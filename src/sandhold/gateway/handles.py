@@ -52,9 +52,12 @@ class HandleSealer:
             return out
         keyring = self.keyring  # outside the try: a ring that fails to load is not a missing key
         try:
-            plain = keyring.open(str(sealed.get("key", "")), base64.b64decode(sealed["nonce"]),
-                                 base64.b64decode(sealed["data"]),
-                                 _aad(tenant_id, session_id))  # fmt: skip
+            plain = keyring.open(
+                str(sealed.get("key", "")),
+                base64.b64decode(sealed["nonce"]),
+                base64.b64decode(sealed["data"]),
+                _aad(tenant_id, session_id),
+            )
         except SecretKeyError:
             raise ProviderError(
                 f"session {session_id!r}: its provider tokens were sealed with a key this replica "

@@ -183,21 +183,37 @@ class Reclaimer:
                 out[tenant.id] = None
         return out
 
-    def _event(self, owner: SessionRow, sbx: ProviderSandbox, kind: str, at: float,
-               reason: str, duration_ms: float | None = None) -> dict[str, Any]:  # fmt: skip
+    def _event(
+        self,
+        owner: SessionRow,
+        sbx: ProviderSandbox,
+        kind: str,
+        at: float,
+        reason: str,
+        duration_ms: float | None = None,
+    ) -> dict[str, Any]:
         """A timeline row (``Event`` columns; every event of a batch has the same keys)."""
-        return {"at": at, "tenant_id": owner.tenant_id, "session_id": owner.session_id,
-                "kind": kind, "replica": self.manager.replica, "sandbox_id": sbx.id,
-                "duration_ms": duration_ms, "reason": reason,
-                "provider_state": sbx.public()}  # fmt: skip
+        return {
+            "at": at,
+            "tenant_id": owner.tenant_id,
+            "session_id": owner.session_id,
+            "kind": kind,
+            "replica": self.manager.replica,
+            "sandbox_id": sbx.id,
+            "duration_ms": duration_ms,
+            "reason": reason,
+            "provider_state": sbx.public(),
+        }
 
     def _stop_event(self, owner: SessionRow, sbx: ProviderSandbox) -> dict[str, Any]:
         assert sbx.end_at is not None
         if sbx.failure is not None:
-            return self._event(owner, sbx, "sandbox_failed", sbx.end_at,
-                               f"the sandbox failed: {sbx.failure}")  # fmt: skip
-        return self._event(owner, sbx, "sandbox_paused", sbx.end_at,
-                           "keep-alive expired (on_timeout=pause)")  # fmt: skip
+            return self._event(
+                owner, sbx, "sandbox_failed", sbx.end_at, f"the sandbox failed: {sbx.failure}"
+            )
+        return self._event(
+            owner, sbx, "sandbox_paused", sbx.end_at, "keep-alive expired (on_timeout=pause)"
+        )
 
     async def _reclaim_batch(
         self, batch: Sequence[_Due], now: float, killers: int, report: PassReport
@@ -233,11 +249,16 @@ class Reclaimer:
             assert d.sbx.end_at is not None
             reclaimed.append(d.owner.pk)
             state = "failed" if d.sbx.failure else "paused"
-            events.append(self._event(
-                d.owner, d.sbx, "sandbox_reclaimed", time.time(),
-                f"{state} for {now - d.sbx.end_at:.1f} s >= retention {d.retention:g} s",
-                duration_ms,
-            ))  # fmt: skip
+            events.append(
+                self._event(
+                    d.owner,
+                    d.sbx,
+                    "sandbox_reclaimed",
+                    time.time(),
+                    f"{state} for {now - d.sbx.end_at:.1f} s >= retention {d.retention:g} s",
+                    duration_ms,
+                )
+            )
 
         # ``killers`` workers taking the next kill from one iterator: at most that many in
         # flight, and a task per worker rather than per sandbox (10,000 tasks were a third of
@@ -257,8 +278,9 @@ class Reclaimer:
                 store = self.manager.store
                 cleared = await self.manager.db(store.finish_reclaim, token, pks, reclaimed, events)
                 if cleared < len(reclaimed):
-                    log.warning("lost the lock of %d sessions while reclaiming",
-                                len(reclaimed) - cleared)  # fmt: skip
+                    log.warning(
+                        "lost the lock of %d sessions while reclaiming", len(reclaimed) - cleared
+                    )
             except Exception:
                 report.errors += 1
                 log.exception("reclaimer could not record %d reclaims", len(reclaimed))
@@ -297,10 +319,13 @@ class Reclaimer:
             killed = await self.manager.provider.kill(sbx.id)
             if killed:
                 await self.manager.timeline.record(
-                    tenant_id, session_id, "sandbox_orphan_killed", sandbox_id=sbx.id,
+                    tenant_id,
+                    session_id,
+                    "sandbox_orphan_killed",
+                    sandbox_id=sbx.id,
                     reason="tagged sandbox that no session owns (its creator died)",
                     provider_state=sbx.public(),
-                )  # fmt: skip
+                )
             return killed
         finally:
             if row is not None and token is not None:

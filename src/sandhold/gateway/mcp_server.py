@@ -51,8 +51,11 @@ def _tool(tools: Tools, name: str, identity: Identity) -> Callable[..., Any]:
         default = (
             inspect.Parameter.empty if f.is_required() else f.get_default(call_default_factory=True)
         )
-        params.append(inspect.Parameter(field_name, inspect.Parameter.KEYWORD_ONLY,
-                                        annotation=ann, default=default))  # fmt: skip
+        params.append(
+            inspect.Parameter(
+                field_name, inspect.Parameter.KEYWORD_ONLY, annotation=ann, default=default
+            )
+        )
         annotations[field_name] = ann
     call.__signature__ = inspect.Signature(params, return_annotation=dict[str, Any])  # type: ignore[attr-defined]
     call.__annotations__ = annotations
@@ -67,8 +70,12 @@ def build_mcp(tools: Tools, identity: Identity, tunnels: Any = None) -> MCPServe
         "for the whole session; publish results with publish_deliverable.",
     )
     for name in MODELS:
-        server.add_tool(_tool(tools, name, identity), name=name, description=DESCRIPTIONS[name],
-                        structured_output=False)  # fmt: skip
+        server.add_tool(
+            _tool(tools, name, identity),
+            name=name,
+            description=DESCRIPTIONS[name],
+            structured_output=False,
+        )
     if tunnels is not None:  # the tenant's tunnel tools beside these (sandhold.tunnel.tools)
         tunnels.attach(server, identity)
     return server

@@ -75,8 +75,10 @@ class TenantPolicy(BaseModel):
         # (sandbox_env_*), judged at each create with that server's settings.
         for name, value in v.items():
             if not ENV_KEY_RE.match(name) or "\0" in value:
-                raise ValueError(f"env: {clipped(name)} is not a valid variable name, or its "
-                                 "value has a NUL byte")  # fmt: skip
+                raise ValueError(
+                    f"env: {clipped(name)} is not a valid variable name, or its "
+                    "value has a NUL byte"
+                )
         return v
 
     @field_validator("template")

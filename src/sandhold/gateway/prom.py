@@ -63,15 +63,33 @@ SANDBOX_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 STORE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 OUTCOMES = ("ok", "caller_error", "server_error")
 # Timeline kinds counted in sandhold_gateway_sandbox_events_total (event: the kind's suffix).
-SANDBOX_EVENTS = ("created", "adopted", "resumed", "paused", "failed", "replaced",
-                  "network_updated", "orphan_killed", "reclaimed")  # fmt: skip
-TIMED = {"sandbox_created": "create", "sandbox_resumed": "resume",
-         "sandbox_network_updated": "network_update"}  # fmt: skip
+SANDBOX_EVENTS = (
+    "created",
+    "adopted",
+    "resumed",
+    "paused",
+    "failed",
+    "replaced",
+    "network_updated",
+    "orphan_killed",
+    "reclaimed",
+)
+TIMED = {
+    "sandbox_created": "create",
+    "sandbox_resumed": "resume",
+    "sandbox_network_updated": "network_update",
+}
 # PassReport fields counted as reclaim decisions.
-DECISIONS = {"reclaimed": "reclaimed", "skipped_in_use": "skipped_in_use",
-             "skipped_locked": "skipped_locked", "skipped_changed": "skipped_changed",
-             "orphans_killed": "orphan_killed", "pauses_recorded": "pause_recorded",
-             "failures_recorded": "failure_recorded", "errors": "error"}  # fmt: skip
+DECISIONS = {
+    "reclaimed": "reclaimed",
+    "skipped_in_use": "skipped_in_use",
+    "skipped_locked": "skipped_locked",
+    "skipped_changed": "skipped_changed",
+    "orphans_killed": "orphan_killed",
+    "pauses_recorded": "pause_recorded",
+    "failures_recorded": "failure_recorded",
+    "errors": "error",
+}
 
 
 class GatewayMetrics:
@@ -88,41 +106,49 @@ class GatewayMetrics:
             "Tool calls (REST and MCP) by tool, tenant and outcome: ok, caller_error (the "
             "caller's fault: bad arguments, a path outside the view, a quota), server_error (the "
             "gateway's or the provider's).",
-            ["tool", "tenant", "outcome"], registry=r,
-        )  # fmt: skip
+            ["tool", "tenant", "outcome"],
+            registry=r,
+        )
         self.tool_seconds = Histogram(
             "sandhold_gateway_tool_call_duration_seconds",
             "Tool calls from their validation to their result (or error), by tool; a cold "
             "call includes its sandbox's create or resume.",
-            ["tool"], buckets=CALL_BUCKETS, registry=r,
-        )  # fmt: skip
+            ["tool"],
+            buckets=CALL_BUCKETS,
+            registry=r,
+        )
         self.sandbox_events = Counter(
             "sandhold_gateway_sandbox_events",
             "What happened to sessions' sandboxes, as the gateway recorded it: created, "
             "adopted, resumed, replaced, network_updated, orphan_killed, reclaimed; paused and "
             "failed (by the provider, noticed by a call or the reclaimer).",
-            ["event"], registry=r,
-        )  # fmt: skip
+            ["event"],
+            registry=r,
+        )
         self.sandbox_seconds = Histogram(
             "sandhold_gateway_sandbox_operation_duration_seconds",
             "Sandbox operations the gateway waited for, by operation: create (workspace and "
             "provider create), resume (the provider's connect of a paused sandbox), "
             "network_update.",
-            ["operation"], buckets=SANDBOX_BUCKETS, registry=r,
-        )  # fmt: skip
+            ["operation"],
+            buckets=SANDBOX_BUCKETS,
+            registry=r,
+        )
         self.reclaim_decisions = Counter(
             "sandhold_gateway_reclaim_decisions",
             "Decisions of the reclaim passes, by decision: reclaimed (paused past retention, "
             "killed), skipped_in_use, skipped_locked (a call was changing the session or the "
             "lease ran short), skipped_changed (resumed or changed meanwhile), orphan_killed, "
             "pause_recorded, failure_recorded, error.",
-            ["decision"], registry=r,
-        )  # fmt: skip
+            ["decision"],
+            registry=r,
+        )
         self.reclaim_seconds = Histogram(
             "sandhold_gateway_reclaim_pass_duration_seconds",
             "Reclaim passes (this replica's loop and POST /v1/admin/reclaim), whole.",
-            buckets=SANDBOX_BUCKETS, registry=r,
-        )  # fmt: skip
+            buckets=SANDBOX_BUCKETS,
+            registry=r,
+        )
         self.reclaim_failed = Counter(
             "sandhold_gateway_reclaim_pass_failures",
             "Reclaim passes that ended with an exception (listing the provider failed, ...).",
@@ -132,14 +158,17 @@ class GatewayMetrics:
             "sandhold_gateway_view_decisions",
             "File-view decisions of file tool calls (the path, or run_command's cwd), by "
             "access (read, write) and decision (allowed, denied).",
-            ["access", "decision"], registry=r,
-        )  # fmt: skip
+            ["access", "decision"],
+            registry=r,
+        )
         self.store_seconds = Histogram(
             "sandhold_gateway_store_call_duration_seconds",
             "Store transactions of the gateway by operation (the store's method), on a worker "
             "thread; timeline writes are add_event.",
-            ["operation"], buckets=STORE_BUCKETS, registry=r,
-        )  # fmt: skip
+            ["operation"],
+            buckets=STORE_BUCKETS,
+            registry=r,
+        )
         self.statements = Counter(
             "sandhold_gateway_store_statements",
             "SQL statements sent to the store (each a round trip), every caller included.",
@@ -162,8 +191,9 @@ class GatewayMetrics:
         self.statements.inc()
 
     # -- the parts -------------------------------------------------------------------------------
-    def manager(self, settings: Settings, store: Store, provider: Provider,
-                timeline: Timeline) -> SandboxSessionManager:  # fmt: skip
+    def manager(
+        self, settings: Settings, store: Store, provider: Provider, timeline: Timeline
+    ) -> SandboxSessionManager:
         if not self.enabled:
             return SandboxSessionManager(settings, store, provider, timeline)
         return MeteredManager(settings, store, provider, timeline, metrics=self)
@@ -174,8 +204,9 @@ class GatewayMetrics:
     def reclaimer(self, manager: SandboxSessionManager) -> Reclaimer:
         return MeteredReclaimer(manager, self) if self.enabled else Reclaimer(manager)
 
-    def tools(self, manager: SandboxSessionManager, deliverables: DeliverableStore,
-              timeline: Timeline) -> Tools:  # fmt: skip
+    def tools(
+        self, manager: SandboxSessionManager, deliverables: DeliverableStore, timeline: Timeline
+    ) -> Tools:
         if not self.enabled:
             return Tools(manager, deliverables, timeline)
         return MeteredTools(manager, deliverables, timeline, metrics=self)
@@ -214,8 +245,11 @@ class GatewayMetrics:
                 self.reclaim_decisions.labels(decision).inc(n)
         # The reclaimer writes its pauses, failures and reclaims with set-based queries, not
         # through the timeline: counted here (its orphan kills do go through the timeline).
-        for field, name in (("pauses_recorded", "paused"), ("failures_recorded", "failed"),
-                            ("reclaimed", "reclaimed")):  # fmt: skip
+        for field, name in (
+            ("pauses_recorded", "paused"),
+            ("failures_recorded", "failed"),
+            ("reclaimed", "reclaimed"),
+        ):
             if n := getattr(report, field):
                 self.sandbox_events.labels(name).inc(n)
 
@@ -326,9 +360,13 @@ class MeteredTools(Tools):
         self.metrics = metrics
 
     async def call(
-        self, tenant_id: str, tool: str, arguments: dict[str, Any], session_id: str | None = None,
+        self,
+        tenant_id: str,
+        tool: str,
+        arguments: dict[str, Any],
+        session_id: str | None = None,
         policy: TenantPolicy | None = None,
-    ) -> dict[str, Any]:  # fmt: skip
+    ) -> dict[str, Any]:
         t0 = time.perf_counter()
         outcome = None  # cancelled (BaseException): not counted
         try:

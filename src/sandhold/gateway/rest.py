@@ -111,15 +111,28 @@ class Api:
         row = await self.gw.manager.session(tenant, request.path_params["session_id"])
         events = await self.gw.manager.db(self.gw.store.timeline, tenant, row.session_id)
         events.sort(key=lambda e: (e.at, e.id))
-        return JSONResponse({"session_id": row.session_id, "tenant_id": tenant,
-                             "events": [event_json(e) for e in events]})  # fmt: skip
+        return JSONResponse(
+            {
+                "session_id": row.session_id,
+                "tenant_id": tenant,
+                "events": [event_json(e) for e in events],
+            }
+        )
 
     async def sessions(self, request: Request) -> Response:
         tenant = await self.tenant(request)
         rows = await self.gw.manager.db(self.gw.store.sessions, tenant)
-        return JSONResponse([{"session_id": r.session_id, "state": r.state,
-                              "sandbox_id": r.sandbox_id, "created_at": r.created_at}
-                             for r in rows])  # fmt: skip
+        return JSONResponse(
+            [
+                {
+                    "session_id": r.session_id,
+                    "state": r.state,
+                    "sandbox_id": r.sandbox_id,
+                    "created_at": r.created_at,
+                }
+                for r in rows
+            ]
+        )
 
     async def stats(self, request: Request) -> Response:
         tenant = await self.tenant(request)
@@ -133,9 +146,14 @@ class Api:
         if d is None:
             raise NotFound(f"deliverable {request.path_params['id']!r} does not exist")
         data = await self.gw.deliverables.get(d.key)
-        return Response(data, media_type="application/octet-stream",
-                        headers={"Content-Disposition": f'attachment; filename="{d.name}"',
-                                 "X-Sandhold-Sha256": d.sha256})  # fmt: skip
+        return Response(
+            data,
+            media_type="application/octet-stream",
+            headers={
+                "Content-Disposition": f'attachment; filename="{d.name}"',
+                "X-Sandhold-Sha256": d.sha256,
+            },
+        )
 
     async def tools(self, request: Request) -> Response:
         if http_edge.bearer(request.headers) is None:
@@ -144,8 +162,9 @@ class Api:
         return JSONResponse([*tool_schemas(), *await self.gw.tunnels.schemas(tenant)])
 
     async def health(self, request: Request) -> Response:
-        return JSONResponse({"status": "ok", "replica": self.gw.manager.replica,
-                             "provider": self.gw.provider.name})  # fmt: skip
+        return JSONResponse(
+            {"status": "ok", "replica": self.gw.manager.replica, "provider": self.gw.provider.name}
+        )
 
     async def metrics(self, request: Request) -> Response:
         """Prometheus text (gateway/prom.py): the admin key or gateway_metrics_token."""
@@ -166,9 +185,11 @@ class Api:
         try:
             policy = TenantPolicy.model_validate(body.get("policy") or {})
         except ValidationError as e:
-            problems = [f"{'.'.join(map(str, err['loc'])) or 'policy'}: "
-                        f"{err['msg'].removeprefix('Value error, ')}"
-                        for err in e.errors(include_url=False)]  # fmt: skip
+            problems = [
+                f"{'.'.join(map(str, err['loc'])) or 'policy'}: "
+                f"{err['msg'].removeprefix('Value error, ')}"
+                for err in e.errors(include_url=False)
+            ]
             raise InvalidRequest("invalid policy: " + "; ".join(problems)) from None
         key = body.get("api_key")
         if key is not None and (not isinstance(key, str) or len(key) < 16):
@@ -270,18 +291,27 @@ def openapi_schema() -> dict[str, Any]:
     err = {"$ref": "#/components/schemas/Error"}
     responses = {
         s: {"description": d, "content": {"application/json": {"schema": err}}}
-        for s, d in (("400", "invalid arguments"), ("401", "bad API key"),
-                     ("403", "outside the session's file view"), ("404", "not found"),
-                     ("409", "session closed"), ("413", "payload too large"),
-                     ("429", "quota exceeded"), ("502", "provider failure"),
-                     ("503", "session busy"))
-    }  # fmt: skip
+        for s, d in (
+            ("400", "invalid arguments"),
+            ("401", "bad API key"),
+            ("403", "outside the session's file view"),
+            ("404", "not found"),
+            ("409", "session closed"),
+            ("413", "payload too large"),
+            ("429", "quota exceeded"),
+            ("502", "provider failure"),
+            ("503", "session busy"),
+        )
+    }
     session = {"name": "session_id", "in": "path", "required": True, "schema": {"type": "string"}}
     paths: dict[str, Any] = {}
     schemas: dict[str, Any] = {
-        "Error": {"type": "object", "required": ["code", "message"],
-                  "properties": {"code": {"type": "string"}, "message": {"type": "string"}}},
-    }  # fmt: skip
+        "Error": {
+            "type": "object",
+            "required": ["code", "message"],
+            "properties": {"code": {"type": "string"}, "message": {"type": "string"}},
+        },
+    }
     for name, model in MODELS.items():
         schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
         schema["properties"].pop("session_id", None)
@@ -291,13 +321,23 @@ def openapi_schema() -> dict[str, Any]:
                 "operationId": name,
                 "summary": DESCRIPTIONS[name],
                 "parameters": [session],
-                "requestBody": {"required": True, "content": {"application/json": {
-                    "schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}},
-                "responses": {"200": {"description": "the tool's result",
-                                      "content": {"application/json": {"schema": {
-                                          "type": "object"}}}}, **responses},
+                "requestBody": {
+                    "required": True,
+                    "content": {
+                        "application/json": {
+                            "schema": {"$ref": f"#/components/schemas/{model.__name__}"}
+                        }
+                    },
+                },
+                "responses": {
+                    "200": {
+                        "description": "the tool's result",
+                        "content": {"application/json": {"schema": {"type": "object"}}},
+                    },
+                    **responses,
+                },
             }
-        }  # fmt: skip
+        }
     for path, method, summary in (
         ("/v1/sessions/{session_id}", "get", "session status (never resumes the sandbox)"),
         ("/v1/sessions/{session_id}", "delete", "close the session"),
@@ -310,20 +350,28 @@ def openapi_schema() -> dict[str, Any]:
         ),
     ):
         paths.setdefault(path, {})[method] = {
-            "summary": summary, "parameters": [session],
+            "summary": summary,
+            "parameters": [session],
             "responses": {"200": {"description": "ok"}, **responses},
-        }  # fmt: skip
-    for path, summary in (("/v1/sessions", "the tenant's sessions"),
-                          ("/v1/stats", "the tenant's aggregates"),
-                          ("/v1/tools", "the tools and their argument schemas")):  # fmt: skip
+        }
+    for path, summary in (
+        ("/v1/sessions", "the tenant's sessions"),
+        ("/v1/stats", "the tenant's aggregates"),
+        ("/v1/tools", "the tools and their argument schemas"),
+    ):
         paths[path] = {"get": {"summary": summary, "responses": {"200": {"description": "ok"}}}}
-    paths["/v1/deliverables/{id}"] = {"get": {
-        "summary": "a deliverable's bytes",
-        "parameters": [{"name": "id", "in": "path", "required": True,
-                        "schema": {"type": "string"}}],
-        "responses": {"200": {"description": "the file",
-                              "content": {"application/octet-stream": {}}}, **responses},
-    }}  # fmt: skip
+    paths["/v1/deliverables/{id}"] = {
+        "get": {
+            "summary": "a deliverable's bytes",
+            "parameters": [
+                {"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}
+            ],
+            "responses": {
+                "200": {"description": "the file", "content": {"application/octet-stream": {}}},
+                **responses,
+            },
+        }
+    }
     return {
         "openapi": "3.1.0",
         "info": {"title": "Sandhold gateway", "version": "1"},

@@ -20,8 +20,21 @@ from sandhold.store.models import Event
 
 log = logging.getLogger(__name__)
 
-FIELDS = ("id", "at", "kind", "sandbox_id", "tool", "duration_ms", "exit_code", "bytes_in",
-          "bytes_out", "error", "reason", "provider_state", "replica")  # fmt: skip
+FIELDS = (
+    "id",
+    "at",
+    "kind",
+    "sandbox_id",
+    "tool",
+    "duration_ms",
+    "exit_code",
+    "bytes_in",
+    "bytes_out",
+    "error",
+    "reason",
+    "provider_state",
+    "replica",
+)
 
 
 class Timeline:
@@ -31,15 +44,25 @@ class Timeline:
 
     def row(self, tenant_id: str, session_id: str, kind: str, **fields: Any) -> dict[str, Any]:
         """An event as a row to write later, in another transaction of the caller's."""
-        return {"at": time.time(), "tenant_id": tenant_id, "session_id": session_id,
-                "kind": kind, "replica": self.replica, **fields}  # fmt: skip
+        return {
+            "at": time.time(),
+            "tenant_id": tenant_id,
+            "session_id": session_id,
+            "kind": kind,
+            "replica": self.replica,
+            **fields,
+        }
 
     async def record(self, tenant_id: str, session_id: str, kind: str, **fields: Any) -> None:
         try:
             await asyncio.to_thread(
-                self.store.add_event, tenant_id=tenant_id, session_id=session_id, kind=kind,
-                replica=self.replica, **fields,
-            )  # fmt: skip
+                self.store.add_event,
+                tenant_id=tenant_id,
+                session_id=session_id,
+                kind=kind,
+                replica=self.replica,
+                **fields,
+            )
         except Exception:
             log.exception("could not record %s event of session %s", kind, session_id)
 

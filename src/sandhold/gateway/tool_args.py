@@ -85,11 +85,17 @@ DESCRIPTIONS = {
     "deleted per the tenant's policy.",
 }
 MODELS: dict[str, type[Args]] = {
-    "run_code": RunCode, "run_command": RunCommand, "read_file": ReadFile,
-    "write_file": WriteFile, "list_files": ListFiles, "upload": Upload, "download": Download,
-    "publish_deliverable": PublishDeliverable, "session_status": SessionStatus,
+    "run_code": RunCode,
+    "run_command": RunCommand,
+    "read_file": ReadFile,
+    "write_file": WriteFile,
+    "list_files": ListFiles,
+    "upload": Upload,
+    "download": Download,
+    "publish_deliverable": PublishDeliverable,
+    "session_status": SessionStatus,
     "close_session": CloseSession,
-}  # fmt: skip
+}
 
 
 def describe(e: ValidationError) -> str:

@@ -72,9 +72,14 @@ def sandbox_path(raw: str) -> str:
 
 # What each file tool does to its path (run_command: its cwd).
 ACCESS: dict[str, Access] = {
-    "read_file": "read", "download": "read", "list_files": "read", "publish_deliverable": "read",
-    "run_command": "read", "write_file": "write", "upload": "write",
-}  # fmt: skip
+    "read_file": "read",
+    "download": "read",
+    "list_files": "read",
+    "publish_deliverable": "read",
+    "run_command": "read",
+    "write_file": "write",
+    "upload": "write",
+}
 
 
 def view_path(tool: str, args: Args) -> tuple[str, Access] | None:
@@ -112,12 +117,15 @@ class _Call:
     def fields(self) -> dict[str, Any]:
         error = self.error
         return {
-            "sandbox_id": self.sandbox_id, "tool": self.tool,
+            "sandbox_id": self.sandbox_id,
+            "tool": self.tool,
             "duration_ms": round((time.monotonic() - self.t0) * 1000, 2),
-            "exit_code": self.result.get("exit_code"), "bytes_in": _bytes_in(self.args),
+            "exit_code": self.result.get("exit_code"),
+            "bytes_in": _bytes_in(self.args),
             "bytes_out": self.result.pop("_bytes_out", None),
-            "error": f"{error.code}: {error.message}" if error else None, "reason": self.reason,
-        }  # fmt: skip
+            "error": f"{error.code}: {error.message}" if error else None,
+            "reason": self.reason,
+        }
 
 
 class Tools:
@@ -129,11 +137,15 @@ class Tools:
         self.timeline = timeline
         self.max_payload = manager.settings.gateway_max_payload_bytes
         self._handlers: dict[str, Callable[[Lease, Any], Awaitable[dict[str, Any]]]] = {
-            "run_code": self._run_code, "run_command": self._run_command,
-            "read_file": self._read_file, "write_file": self._write_file,
-            "list_files": self._list_files, "upload": self._upload, "download": self._download,
+            "run_code": self._run_code,
+            "run_command": self._run_command,
+            "read_file": self._read_file,
+            "write_file": self._write_file,
+            "list_files": self._list_files,
+            "upload": self._upload,
+            "download": self._download,
             "publish_deliverable": self._publish,
-        }  # fmt: skip
+        }
 
     def parse(self, tool: str, arguments: dict[str, Any]) -> Args:
         model = MODELS.get(tool)
@@ -160,15 +172,21 @@ class Tools:
             over(s, "gateway_command_env_max_vars", "env", len(args.env), "variables")
             for name, value in args.env.items():
                 if not ENV_KEY_RE.match(name) or "\0" in value:
-                    raise InvalidRequest(f"env: {clipped(name)} is not a valid variable name, "
-                                         "or its value has a NUL byte")  # fmt: skip
+                    raise InvalidRequest(
+                        f"env: {clipped(name)} is not a valid variable name, "
+                        "or its value has a NUL byte"
+                    )
             size = sum(nbytes(k) + nbytes(v) + 2 for k, v in args.env.items())  # as execve counts
             over(s, "gateway_command_env_max_bytes", "env (its NAME=value strings)", size)
 
     async def call(
-        self, tenant_id: str, tool: str, arguments: dict[str, Any], session_id: str | None = None,
+        self,
+        tenant_id: str,
+        tool: str,
+        arguments: dict[str, Any],
+        session_id: str | None = None,
         policy: TenantPolicy | None = None,
-    ) -> dict[str, Any]:  # fmt: skip
+    ) -> dict[str, Any]:
         """Validate, run and record one tool call. ``session_id`` is the connection's session;
         an explicit ``session_id`` argument takes precedence. ``policy``: the tenant's, when the
         caller read it already (with the tenant's key)."""
@@ -216,9 +234,14 @@ class Tools:
             path = authorize(tool, raw, access)
         except ViewDenied as e:
             await self.timeline.record(
-                tenant_id, sid, "tool_call", tool=tool, bytes_in=_bytes_in(args),
-                error=f"{e.code}: {e.message}", reason=f"view: {access} {e.path} denied",
-            )  # fmt: skip
+                tenant_id,
+                sid,
+                "tool_call",
+                tool=tool,
+                bytes_in=_bytes_in(args),
+                error=f"{e.code}: {e.message}",
+                reason=f"view: {access} {e.path} denied",
+            )
             raise
         return f"view: {access} {path} allowed"
 
@@ -249,9 +272,14 @@ class Tools:
         await self.timeline.record(call.tenant_id, call.sid, "tool_call", **fields)
         if call.error is not None and server_fault(call.error):  # ours or the provider's fault
             await self.timeline.record(
-                call.tenant_id, call.sid, "failure", sandbox_id=call.sandbox_id, tool=call.tool,
-                error=fields["error"], reason=f"{call.tool} failed",
-            )  # fmt: skip
+                call.tenant_id,
+                call.sid,
+                "failure",
+                sandbox_id=call.sandbox_id,
+                tool=call.tool,
+                error=fields["error"],
+                reason=f"{call.tool} failed",
+            )
 
     # -- handlers -------------------------------------------------------------------------------
     @contextlib.asynccontextmanager
@@ -262,26 +290,36 @@ class Tools:
     async def _run_command(self, lease: Lease, a: RunCommand) -> dict[str, Any]:
         async with self._envd(lease) as sbx:
             out = await sbx.sh(
-                a.command, user=SANDBOX_USER, cwd=sandbox_path(a.cwd or WORKSPACE),
-                env=a.env, timeout_s=a.timeout_s, background=a.background,
+                a.command,
+                user=SANDBOX_USER,
+                cwd=sandbox_path(a.cwd or WORKSPACE),
+                env=a.env,
+                timeout_s=a.timeout_s,
+                background=a.background,
                 max_output=self.max_payload,
-            )  # fmt: skip
+            )
         return _command_result(out)
 
     async def _run_code(self, lease: Lease, a: RunCode) -> dict[str, Any]:
         try:
             async with self._envd(lease, INTERPRETER_PORT) as interpreter:
                 ex = await interpreter.execute(
-                    a.code, language=INTERPRETER_LANGUAGES[a.language],
-                    timeout_s=a.timeout_s, max_output=self.max_payload,
-                )  # fmt: skip
+                    a.code,
+                    language=INTERPRETER_LANGUAGES[a.language],
+                    timeout_s=a.timeout_s,
+                    max_output=self.max_payload,
+                )
         except (PortClosed, httpx.ConnectError):  # no interpreter in this template
             return await self._run_code_plain(lease, a)
         return {
-            "interpreter": True, "results": ex.results, "stdout": ex.stdout,
-            "stderr": ex.stderr, "error": ex.error, "truncated": ex.truncated,
+            "interpreter": True,
+            "results": ex.results,
+            "stdout": ex.stdout,
+            "stderr": ex.stderr,
+            "error": ex.error,
+            "truncated": ex.truncated,
             "_bytes_out": len(ex.stdout) + len(ex.stderr) + sum(len(str(r)) for r in ex.results),
-        }  # fmt: skip
+        }
 
     async def _run_code_plain(self, lease: Lease, a: RunCode) -> dict[str, Any]:
         """No code interpreter in this template: run the code as a script."""
@@ -291,9 +329,11 @@ class Tools:
             await sbx.write_file(path, a.code.encode(), user=SANDBOX_USER)
             out = await sbx.sh(
                 f"{program} {path}; rc=$?; rm -f {shlex.quote(path)}; exit $rc",
-                user=SANDBOX_USER, cwd=WORKSPACE, timeout_s=a.timeout_s,
+                user=SANDBOX_USER,
+                cwd=WORKSPACE,
+                timeout_s=a.timeout_s,
                 max_output=self.max_payload,
-            )  # fmt: skip
+            )
         return {"interpreter": False, "results": [], **_command_result(out)}
 
     async def _read_file(self, lease: Lease, a: ReadFile) -> dict[str, Any]:
@@ -305,14 +345,23 @@ class Tools:
                 raise InvalidRequest(f"{a.path} is not UTF-8 text; use encoding=base64") from None
         else:
             content = base64.b64encode(data).decode()
-        return {"path": sandbox_path(a.path), "size": len(data), "encoding": a.encoding,
-                "content": content, "_bytes_out": len(data)}  # fmt: skip
+        return {
+            "path": sandbox_path(a.path),
+            "size": len(data),
+            "encoding": a.encoding,
+            "content": content,
+            "_bytes_out": len(data),
+        }
 
     async def _download(self, lease: Lease, a: Download) -> dict[str, Any]:
         data = await self._fetch(lease, a.path)
         encoded = base64.b64encode(data).decode()
-        return {"path": sandbox_path(a.path), "size": len(data), "content_base64": encoded,
-                "_bytes_out": len(data)}  # fmt: skip
+        return {
+            "path": sandbox_path(a.path),
+            "size": len(data),
+            "content_base64": encoded,
+            "_bytes_out": len(data),
+        }
 
     async def _fetch(self, lease: Lease, path: str) -> bytes:
         async with self._envd(lease) as sbx:
@@ -384,13 +433,29 @@ class Tools:
         ctype = mimetypes.guess_type(name)[0] or "application/octet-stream"
         url = await self.deliverables.put(key, data, ctype)
         digest = hashlib.sha256(data).hexdigest()
-        await self.manager.db(lambda: self.manager.store.add_deliverable(
-            id=deliverable_id, tenant_id=lease.tenant_id, session_id=lease.session_id,
-            name=name, source_path=sandbox_path(a.path), size=len(data), sha256=digest,
-            storage=self.deliverables.kind, key=key, url=url, created_at=time.time(),
-        ))  # fmt: skip
-        return {"id": deliverable_id, "name": name, "url": url, "size": len(data),
-                "sha256": digest, "storage": self.deliverables.kind}  # fmt: skip
+        await self.manager.db(
+            lambda: self.manager.store.add_deliverable(
+                id=deliverable_id,
+                tenant_id=lease.tenant_id,
+                session_id=lease.session_id,
+                name=name,
+                source_path=sandbox_path(a.path),
+                size=len(data),
+                sha256=digest,
+                storage=self.deliverables.kind,
+                key=key,
+                url=url,
+                created_at=time.time(),
+            )
+        )
+        return {
+            "id": deliverable_id,
+            "name": name,
+            "url": url,
+            "size": len(data),
+            "sha256": digest,
+            "storage": self.deliverables.kind,
+        }
 
 
 def _precheck(args: Args) -> None:

@@ -31,9 +31,10 @@ READ_ROOTS = ("/workspace", "/skills", "/reference", "/tmp", "/home/user")
 WRITE_ROOTS = ("/workspace", "/tmp", "/home/user")
 RULES = {
     "read": "reads are allowed under " + ", ".join(READ_ROOTS),
-    "write": "writes are allowed only under " + ", ".join(WRITE_ROOTS)
+    "write": "writes are allowed only under "
+    + ", ".join(WRITE_ROOTS)
     + " (/skills and /reference are read-only)",
-}  # fmt: skip
+}
 
 Access = Literal["read", "write"]
 
@@ -75,8 +76,14 @@ def view_mounts(
     if not skills and not references:
         return []
     roots = [r.resolve() for r in settings.gateway_view_roots]
-    private = [p.resolve() for p in (settings.data_dir, settings.gateway_workspace_root_path,
-                                     settings.gateway_deliverables_path)]  # fmt: skip
+    private = [
+        p.resolve()
+        for p in (
+            settings.data_dir,
+            settings.gateway_workspace_root_path,
+            settings.gateway_deliverables_path,
+        )
+    ]
     out: list[ViewMount] = []
     targets: list[str] = []
     for field, entries in (("skills", skills), ("references", references)):

@@ -108,11 +108,17 @@ def _boxes(ax: Any, transpose: bool) -> list[dict[str, Any]] | None:
                 outliers += [y for x, y in zip(xs, ys, strict=False) if _close(x, center)]
         if median is None:
             return None
-        boxes.append({
-            "center": center, "min": q1 if low is None else low, "first_quartile": q1,
-            "median": median, "third_quartile": q3, "max": q3 if high is None else high,
-            "outliers": outliers,
-        })  # fmt: skip
+        boxes.append(
+            {
+                "center": center,
+                "min": q1 if low is None else low,
+                "first_quartile": q1,
+                "median": median,
+                "third_quartile": q3,
+                "max": q3 if high is None else high,
+                "outliers": outliers,
+            }
+        )
     return boxes
 
 
@@ -137,13 +143,17 @@ def boxplot(ax: Any) -> dict[str, Any] | None:
     for i, box in enumerate(sorted(boxes, key=lambda b: b["center"])):
         center = box.pop("center")
         elements.append({"label": names.get(round(center, 6)) or str(i + 1), **box})
-    return json_safe({
-        "type": "box_and_whisker",
-        "title": ax.get_title() or None,
-        "x_label": cat_label or None, "y_label": value_label or None,
-        "x_unit": _unit(cat_label), "y_unit": _unit(value_label),
-        "elements": elements,
-    })  # fmt: skip
+    return json_safe(
+        {
+            "type": "box_and_whisker",
+            "title": ax.get_title() or None,
+            "x_label": cat_label or None,
+            "y_label": value_label or None,
+            "x_unit": _unit(cat_label),
+            "y_unit": _unit(value_label),
+            "elements": elements,
+        }
+    )
 
 
 def axes_chart(ax: Any) -> dict[str, Any]:

@@ -118,8 +118,13 @@ class PythonContext(Context):
     displays_are_main = False
 
     def kernel_spec(self) -> KernelSpec:
-        return KernelSpec(name=KERNEL_NAME, argv=kernel_argv(), display_name="Python 3 (sandhold)",
-                          language="python", interrupt_mode="signal")  # fmt: skip
+        return KernelSpec(
+            name=KERNEL_NAME,
+            argv=kernel_argv(),
+            display_name="Python 3 (sandhold)",
+            language="python",
+            interrupt_mode="signal",
+        )
 
     def kernel_env(self) -> dict[str, str]:
         # The inline backend turns figures into display_data (PNG + our e2b/chart) at the end

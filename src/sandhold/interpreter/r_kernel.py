@@ -46,10 +46,14 @@ class RContext(PythonContext):
 
     def push_env_code(self, env: dict[str, str]) -> str:
         names = ", ".join(r_string(k) for k in env)
-        return (f".sandhold_saved <- Sys.getenv(c({names}), unset = NA, names = TRUE); "
-                + self.set_env_code(env))  # fmt: skip
+        return (
+            f".sandhold_saved <- Sys.getenv(c({names}), unset = NA, names = TRUE); "
+            + self.set_env_code(env)
+        )
 
     def pop_env_code(self) -> str:
-        return ("for (.k in names(.sandhold_saved)) if (is.na(.sandhold_saved[[.k]])) "
-                "Sys.unsetenv(.k) else do.call(Sys.setenv, setNames(list(.sandhold_saved[[.k]]), "
-                ".k)); rm(.sandhold_saved)")  # fmt: skip
+        return (
+            "for (.k in names(.sandhold_saved)) if (is.na(.sandhold_saved[[.k]])) "
+            "Sys.unsetenv(.k) else do.call(Sys.setenv, setNames(list(.sandhold_saved[[.k]]), "
+            ".k)); rm(.sandhold_saved)"
+        )

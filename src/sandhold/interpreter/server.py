@@ -48,8 +48,14 @@ log = logging.getLogger("sandhold.interpreter")
 
 KEEPALIVE_S = 5.0
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-FACTORIES = {"python": PythonContext, "javascript": NodeContext, "typescript": TypeScriptContext,
-             "bash": BashContext, "r": RContext, "java": JavaContext}  # fmt: skip
+FACTORIES = {
+    "python": PythonContext,
+    "javascript": NodeContext,
+    "typescript": TypeScriptContext,
+    "bash": BashContext,
+    "r": RContext,
+    "java": JavaContext,
+}
 
 
 def _error(status: int, message: str) -> JSONResponse:

@@ -270,8 +270,10 @@ def _font_cache(rootfs: Path, site: Path, uid_base: int) -> None:
         env = {"PATH": DEFAULT_PATH, "PYTHONPATH": str(site), "MPLCONFIGDIR": tmp, "HOME": tmp}
         proc = subprocess.run(
             [PYTHON, "-c", "import matplotlib.font_manager"],
-            env=env, capture_output=True, text=True,
-        )  # fmt: skip
+            env=env,
+            capture_output=True,
+            text=True,
+        )
         if proc.returncode != 0:
             raise TemplateBuildFailed(f"matplotlib font cache: {proc.stderr.strip()[-500:]}")
         for f in Path(tmp).glob("fontlist-*.json"):

@@ -143,6 +143,12 @@ class RequestLog:
         if not log.isEnabledFor(level):
             return
         shown = status if status is not None else "no response"
-        log.log(level, "%s %s %s %.1fms", method, path, shown, duration_ms,
-                extra={"method": method, "path": path, "status": status,
-                       "duration_ms": duration_ms})  # fmt: skip
+        log.log(
+            level,
+            "%s %s %s %.1fms",
+            method,
+            path,
+            shown,
+            duration_ms,
+            extra={"method": method, "path": path, "status": status, "duration_ms": duration_ms},
+        )

@@ -58,8 +58,12 @@ class Filter:
     def match(self, rec: Record, line: str) -> bool:
         if self.min_level and LEVELS.get(str(rec.get("level")), 0) < self.min_level:
             return False
-        for key, want in (("request_id", self.request), ("tenant", self.tenant),
-                          ("session", self.session), ("sandbox", self.sandbox)):  # fmt: skip
+        for key, want in (
+            ("request_id", self.request),
+            ("tenant", self.tenant),
+            ("session", self.session),
+            ("sandbox", self.sandbox),
+        ):
             if want is not None and rec.get(key) != want:
                 return False
         ts = rec["ts"]
@@ -174,8 +178,9 @@ def _file_entries(path: Path, lines: Lines) -> Iterator[Entry]:
                 yield entry
 
 
-def _component_entries(log_dir: Path, component: str, lines: Lines,
-                       tail: Tail | None) -> Iterator[Entry]:  # fmt: skip
+def _component_entries(
+    log_dir: Path, component: str, lines: Lines, tail: Tail | None
+) -> Iterator[Entry]:
     *rotated, current = files(log_dir, component)
     for p in rotated:
         yield from _file_entries(p, lines)
@@ -187,8 +192,13 @@ def _component_entries(log_dir: Path, component: str, lines: Lines,
             yield entry
 
 
-def read(log_dir: Path, names: Iterable[str], flt: Filter, lines: Lines,
-         tails: dict[str, Tail] | None = None) -> Iterator[Entry]:  # fmt: skip
+def read(
+    log_dir: Path,
+    names: Iterable[str],
+    flt: Filter,
+    lines: Lines,
+    tails: dict[str, Tail] | None = None,
+) -> Iterator[Entry]:
     """The matching entries of the components ``names``, in time order. With ``tails`` (one per
     component) the current files are read through them, which ``follow`` then goes on reading."""
     streams = [_component_entries(log_dir, n, lines, tails[n] if tails else None) for n in names]
@@ -197,8 +207,14 @@ def read(log_dir: Path, names: Iterable[str], flt: Filter, lines: Lines,
             yield rec, line
 
 
-def follow(log_dir: Path, tails: dict[str, Tail], flt: Filter, lines: Lines,
-           poll_s: float = 0.25, new_components: bool = True) -> Iterator[Entry]:  # fmt: skip
+def follow(
+    log_dir: Path,
+    tails: dict[str, Tail],
+    flt: Filter,
+    lines: Lines,
+    poll_s: float = 0.25,
+    new_components: bool = True,
+) -> Iterator[Entry]:
     """What is written from now on (until the caller stops), in the order each poll finds it
     (by time within a poll). A component whose file appears later is picked up too, unless
     ``new_components`` is false (components were chosen)."""

@@ -31,8 +31,11 @@ SUFFIX = ".jsonl"
 # to ours. (Its access log stays off: it would write query strings, which carry signatures.)
 UVICORN = ("uvicorn", "uvicorn.error", "uvicorn.access", "uvicorn.asgi")
 _STANDARD = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {
-    "message", "asctime", "color_message", "taskName",
-}  # fmt: skip
+    "message",
+    "asctime",
+    "color_message",
+    "taskName",
+}
 
 
 def timestamp(created: float) -> str:
@@ -97,8 +100,9 @@ class JsonLinesFile(logging.handlers.RotatingFileHandler):
             threading.Thread(target=self._syncer, name="log-fsync", daemon=True).start()
 
     def _open(self) -> io.TextIOWrapper:
-        fd = os.open(self.baseFilename, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
-                     0o600)  # fmt: skip
+        fd = os.open(
+            self.baseFilename, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600
+        )
         os.fchmod(fd, 0o600)  # a file left by an older process may have been wider
         stream = os.fdopen(fd, "a", encoding="utf-8")
         assert isinstance(stream, io.TextIOWrapper)
@@ -160,8 +164,9 @@ def setup(settings: Any, component: str) -> Path:
     path = log_file(Path(settings.log_path), component)
     try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        handler = JsonLinesFile(path, settings.log_max_bytes, settings.log_backup_count,
-                                settings.log_fsync_interval_s)  # fmt: skip
+        handler = JsonLinesFile(
+            path, settings.log_max_bytes, settings.log_backup_count, settings.log_fsync_interval_s
+        )
     except OSError as e:
         raise ConfigError(
             f"cannot write the log file {path}: {e.strerror} (setting log_dir, default "
@@ -171,8 +176,9 @@ def setup(settings: Any, component: str) -> Path:
     handlers: list[logging.Handler] = [handler]
     if settings.log_stderr_format != "off":
         err = logging.StreamHandler(sys.stderr)
-        err.setFormatter(JsonFormatter() if settings.log_stderr_format == "json"
-                         else TextFormatter())  # fmt: skip
+        err.setFormatter(
+            JsonFormatter() if settings.log_stderr_format == "json" else TextFormatter()
+        )
         handlers.append(err)
     root = logging.getLogger()
     for old in [h for h in root.handlers if getattr(h, "sandhold_logs", False)]:

@@ -79,8 +79,10 @@ def check(config: object) -> dict[str, dict[str, Any]]:
                 raise ValueError(f"mcp key {_short(name)} must be github/<owner>/<repo>")
             unknown = sorted(set(value) - set(GITHUB_KEYS))
             if unknown:
-                raise ValueError(f"mcp[{_short(name)}]: unknown key {_short(unknown[0])} "
-                                  f"(known: {', '.join(GITHUB_KEYS)})")  # fmt: skip
+                raise ValueError(
+                    f"mcp[{_short(name)}]: unknown key {_short(unknown[0])} "
+                    f"(known: {', '.join(GITHUB_KEYS)})"
+                )
             run = value.get("run_cmd")
             if not isinstance(run, str) or not run.strip() or "\0" in run:
                 raise ValueError(f"mcp[{_short(name)}].run_cmd must be a command (a string)")
@@ -90,8 +92,10 @@ def check(config: object) -> dict[str, dict[str, Any]]:
             if "envs" in value:
                 _strings(value["envs"], f"mcp[{_short(name)}].envs")
         elif not NAME_RE.fullmatch(name):
-            raise ValueError(f"mcp server name {_short(name)} is not valid (letters, digits, "
-                              "'_', '.', '-'; or github/<owner>/<repo>)")  # fmt: skip
+            raise ValueError(
+                f"mcp server name {_short(name)} is not valid (letters, digits, "
+                "'_', '.', '-'; or github/<owner>/<repo>)"
+            )
     return config
 
 
@@ -105,12 +109,16 @@ def resolve(
     for name, value in config.items():
         if name.startswith(GITHUB):
             _, owner, repo = name.split("/")
-            specs.append(ServerSpec(
-                name=name, command=["/bin/bash", "-c", value["run_cmd"]],
-                env=dict(value.get("envs") or {}), cwd=str(work / "github" / owner / repo),
-                clone_url=GITHUB_URL.format(owner=owner, repo=repo),
-                install_cmd=value.get("install_cmd") or None,
-            ))  # fmt: skip
+            specs.append(
+                ServerSpec(
+                    name=name,
+                    command=["/bin/bash", "-c", value["run_cmd"]],
+                    env=dict(value.get("envs") or {}),
+                    cwd=str(work / "github" / owner / repo),
+                    clone_url=GITHUB_URL.format(owner=owner, repo=repo),
+                    install_cmd=value.get("install_cmd") or None,
+                )
+            )
             continue
         path = registry / f"{name}.json"
         if not path.is_file():
@@ -135,8 +143,11 @@ def registered(name: str, path: Path, config: dict[str, Any]) -> ServerSpec:
     if unknown:
         raise ValueError(f"{path}: unknown key {unknown[0]!r} (known: command, env, cwd)")
     command = entry.get("command")
-    if (not isinstance(command, list) or not command
-            or not all(isinstance(a, str) and "\0" not in a for a in command)):  # fmt: skip
+    if (
+        not isinstance(command, list)
+        or not command
+        or not all(isinstance(a, str) and "\0" not in a for a in command)
+    ):
         raise ValueError(f"{path}: command must be a non-empty list of strings")
     env = _strings(entry.get("env", {}), f"{path}: env")
     cwd = entry.get("cwd")

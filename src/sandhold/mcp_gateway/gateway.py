@@ -58,20 +58,25 @@ async def prepare(spec: ServerSpec) -> str | None:
     env = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}
     clone = await anyio.run_process(
         ["git", "clone", "--depth", "1", "--quiet", spec.clone_url, str(work)],
-        env=env, check=False, stdin=None,
-    )  # fmt: skip
+        env=env,
+        check=False,
+        stdin=None,
+    )
     if clone.returncode != 0:
         why = _tail(clone.stderr.decode(errors="replace"))
         return f"MCP server '{spec.name}': git clone {spec.clone_url} failed: {why}"
     if spec.install_cmd:
         inst = await anyio.run_process(
-            ["/bin/bash", "-c", spec.install_cmd], cwd=work, env={**os.environ, **spec.env},
-            check=False, stdin=None, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            ["/bin/bash", "-c", spec.install_cmd],
+            cwd=work,
+            env={**os.environ, **spec.env},
+            check=False,
+            stdin=None,
+            stderr=subprocess.STDOUT,
+        )
         if inst.returncode != 0:
             why = _tail(inst.stdout.decode(errors="replace"))
-            return (f"MCP server '{spec.name}': install_cmd failed (exit {inst.returncode}): "
-                    f"{why}")  # fmt: skip
+            return f"MCP server '{spec.name}': install_cmd failed (exit {inst.returncode}): {why}"
     return None
 
 
@@ -89,8 +94,12 @@ class Upstream:
         self.log = LOG_DIR / (re.sub(r"[^A-Za-z0-9_.-]", "_", spec.name) + ".log")
 
     async def run(self) -> None:
-        params = StdioServerParameters(command=self.spec.command[0], args=self.spec.command[1:],
-                                       env=self.spec.env, cwd=self.spec.cwd)  # fmt: skip
+        params = StdioServerParameters(
+            command=self.spec.command[0],
+            args=self.spec.command[1:],
+            env=self.spec.env,
+            cwd=self.spec.cwd,
+        )
         try:
             with open(self.log, "w") as errlog:
                 async with Client(stdio_client(params, errlog=errlog), cache=None) as c:
@@ -119,8 +128,10 @@ def proxy(upstreams: list[Upstream]) -> tuple[Server[Any], list[str]]:
     for up in upstreams:
         for tool in up.tools:
             if tool.name in owner:
-                errors.append(f"tool '{tool.name}' is offered by both MCP server "
-                              f"'{owner[tool.name].spec.name}' and '{up.spec.name}'")  # fmt: skip
+                errors.append(
+                    f"tool '{tool.name}' is offered by both MCP server "
+                    f"'{owner[tool.name].spec.name}' and '{up.spec.name}'"
+                )
             else:
                 owner[tool.name] = up
     tools = [t for up in upstreams for t in up.tools]
@@ -137,8 +148,7 @@ def proxy(upstreams: list[Upstream]) -> tuple[Server[Any], list[str]]:
             return types.CallToolResult(content=[text], is_error=True)
         return await client.call_tool(params.name, params.arguments)
 
-    return Server("sandhold-mcp-gateway", on_list_tools=list_tools,
-                  on_call_tool=call_tool), errors  # fmt: skip
+    return Server("sandhold-mcp-gateway", on_list_tools=list_tools, on_call_tool=call_tool), errors
 
 
 def bearer_guard(app: Any, token: str) -> Any:
@@ -150,10 +160,14 @@ def bearer_guard(app: Any, token: str) -> Any:
             given = dict(scope["headers"]).get(b"authorization", b"")
             if not hmac.compare_digest(given, expected):
                 refusal = JSONResponse(
-                    {"error": "unauthorized", "message": "a valid Authorization: Bearer token "
-                     "is required (the sandbox's MCP token)"},
-                    status_code=401, headers={"WWW-Authenticate": "Bearer"},
-                )  # fmt: skip
+                    {
+                        "error": "unauthorized",
+                        "message": "a valid Authorization: Bearer token "
+                        "is required (the sandbox's MCP token)",
+                    },
+                    status_code=401,
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
                 await refusal(scope, receive, send)
                 return
         await app(scope, receive, send)
@@ -162,9 +176,12 @@ def bearer_guard(app: Any, token: str) -> Any:
 
 
 async def serve(
-    specs: list[ServerSpec], token: str, host: str, port: int,
+    specs: list[ServerSpec],
+    token: str,
+    host: str,
+    port: int,
     report: Callable[[list[str], int], None],
-) -> None:  # fmt: skip
+) -> None:
     """Start the servers and serve their tools; ``report(errors, n_tools)`` once, when serving
     (no errors) or when something could not start (then nothing is left running)."""
     errors = [e for spec in specs if (e := await prepare(spec)) is not None]
@@ -182,8 +199,9 @@ async def serve(
             if up.error:
                 errors.append(up.error)
             elif not up.ready.is_set():
-                errors.append(f"MCP server '{up.spec.name}' did not answer within "
-                              f"{START_TIMEOUT_S:.0f} s")  # fmt: skip
+                errors.append(
+                    f"MCP server '{up.spec.name}' did not answer within {START_TIMEOUT_S:.0f} s"
+                )
         server, duplicates = proxy(upstreams)
         errors += duplicates
         sock = None
@@ -205,16 +223,24 @@ async def serve(
 
 
 async def _serve_http(
-    tg: anyio.abc.TaskGroup, server: Server[Any], sock: socket.socket, token: str,
-    upstreams: list[Upstream], report: Callable[[list[str], int], None],
-) -> bool:  # fmt: skip
+    tg: anyio.abc.TaskGroup,
+    server: Server[Any],
+    sock: socket.socket,
+    token: str,
+    upstreams: list[Upstream],
+    report: Callable[[list[str], int], None],
+) -> bool:
     """Serve ``/mcp`` on ``sock`` in ``tg``; report once it serves. True if it did not start."""
     app = server.streamable_http_app(
-        streamable_http_path="/mcp", stateless_http=True, json_response=True, host="0.0.0.0",
+        streamable_http_path="/mcp",
+        stateless_http=True,
+        json_response=True,
+        host="0.0.0.0",
         transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
-    )  # fmt: skip
-    web = uvicorn.Server(uvicorn.Config(bearer_guard(app, token), log_level="warning",
-                                        lifespan="on"))  # fmt: skip
+    )
+    web = uvicorn.Server(
+        uvicorn.Config(bearer_guard(app, token), log_level="warning", lifespan="on")
+    )
     tg.start_soon(web.serve, [sock])
     while not web.started and not web.should_exit:
         await anyio.sleep(0.02)

@@ -87,8 +87,10 @@ def main(argv: list[str]) -> int:
         os.waitpid(pid, 0)
         return _fail(answer["errors"])
     n = len(specs)
-    print(f"MCP gateway serving {answer['tools']} tools of {n} server{'s' * (n != 1)} on "
-          f"port {args.port} at /mcp")  # fmt: skip
+    print(
+        f"MCP gateway serving {answer['tools']} tools of {n} server{'s' * (n != 1)} on "
+        f"port {args.port} at /mcp"
+    )
     return 0
 
 

@@ -104,8 +104,9 @@ def build_key(uid_base: int) -> str:
 
 
 def _check_python() -> None:
-    proc = subprocess.run([PYTHON, "-c", "import sys; print(*sys.version_info[:2])"],
-                          capture_output=True, text=True)  # fmt: skip
+    proc = subprocess.run(
+        [PYTHON, "-c", "import sys; print(*sys.version_info[:2])"], capture_output=True, text=True
+    )
     if proc.returncode != 0:
         raise HostUnsupported(f"{PYTHON} does not run: {proc.stderr.strip()[-300:]}")
     theirs, ours = tuple(map(int, proc.stdout.split())), sys.version_info[:2]
@@ -143,16 +144,25 @@ def ensure_lib(cache_dir: Path, uid_base: int, key: str) -> Path:
             (tree / "sandhold" / "__init__.py").write_text("")
             for f in _code_files():
                 shutil.copy2(f, pkg / f.name)
-            subprocess.run([PYTHON, "-m", "compileall", "-q", str(tree)], capture_output=True,
-                           check=False)  # fmt: skip
+            subprocess.run(
+                [PYTHON, "-m", "compileall", "-q", str(tree)], capture_output=True, check=False
+            )
             probe = subprocess.run(
-                [PYTHON, "-I", "-c", f"import sys; sys.path.insert(0, {str(tree)!r}); "
-                 "import sandhold.mcp_gateway.gateway"],
-                capture_output=True, text=True,
-            )  # fmt: skip
+                [
+                    PYTHON,
+                    "-I",
+                    "-c",
+                    f"import sys; sys.path.insert(0, {str(tree)!r}); "
+                    "import sandhold.mcp_gateway.gateway",
+                ],
+                capture_output=True,
+                text=True,
+            )
             if probe.returncode != 0:
-                raise TemplateBuildFailed("the mcp SDK does not import on the sandboxes' "
-                                          f"{PYTHON}: {probe.stderr.strip()[-500:]}")  # fmt: skip
+                raise TemplateBuildFailed(
+                    "the mcp SDK does not import on the sandboxes' "
+                    f"{PYTHON}: {probe.stderr.strip()[-500:]}"
+                )
             subprocess.run(["chmod", "-R", "u+rwX,go+rX,go-w", str(tree)], check=True)
             shift_ownership(tree, uid_base)
             (tree / ".complete").write_text(key)
@@ -196,9 +206,14 @@ def build_mcp_gateway_template(store: TemplateStore, name: str = TEMPLATE_NAME) 
             registry.mkdir(parents=True, mode=0o755)
             for new in (target.parent, command, registry.parent, registry):  # (lib is shifted)
                 _own(new, store.uid_base)
-            tpl = Template(name=name, kind="host", rootfs=store.root / name / "rootfs",
-                           env=dict(base.env), ro_binds=list(base.ro_binds),
-                           created_at=time.time())  # fmt: skip
+            tpl = Template(
+                name=name,
+                kind="host",
+                rootfs=store.root / name / "rootfs",
+                env=dict(base.env),
+                ro_binds=list(base.ro_binds),
+                created_at=time.time(),
+            )
             staged = staging_root / name
             (staged / "template.json").write_text(json.dumps(tpl.to_json(), indent=2))
             (staged / "build.json").write_text(json.dumps({"key": key, "built_at": time.time()}))

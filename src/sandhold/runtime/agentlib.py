@@ -46,12 +46,15 @@ def _build_extension(agent_dir: Path) -> None:
     Python of their own, whose agents use the helper and ctypes instead, as where the headers
     (python3-dev) are missing."""
     cc = shutil.which("cc") or shutil.which("gcc")
-    probe = subprocess.run(["/usr/bin/python3", "-c", PYTHON_PATHS], capture_output=True,
-                           text=True, check=False)  # fmt: skip
+    probe = subprocess.run(
+        ["/usr/bin/python3", "-c", PYTHON_PATHS], capture_output=True, text=True, check=False
+    )
     include, _, suffix = probe.stdout.strip().partition("\n")
     if cc is None or probe.returncode != 0 or not (Path(include) / "Python.h").exists():
-        log.warning("no headers of /usr/bin/python3 (install python3-dev): sandbox agents "
-                    "start commands through the spawn helper")  # fmt: skip
+        log.warning(
+            "no headers of /usr/bin/python3 (install python3-dev): sandbox agents "
+            "start commands through the spawn helper"
+        )
         return
     target = agent_dir / f"_native{suffix}"
     argv = [cc, "-O2", "-shared", "-fPIC", "-Wall", "-I", include, "-o", str(target)]
@@ -70,8 +73,13 @@ class AgentLib:
         import h11
 
         h11_src = Path(h11.__file__).parent
-        files = [*sorted(AGENT_SRC.glob("*.py")), HELPER_SRC, EXTENSION_SRC, CHILD_SRC,
-                 *sorted(h11_src.glob("*.py"))]  # fmt: skip
+        files = [
+            *sorted(AGENT_SRC.glob("*.py")),
+            HELPER_SRC,
+            EXTENSION_SRC,
+            CHILD_SRC,
+            *sorted(h11_src.glob("*.py")),
+        ]
         # Hashing the sources on every create cost ~2-4 ms: redo it only when a file changed.
         stamp = tuple((str(f), st.st_mtime_ns, st.st_size) for f in files for st in [f.stat()])
         cached = self._cached

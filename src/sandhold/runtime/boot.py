@@ -33,8 +33,9 @@ from sandhold.runtime.templates.store import Template
 from sandhold.runtime.uids import VIEW_LIST
 
 
-def agent_config(spec: SandboxSpec, template: Template, env: dict[str, str],
-                 binds: list[tuple[str, str, bool]]) -> dict[str, object]:  # fmt: skip
+def agent_config(
+    spec: SandboxSpec, template: Template, env: dict[str, str], binds: list[tuple[str, str, bool]]
+) -> dict[str, object]:
     """The agent's configuration (``run/agent.json``) for a sandbox of ``spec``; a warm start
     hands it to the agent restored from the template's checkpoint (warm.py)."""
     return {
@@ -90,8 +91,9 @@ def remount(host: Host, d: Path, info: SandboxInfo, binds: bool) -> None:
     assert info.host_uid is not None
     if info.spec.limits.disk_mb is not None and not mounts.is_mountpoint(d / disk.MOUNT):
         image = (d / disk.MOUNT, d / disk.DEVICE, d / disk.IMAGE)
-        if not images.mount_again(*image, b"ext4", images.MOUNT_FLAGS, disk.MOUNT_OPTS,
-                                  REATTACH_WAIT_S):  # fmt: skip
+        if not images.mount_again(
+            *image, b"ext4", images.MOUNT_FLAGS, disk.MOUNT_OPTS, REATTACH_WAIT_S
+        ):
             raise Unavailable(f"sandbox {info.id}'s layer is still attached; try again")
     if not mounts.is_mountpoint(d / "root"):
         layer = d / disk.MOUNT if info.spec.limits.disk_mb is not None else d
@@ -116,8 +118,11 @@ HOST_BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 def save_handoff(d: Path) -> None:
     """Keep the handoff tmpfs's files (the sandbox's boot id and identity) for ``remount``,
     with the host's boot: the sandbox has not rebooted until the host has."""
-    files = {f.name: f.read_text() for f in (d / HANDOFF).iterdir() if f.is_file()
-             and f.name in (BOOT_ID_FILE, IDENTITY_FILE)}  # fmt: skip
+    files = {
+        f.name: f.read_text()
+        for f in (d / HANDOFF).iterdir()
+        if f.is_file() and f.name in (BOOT_ID_FILE, IDENTITY_FILE)
+    }
     tmp = d / f".{SAVED_HANDOFF}"
     tmp.write_text(json.dumps({"host_boot": HOST_BOOT_ID.read_text(), "files": files}))
     tmp.rename(d / SAVED_HANDOFF)

@@ -28,8 +28,12 @@ def _userns() -> Check:
         limit = int(Path("/proc/sys/user/max_user_namespaces").read_text())
     except OSError:
         limit = 0
-    return Check("user namespaces", limit > 0, f"max_user_namespaces={limit}",
-                 "sysctl -w user.max_user_namespaces=65536")  # fmt: skip
+    return Check(
+        "user namespaces",
+        limit > 0,
+        f"max_user_namespaces={limit}",
+        "sysctl -w user.max_user_namespaces=65536",
+    )
 
 
 def _bwrap() -> Check:
@@ -52,8 +56,13 @@ def _cgroups_v1() -> Check:
 
 def _cgroup_kill() -> Check:
     ok = cgroups.has_v2_kill()
-    return Check("cgroup v2 cgroup.kill", ok, "unified hierarchy mounted" if ok else "absent",
-                 "optional: freeze+SIGKILL on v1 is used instead", required=False)  # fmt: skip
+    return Check(
+        "cgroup v2 cgroup.kill",
+        ok,
+        "unified hierarchy mounted" if ok else "absent",
+        "optional: freeze+SIGKILL on v1 is used instead",
+        required=False,
+    )
 
 
 def _filesystem(name: str, fix: str) -> Check:
@@ -79,14 +88,22 @@ def _seccomp() -> Check:
 
 def _root() -> Check:
     ok = os.geteuid() == 0
-    return Check("running as root", ok, f"euid={os.geteuid()}",
-                 "run the runtime as root (sandboxes themselves never are)")  # fmt: skip
+    return Check(
+        "running as root",
+        ok,
+        f"euid={os.geteuid()}",
+        "run the runtime as root (sandboxes themselves never are)",
+    )
 
 
 def _python() -> Check:
     ok = os.access("/usr/bin/python3", os.X_OK)
-    return Check("/usr/bin/python3", ok, "present" if ok else "missing",
-                 "apt-get install python3 (the agent and the base template use it)")  # fmt: skip
+    return Check(
+        "/usr/bin/python3",
+        ok,
+        "present" if ok else "missing",
+        "apt-get install python3 (the agent and the base template use it)",
+    )
 
 
 def _uid_range(uid_base: int, ranges: int) -> Check:
@@ -96,9 +113,12 @@ def _uid_range(uid_base: int, ranges: int) -> Check:
         parts = line.split(":")
         if len(parts) > 2 and parts[2].isdigit() and uid_base <= int(parts[2]) < end:
             clash.append(parts[0])
-    return Check("sandbox uid ranges", not clash,
-                 f"{uid_base}..{end - 1} " + ("free" if not clash else f"used by {clash}"),
-                 "set SANDHOLD_UID_BASE (or uid_ranges) to a free range")  # fmt: skip
+    return Check(
+        "sandbox uid ranges",
+        not clash,
+        f"{uid_base}..{end - 1} " + ("free" if not clash else f"used by {clash}"),
+        "set SANDHOLD_UID_BASE (or uid_ranges) to a free range",
+    )
 
 
 def _idmapped_mounts() -> Check:
@@ -113,9 +133,13 @@ def _idmapped_mounts() -> Check:
                 cache.close()
     except OSError as e:
         detail = f"fail: {e}"
-    return Check("idmapped mounts", detail == "work", detail,
-                 "needs Linux >= 5.19 with idmapped mounts on the data directory's filesystem, "
-                 "or uid_isolation = false (all sandboxes share one host uid range)")  # fmt: skip
+    return Check(
+        "idmapped mounts",
+        detail == "work",
+        detail,
+        "needs Linux >= 5.19 with idmapped mounts on the data directory's filesystem, "
+        "or uid_isolation = false (all sandboxes share one host uid range)",
+    )
 
 
 def _kvm() -> Check:
@@ -131,8 +155,9 @@ def _kvm() -> Check:
 
 def _criu(path: Path) -> Check:
     ok, detail = criu.criu_status(path)
-    return Check("CRIU", ok, detail, f"optional (pause uses the cgroup freezer): {criu.FIX}",
-                 required=False)  # fmt: skip
+    return Check(
+        "CRIU", ok, detail, f"optional (pause uses the cgroup freezer): {criu.FIX}", required=False
+    )
 
 
 def run_checks(uid_base: int, uid_ranges: int, criu_path: Path) -> list[Check]:

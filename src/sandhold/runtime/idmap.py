@@ -52,8 +52,9 @@ def _make_userns(from_base: int, to_base: int) -> int:
     # us it is there. We, host root, write the maps; the namespace lives on in our descriptor.
     proc = subprocess.Popen(
         ["unshare", "--user", "--", "/bin/sh", "-c", "echo; read _"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-    )  # fmt: skip
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
     assert proc.stdin is not None and proc.stdout is not None
     try:
         if proc.stdout.readline() != b"\n":
@@ -104,12 +105,12 @@ def clone(path: str | os.PathLike[str], userns_fd: int) -> int:
     """A detached, idmapped copy of the mount tree at ``path``; returns its descriptor (the
     caller closes it). An OSError whose errno is in UNSUPPORTED: its filesystem cannot be
     idmapped."""
-    fd = _libc.syscall(SYS_OPEN_TREE, AT_FDCWD, os.fsencode(path),
-                       OPEN_TREE_CLONE | os.O_CLOEXEC)  # fmt: skip
+    fd = _libc.syscall(SYS_OPEN_TREE, AT_FDCWD, os.fsencode(path), OPEN_TREE_CLONE | os.O_CLOEXEC)
     check(0 if fd >= 0 else -1, f"open_tree {path}")
     attr = _MountAttr(MOUNT_ATTR_IDMAP, 0, 0, userns_fd)
-    rc = _libc.syscall(SYS_MOUNT_SETATTR, int(fd), b"", AT_EMPTY_PATH,
-                       ctypes.byref(attr), ctypes.sizeof(attr))  # fmt: skip
+    rc = _libc.syscall(
+        SYS_MOUNT_SETATTR, int(fd), b"", AT_EMPTY_PATH, ctypes.byref(attr), ctypes.sizeof(attr)
+    )
     if rc != 0:
         err = ctypes.get_errno()
         os.close(fd)
@@ -119,6 +120,7 @@ def clone(path: str | os.PathLike[str], userns_fd: int) -> int:
 
 def attach(mount_fd: int, target: str | os.PathLike[str]) -> None:
     """Attach a detached mount at ``target`` (an existing directory)."""
-    rc = _libc.syscall(SYS_MOVE_MOUNT, mount_fd, b"", AT_FDCWD, os.fsencode(target),
-                       MOVE_MOUNT_F_EMPTY_PATH)  # fmt: skip
+    rc = _libc.syscall(
+        SYS_MOVE_MOUNT, mount_fd, b"", AT_FDCWD, os.fsencode(target), MOVE_MOUNT_F_EMPTY_PATH
+    )
     check(int(rc), f"move_mount {target}")

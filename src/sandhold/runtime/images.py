@@ -49,8 +49,13 @@ MOUNT_FLAGS = MS_NOSUID | MS_NODEV | MS_NOATIME
 log = logging.getLogger(__name__)
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
-                        ctypes.c_char_p]  # fmt: skip
+_libc.mount.argtypes = [
+    ctypes.c_char_p,
+    ctypes.c_char_p,
+    ctypes.c_char_p,
+    ctypes.c_ulong,
+    ctypes.c_char_p,
+]
 
 
 def tool(name: str) -> str:
@@ -66,8 +71,12 @@ def tool(name: str) -> str:
 
 def run_tool(argv: list[str], what: str) -> None:
     """Run an e2fsprogs tool; pdeathsig: a create killed mid-way (a server crash) takes it too."""
-    r = subprocess.run([SETPRIV, "--pdeathsig", "KILL", "--", *argv],
-                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    r = subprocess.run(
+        [SETPRIV, "--pdeathsig", "KILL", "--", *argv],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     if r.returncode != 0:
         raise SandboxStartFailed(f"{what} failed: {r.stderr.strip() or r.returncode}")
 
@@ -75,9 +84,22 @@ def run_tool(argv: list[str], what: str) -> None:
 def _loop_config(fd: int, name: str) -> bytes:
     # struct loop_config { u32 fd, block_size; struct loop_info64 info; u64 reserved[8]; }
     info = struct.pack(
-        "=5Q4I64s64s32s2Q", 0, 0, 0, 0, 0, 0, 0, 0, LO_FLAGS_AUTOCLEAR | LO_FLAGS_DIRECT_IO,
-        name.encode()[:63], b"", b"", 0, 0,
-    )  # fmt: skip
+        "=5Q4I64s64s32s2Q",
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        LO_FLAGS_AUTOCLEAR | LO_FLAGS_DIRECT_IO,
+        name.encode()[:63],
+        b"",
+        b"",
+        0,
+        0,
+    )
     return struct.pack("=II", fd, BLOCK) + info + bytes(64)
 
 
@@ -189,8 +211,9 @@ def mount_again(
             finally:
                 os.close(fd)
         if time.monotonic() > deadline:
-            log.warning("%s still holds %s and cannot be mounted: %s", device, image,
-                        os.strerror(err))  # fmt: skip
+            log.warning(
+                "%s still holds %s and cannot be mounted: %s", device, image, os.strerror(err)
+            )
             return False
         time.sleep(0.005)
 
@@ -198,8 +221,11 @@ def mount_again(
 def copy_sparse(src: Path, dst: Path | int) -> None:
     """Copy ``src`` to a new file ``dst`` (or into an open, empty descriptor) keeping its holes:
     only the extents with data are copied."""
-    out = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600) \
-        if not isinstance(dst, int) else dst  # fmt: skip
+    out = (
+        os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        if not isinstance(dst, int)
+        else dst
+    )
     try:
         with open(src, "rb") as fi:
             end = os.fstat(fi.fileno()).st_size

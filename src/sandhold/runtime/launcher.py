@@ -116,8 +116,14 @@ def bwrap_argv(
         argv += ["--bind", str(launch.root / RW_DIRS / d.lstrip("/")), d]
     argv += ["--proc", "/proc"]
     for name in OOM_FILES:
-        argv += ["--ro-bind", f"/proc/self/{name}", f"/proc/1/{name}",
-                 "--ro-bind", f"/proc/thread-self/{name}", f"/proc/1/task/1/{name}"]  # fmt: skip
+        argv += [
+            "--ro-bind",
+            f"/proc/self/{name}",
+            f"/proc/1/{name}",
+            "--ro-bind",
+            f"/proc/thread-self/{name}",
+            f"/proc/1/task/1/{name}",
+        ]
     # Its own boot id (the host's is every sandbox's), new at each boot: what tells software
     # inside that the machine rebooted (a filesystem-only pause's resume does). Kept in the
     # handoff tmpfs: mountinfo names no host path for it.
@@ -232,8 +238,10 @@ def protect_from_oom(pid: int) -> bool:
             if name == "oom_adj":
                 if not _oom_warned:
                     _oom_warned = True
-                    log.warning("no CAP_SYS_RESOURCE: sandbox agents stay at oom_score_adj 0, "
-                                "user processes at 500, instead of being exempt")  # fmt: skip
+                    log.warning(
+                        "no CAP_SYS_RESOURCE: sandbox agents stay at oom_score_adj 0, "
+                        "user processes at 500, instead of being exempt"
+                    )
                 return False
     return True
 
@@ -254,9 +262,14 @@ def spawn(
     block_r, block_w = os.pipe()
     seccomp = filter_fd()
     argv = bwrap_argv(
-        launch, info_fd=info_w, block_fd=block_r, seccomp_fd=seccomp, ready_fd=ready_w,
-        config_fd=config, socket_fd=sock.fileno(),
-    )  # fmt: skip
+        launch,
+        info_fd=info_w,
+        block_fd=block_r,
+        seccomp_fd=seccomp,
+        ready_fd=ready_w,
+        config_fd=config,
+        socket_fd=sock.fileno(),
+    )
 
     # Before bwrap creates the cgroup namespace, its process must be in the sandbox's cgroups
     # (so the sandbox sees its own group as the root, not the host's paths) and be the

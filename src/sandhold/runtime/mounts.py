@@ -11,8 +11,13 @@ from pathlib import Path
 from sandhold.errors import InvalidRequest
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
-                        ctypes.c_char_p]  # fmt: skip
+_libc.mount.argtypes = [
+    ctypes.c_char_p,
+    ctypes.c_char_p,
+    ctypes.c_char_p,
+    ctypes.c_ulong,
+    ctypes.c_char_p,
+]
 _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 
 MNT_DETACH = 2

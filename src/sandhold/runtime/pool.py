@@ -66,8 +66,9 @@ class Pools:
             self._disk_mb[template] = info.spec.limits.disk_mb
         return info.id
 
-    def take(self, spec: SandboxSpec, template: Template, extra: dict[str, object]
-             ) -> SandboxInfo | None:  # fmt: skip
+    def take(
+        self, spec: SandboxSpec, template: Template, extra: dict[str, object]
+    ) -> SandboxInfo | None:
         """A pooled sandbox bound to ``spec`` and ``extra``, or None (the create boots)."""
         if POOL_KEY in extra or not self.host.settings.pool_sizes.get(template.name):
             return None
@@ -88,8 +89,9 @@ class Pools:
                     self.hits += 1
                 return info
 
-    def _bind(self, sandbox_id: str, spec: SandboxSpec, template: Template,
-              extra: dict[str, object]) -> SandboxInfo | None:  # fmt: skip
+    def _bind(
+        self, sandbox_id: str, spec: SandboxSpec, template: Template, extra: dict[str, object]
+    ) -> SandboxInfo | None:
         """Hand the pooled sandbox over; None (and it is killed) if it cannot serve ``spec``."""
         try:
             with self.host.records.locked(sandbox_id) as d:
@@ -107,8 +109,7 @@ class Pools:
                 self.host.records.save(info)
                 return info
         except (OSError, SandholdError) as e:
-            log.warning("pooled sandbox %s could not be handed out (%s); killing it",
-                        sandbox_id, e)  # fmt: skip
+            log.warning("pooled sandbox %s could not be handed out (%s); killing it", sandbox_id, e)
             self._discard(sandbox_id)
             return None
 
@@ -130,8 +131,10 @@ class Pools:
 
 def _configure(agent_socket: object, config: dict[str, object]) -> None:
     body = json.dumps(config).encode()
-    head = (f"POST {CONFIGURE} HTTP/1.1\r\nHost: agent\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()  # fmt: skip
+    head = (
+        f"POST {CONFIGURE} HTTP/1.1\r\nHost: agent\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    ).encode()
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(10)
         s.connect(str(agent_socket))

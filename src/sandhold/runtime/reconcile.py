@@ -71,8 +71,13 @@ class Report:
 
     @property
     def cleaned(self) -> int:
-        return (self.kills_finished + self.creates_removed + self.staging_removed
-                + self.orphan_cgroups + self.uid_ranges)  # fmt: skip
+        return (
+            self.kills_finished
+            + self.creates_removed
+            + self.staging_removed
+            + self.orphan_cgroups
+            + self.uid_ranges
+        )
 
     def __str__(self) -> str:
         return ", ".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))

@@ -125,9 +125,12 @@ class Runtime:
 
     # -- lifecycle ------------------------------------------------------------------------------
     def create(
-        self, spec: SandboxSpec | dict[str, object], extra: dict[str, object] | None = None,
-        layer_image: Path | None = None, template: Template | None = None,
-    ) -> SandboxInfo:  # fmt: skip
+        self,
+        spec: SandboxSpec | dict[str, object],
+        extra: dict[str, object] | None = None,
+        layer_image: Path | None = None,
+        template: Template | None = None,
+    ) -> SandboxInfo:
         """Create and start a sandbox; returns once its agent answers (and its template's
         start command is ready). ``extra`` is stored with the record for upper layers (e.g.
         the E2B server's timeout and tokens); ``layer_image`` is a writable layer to start from
@@ -259,8 +262,9 @@ class Runtime:
             info.spec = info.spec.model_copy(update={"network": network})
             self.records.save(info)
             if network.mode != "none":
-                self.egress.write_policy(d, network, network.tenant, session_of(info.metadata),
-                                         network.header_rules)  # fmt: skip
+                self.egress.write_policy(
+                    d, network, network.tenant, session_of(info.metadata), network.header_rules
+                )
                 self.egress.sync()
             return info
 
@@ -325,8 +329,14 @@ class Runtime:
         return reconciling.reconcile(self.host)
 
 
-FAILED_USAGE_KEYS = ("cpu_ns", "memory_bytes", "memory_cache_bytes", "memory_limit_bytes",
-                     "oom_kills", "pids")  # fmt: skip
+FAILED_USAGE_KEYS = (
+    "cpu_ns",
+    "memory_bytes",
+    "memory_cache_bytes",
+    "memory_limit_bytes",
+    "oom_kills",
+    "pids",
+)
 
 
 def _refuse_failed(info: SandboxInfo) -> None:
@@ -335,5 +345,11 @@ def _refuse_failed(info: SandboxInfo) -> None:
 
 
 __all__ = [
-    "Runtime", "SandboxInfo", "SandboxSpec", "State", "Usage", "new_sandbox_id", "session_of",
-]  # fmt: skip
+    "Runtime",
+    "SandboxInfo",
+    "SandboxSpec",
+    "State",
+    "Usage",
+    "new_sandbox_id",
+    "session_of",
+]

@@ -13,19 +13,55 @@ import tempfile
 from functools import lru_cache
 
 DENIED_SYSCALLS = (
-    "ptrace", "process_vm_readv", "process_vm_writev", "kcmp",
-    "mount", "umount2", "pivot_root", "chroot", "fsopen", "fsconfig", "fsmount", "fspick",
-    "move_mount", "open_tree", "mount_setattr",
-    "unshare", "setns",
-    "keyctl", "add_key", "request_key",
-    "bpf", "perf_event_open", "userfaultfd",
-    "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module",
-    "open_by_handle_at", "name_to_handle_at",
-    "swapon", "swapoff", "reboot", "acct", "quotactl", "syslog", "personality",
-    "io_uring_setup", "io_uring_enter", "io_uring_register",
-    "lookup_dcookie", "vhangup", "iopl", "ioperm", "settimeofday", "clock_settime", "adjtimex",
+    "ptrace",
+    "process_vm_readv",
+    "process_vm_writev",
+    "kcmp",
+    "mount",
+    "umount2",
+    "pivot_root",
+    "chroot",
+    "fsopen",
+    "fsconfig",
+    "fsmount",
+    "fspick",
+    "move_mount",
+    "open_tree",
+    "mount_setattr",
+    "unshare",
+    "setns",
+    "keyctl",
+    "add_key",
+    "request_key",
+    "bpf",
+    "perf_event_open",
+    "userfaultfd",
+    "kexec_load",
+    "kexec_file_load",
+    "init_module",
+    "finit_module",
+    "delete_module",
+    "open_by_handle_at",
+    "name_to_handle_at",
+    "swapon",
+    "swapoff",
+    "reboot",
+    "acct",
+    "quotactl",
+    "syslog",
+    "personality",
+    "io_uring_setup",
+    "io_uring_enter",
+    "io_uring_register",
+    "lookup_dcookie",
+    "vhangup",
+    "iopl",
+    "ioperm",
+    "settimeofday",
+    "clock_settime",
+    "adjtimex",
     "clock_adjtime",
-)  # fmt: skip
+)
 
 CLONE_NEWUSER = 0x10000000
 AF_NETLINK = 16
@@ -50,8 +86,12 @@ def filter_bpf() -> bytes:
     f.add_rule(S.ERRNO(errno.ENOSYS), "clone3")
     # Netlink but sock_diag, which lists the sandbox's own sockets (its network namespace's):
     # `ss`, which E2B's ready commands (wait_for_port) run, needs it.
-    f.add_rule(S.ERRNO(errno.EAFNOSUPPORT), "socket", S.Arg(0, S.EQ, AF_NETLINK),
-               S.Arg(2, S.NE, NETLINK_SOCK_DIAG))  # fmt: skip
+    f.add_rule(
+        S.ERRNO(errno.EAFNOSUPPORT),
+        "socket",
+        S.Arg(0, S.EQ, AF_NETLINK),
+        S.Arg(2, S.NE, NETLINK_SOCK_DIAG),
+    )
     f.add_rule(S.ERRNO(errno.EAFNOSUPPORT), "socket", S.Arg(0, S.EQ, AF_PACKET))
     # Setting the limits of pid 1, the agent (root inside has its uid): RLIMIT_CPU would have
     # the kernel SIGKILL it, which its being init does not stop; RLIMIT_NOFILE would starve it.

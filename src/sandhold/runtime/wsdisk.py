@@ -98,8 +98,10 @@ class WorkspaceDisk:
                 "workspace_disk_mb: disk budgets are off on this host (disk_enforced=false)"
             )
         if mb > self.settings.max_disk_mb:
-            raise InvalidRequest(f"workspace_disk_mb: {mb} MiB is above the operator's maximum "
-                                 f"(max_disk_mb={self.settings.max_disk_mb})")  # fmt: skip
+            raise InvalidRequest(
+                f"workspace_disk_mb: {mb} MiB is above the operator's maximum "
+                f"(max_disk_mb={self.settings.max_disk_mb})"
+            )
         for name in ("mkfs.ext4", "e2fsck", "resize2fs"):
             images.tool(name)
 
@@ -186,24 +188,39 @@ class WorkspaceDisk:
         """Lock an image that is there and grow it to ``mb`` if asked; returns its size (MiB)."""
         self._lock(fd, workspace)
         if left := [n for n in os.listdir(workspace) if not n.startswith(IMAGE)]:
-            log.warning("workspace %s holds %d entries beside its disk image, which sandboxes "
-                        "do not see (a move into it cut short?): %s", workspace, len(left),
-                        left[:5])  # fmt: skip
+            log.warning(
+                "workspace %s holds %d entries beside its disk image, which sandboxes "
+                "do not see (a move into it cut short?): %s",
+                workspace,
+                len(left),
+                left[:5],
+            )
         have = fs_bytes(fd)
         want = (mb << 20) if mb is not None else have
         if want > have:
             image = workspace / IMAGE
             os.ftruncate(fd, max(want, os.fstat(fd).st_size))
             _fsck(image)
-            images.run_tool([images.tool("resize2fs"), "-p", str(image), f"{want >> 10}K"],
-                            f"growing the disk image of workspace {workspace}")  # fmt: skip
-            log.info("workspace %s: disk image grown from %d to %d MiB", workspace, have >> 20,
-                     want >> 20)  # fmt: skip
+            images.run_tool(
+                [images.tool("resize2fs"), "-p", str(image), f"{want >> 10}K"],
+                f"growing the disk image of workspace {workspace}",
+            )
+            log.info(
+                "workspace %s: disk image grown from %d to %d MiB",
+                workspace,
+                have >> 20,
+                want >> 20,
+            )
             return want >> 20
         if want < have:
-            log.warning("workspace %s: a budget of %d MiB is below its disk image's %d MiB; "
-                        "images never shrink, it stays %d MiB", workspace, want >> 20,
-                        have >> 20, have >> 20)  # fmt: skip
+            log.warning(
+                "workspace %s: a budget of %d MiB is below its disk image's %d MiB; "
+                "images never shrink, it stays %d MiB",
+                workspace,
+                want >> 20,
+                have >> 20,
+                have >> 20,
+            )
         return have >> 20
 
     def _mount(self, d: Path, workspace: Path, fd: int) -> Path:
@@ -244,8 +261,12 @@ class WorkspaceDisk:
             try:
                 safefs.remove_tree(path)
             except OSError as e:
-                log.warning("workspace %s: could not remove %s after moving it into the disk "
-                            "image: %s", workspace, name, e)  # fmt: skip
+                log.warning(
+                    "workspace %s: could not remove %s after moving it into the disk image: %s",
+                    workspace,
+                    name,
+                    e,
+                )
         if names:
             log.info("workspace %s: %d entries moved into its disk image", workspace, len(names))
 
@@ -269,29 +290,42 @@ class WorkspaceDisk:
         st = os.statvfs(mnt)
         free, ifree = st.f_bavail * st.f_frsize, st.f_favail
         if used > free or inodes > ifree:
-            raise _too_big(workspace, mb, f"{-(-used >> 20)} MiB in {inodes} files and "
-                           f"directories, {free >> 20} MiB and {ifree} inodes free")  # fmt: skip
+            raise _too_big(
+                workspace,
+                mb,
+                f"{-(-used >> 20)} MiB in {inodes} files and "
+                f"directories, {free >> 20} MiB and {ifree} inodes free",
+            )
         cp = shutil.which("cp") or "/bin/cp"
         for i in range(0, len(names), CP_BATCH):
             batch = [str(workspace / n) for n in names[i : i + CP_BATCH]]
-            r = subprocess.run([cp, "-a", "--", *batch, f"{mnt}/"], stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, text=True)  # fmt: skip
+            r = subprocess.run(
+                [cp, "-a", "--", *batch, f"{mnt}/"],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
             if r.returncode != 0:
                 if "No space left" in r.stderr:
                     raise _too_big(workspace, mb, r.stderr.strip().splitlines()[-1])
-                raise SandboxStartFailed(f"moving workspace {workspace}'s files into its disk "
-                                         f"image failed: {r.stderr.strip()[-500:]}")  # fmt: skip
+                raise SandboxStartFailed(
+                    f"moving workspace {workspace}'s files into its disk "
+                    f"image failed: {r.stderr.strip()[-500:]}"
+                )
 
 
 def _foreign(workspace: Path, name: str) -> InvalidRequest:
-    return InvalidRequest(f"workspace {workspace} holds a {name} that Sandhold did not make; "
-                          "move it away")  # fmt: skip
+    return InvalidRequest(
+        f"workspace {workspace} holds a {name} that Sandhold did not make; move it away"
+    )
 
 
 def _too_big(workspace: Path, mb: int, detail: str) -> QuotaExceeded:
-    return QuotaExceeded(f"the files of workspace {workspace} do not fit its disk budget of "
-                         f"{mb} MiB ({detail}); nothing was changed: raise workspace_disk_mb "
-                         "or remove files")  # fmt: skip
+    return QuotaExceeded(
+        f"the files of workspace {workspace} do not fit its disk budget of "
+        f"{mb} MiB ({detail}); nothing was changed: raise workspace_disk_mb "
+        "or remove files"
+    )
 
 
 def _tree_usage(root: Path, names: list[str]) -> tuple[int, int]:
@@ -321,8 +355,9 @@ def _fsck(image: Path) -> None:
             str(image)]  # fmt: skip
     r = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if r.returncode not in (0, 1):
-        raise SandboxStartFailed(f"checking the disk image {image} failed ({r.returncode}): "
-                                 f"{r.stdout.strip()[-500:]}")  # fmt: skip
+        raise SandboxStartFailed(
+            f"checking the disk image {image} failed ({r.returncode}): {r.stdout.strip()[-500:]}"
+        )
 
 
 def _lock_free(image: Path) -> bool:
@@ -371,5 +406,6 @@ def _fsync_dir(path: Path) -> None:
 
 def _held_by_a_loop_device(*paths: Path) -> bool:
     wanted = {str(p) for p in paths}
-    return any(images.backing(f) in wanted
-               for f in Path("/sys/block").glob("loop*/loop/backing_file"))  # fmt: skip
+    return any(
+        images.backing(f) in wanted for f in Path("/sys/block").glob("loop*/loop/backing_file")
+    )

@@ -53,11 +53,16 @@ async def fork(
 def _lifecycle(src: Lifecycle, timeout: int, now: float) -> Lifecycle:
     """The source's lifecycle settings with tokens and an end time of the fork's own."""
     traffic = None if src.traffic_token is None else secrets.token_urlsafe(32)
-    return src.model_copy(update={
-        "access_token": secrets.token_urlsafe(32), "traffic_token": traffic,
-        "timeout": timeout, "end_at": now + timeout,
-        "idempotency_key": None, "idempotency_hash": None,
-    })  # fmt: skip
+    return src.model_copy(
+        update={
+            "access_token": secrets.token_urlsafe(32),
+            "traffic_token": traffic,
+            "timeout": timeout,
+            "end_at": now + timeout,
+            "idempotency_key": None,
+            "idempotency_hash": None,
+        }
+    )
 
 
 def _result(got: SandboxInfo | SandholdError, life: Lifecycle) -> Sandbox | SandholdError:

@@ -25,20 +25,28 @@ def over(settings: object, setting: str, what: str, size: int, unit: str = "byte
     ``settings``); the message names both."""
     limit = getattr(settings, setting)
     if size > limit:
-        raise InvalidRequest(f"{what} is {size} {unit}, over the limit of {limit} "
-                             f"(setting {setting})")  # fmt: skip
+        raise InvalidRequest(
+            f"{what} is {size} {unit}, over the limit of {limit} (setting {setting})"
+        )
 
 
-def check_env(env: Mapping[str, str], limits: CreateLimits, what: str = "the environment"
-              ) -> None:  # fmt: skip
+def check_env(env: Mapping[str, str], limits: CreateLimits, what: str = "the environment") -> None:
     """A create's environment, or a command's (the E2B data plane's ``process.envs``)."""
     over(limits, "sandbox_env_max_vars", what, len(env), "variables")
     total = 0
     for name, value in env.items():
-        over(limits, "sandbox_env_max_name_bytes",
-             f"environment variable name {clipped(name)}", nbytes(name))  # fmt: skip
-        over(limits, "sandbox_env_max_value_bytes",
-             f"the value of environment variable {clipped(name)}", nbytes(value))  # fmt: skip
+        over(
+            limits,
+            "sandbox_env_max_name_bytes",
+            f"environment variable name {clipped(name)}",
+            nbytes(name),
+        )
+        over(
+            limits,
+            "sandbox_env_max_value_bytes",
+            f"the value of environment variable {clipped(name)}",
+            nbytes(value),
+        )
         total += nbytes(name) + nbytes(value) + 2  # "NAME=value\0", as execve counts it
     over(limits, "sandbox_env_max_bytes", f"{what} (its NAME=value strings)", total)
 
@@ -49,10 +57,13 @@ def check_metadata(metadata: Mapping[str, str], limits: CreateLimits) -> None:
     for key, value in metadata.items():
         if not key:
             raise InvalidRequest("metadata keys must not be empty")
-        over(limits, "sandbox_metadata_max_key_bytes", f"metadata key {clipped(key)}",
-             nbytes(key))  # fmt: skip
-        over(limits, "sandbox_metadata_max_value_bytes",
-             f"the value of metadata key {clipped(key)}", nbytes(value))  # fmt: skip
+        over(limits, "sandbox_metadata_max_key_bytes", f"metadata key {clipped(key)}", nbytes(key))
+        over(
+            limits,
+            "sandbox_metadata_max_value_bytes",
+            f"the value of metadata key {clipped(key)}",
+            nbytes(value),
+        )
         total += nbytes(key) + nbytes(value)
     over(limits, "sandbox_metadata_max_bytes", "metadata (its keys and values)", total)
 
@@ -70,8 +81,13 @@ def check_view(view: Mapping[str, object], limits: CreateLimits) -> None:
         roots = view.get(kind)
         if not isinstance(roots, list):
             continue  # not a list at all: the spec says so
-        over(limits, "sandbox_file_view_max_roots", f"the file view's {kind} list", len(roots),
-             "roots")  # fmt: skip
+        over(
+            limits,
+            "sandbox_file_view_max_roots",
+            f"the file view's {kind} list",
+            len(roots),
+            "roots",
+        )
         for root in roots:
             if isinstance(root, str):
                 check_path(root, f"file view {kind} root", limits)

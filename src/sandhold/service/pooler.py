@@ -102,9 +102,10 @@ def pool_metrics(pools: Pools, sizes: dict[str, int]) -> Iterator[Metric]:
         labels=["template"],
     )
     size = GaugeMetricFamily(
-        "sandhold_pool_size", "The pool size configured per template (pool_sizes).",
+        "sandhold_pool_size",
+        "The pool size configured per template (pool_sizes).",
         labels=["template"],
-    )  # fmt: skip
+    )
     for t, n in sorted(sizes.items()):
         ready.add_metric([t], pools.ready(t))
         size.add_metric([t], n)

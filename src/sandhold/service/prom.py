@@ -118,8 +118,12 @@ class EgressTail:
             kind, decision = rec.get("kind"), rec.get("decision")
         except (ValueError, AttributeError):
             return
-        self.counts[(kind if kind in EGRESS_KINDS else "other",
-                     decision if decision in EGRESS_DECISIONS else "other")] += 1  # fmt: skip
+        self.counts[
+            (
+                kind if kind in EGRESS_KINDS else "other",
+                decision if decision in EGRESS_DECISIONS else "other",
+            )
+        ] += 1
 
 
 class OomKills:
@@ -158,9 +162,12 @@ class ServiceMetrics:
     each scrape: the suspender decides)."""
 
     def __init__(
-        self, runtime: Runtime, settings: Settings, failures: Failures,
+        self,
+        runtime: Runtime,
+        settings: Settings,
+        failures: Failures,
         suspends_to_disk: Callable[[], bool],
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.runtime = runtime
         self.settings = settings
         self.failures = failures
@@ -171,14 +178,18 @@ class ServiceMetrics:
             "sandhold_create_duration_seconds",
             "Creates of sandboxes, from the request's validation to the agent answering (and "
             "the template's start command ready), by where the sandbox started from.",
-            ["start"], buckets=CREATE_BUCKETS, registry=self.registry,
-        )  # fmt: skip
+            ["start"],
+            buckets=CREATE_BUCKETS,
+            registry=self.registry,
+        )
         self.lifecycle_seconds = Histogram(
             "sandhold_lifecycle_duration_seconds",
             "Lifecycle operations on sandboxes by operation (pause, resume, restore, suspend, "
             "kill) and mode (memory, filesystem, disk; kill: the state it was in).",
-            ["operation", "mode"], buckets=LIFECYCLE_BUCKETS, registry=self.registry,
-        )  # fmt: skip
+            ["operation", "mode"],
+            buckets=LIFECYCLE_BUCKETS,
+            registry=self.registry,
+        )
         for start in STARTS:  # every series present from the start, at 0
             self.create_seconds.labels(start)
         self.oom = OomKills(settings.cgroup_group)

@@ -65,10 +65,10 @@ class SandboxService:
         self.disk_total = 0
         # GET /metrics (service/prom.py); its suspend gauge asks the suspender, made next, which
         # observes its suspends here.
-        self.prom = ServiceMetrics(runtime, settings, self.failures,
-                                   lambda: self.suspender.enabled)  # fmt: skip
-        self.suspender = Suspender(runtime, settings, self.offload, self.prom,
-                                   lock=self.lock, list_now=self.list_now)  # fmt: skip
+        self.prom = ServiceMetrics(runtime, settings, self.failures, lambda: self.suspender.enabled)
+        self.suspender = Suspender(
+            runtime, settings, self.offload, self.prom, lock=self.lock, list_now=self.list_now
+        )
         self.builds = Builds(runtime, settings, self.offload)
         self.warmer = Warmer(runtime, settings, self.offload)
         self.pooler = Pooler(runtime.pools, settings, self.offload)
@@ -82,12 +82,16 @@ class SandboxService:
             Timer(self.query, self.expire, s.lifecycle_interval_s),
             # Half-made sandboxes of a crash (of any process on this data dir) are cleaned
             # while we run, not only at the next start.
-            Periodic(lambda: self.offload.run(self.runtime.reconcile), s.reconcile_interval_s,
-                     "sandhold-reconcile"),
-            Periodic(self.suspender.tick, min(5.0, max(s.suspend_after_s, 0.5)),
-                     "sandhold-suspend"),
+            Periodic(
+                lambda: self.offload.run(self.runtime.reconcile),
+                s.reconcile_interval_s,
+                "sandhold-reconcile",
+            ),
+            Periodic(
+                self.suspender.tick, min(5.0, max(s.suspend_after_s, 0.5)), "sandhold-suspend"
+            ),
             Periodic(self.warmer.tick, WARM_CHECK_S, "sandhold-warm", at_start=True),
-        ]  # fmt: skip
+        ]
 
     async def open(self) -> SandboxService:
         """Open the runtime (re-attach, clean up), build ``base`` and the agent's library before
@@ -228,21 +232,27 @@ class SandboxService:
         s, t0 = self.settings, time.perf_counter()
         req.template, made = await self.offload.run(self.builds.resolve, req.owner, req.template)
         try:
-            spec = SandboxSpec.model_validate({
-                "template": req.template,
-                "limits": {"memory_mb": req.memory_mb or made.memory_mb or s.default_memory_mb,
-                           "cpu": req.cpu or made.cpu or s.default_cpu,
-                           "pids": req.pids or s.default_pids,
-                           "disk_mb": req.disk_mb},
-                "env": {"E2B_TEAM_ID": req.owner, **req.env},  # (E2B's, with the runtime's
-                "metadata": req.metadata,  # E2B_SANDBOX_ID and E2B_TEMPLATE_ID)
-                "mounts": [{"source": str(m.source), "target": m.target,
-                            "read_only": m.read_only} for m in req.mounts],
-                "workspace_dir": req.workspace_dir,
-                "workspace_disk_mb": req.workspace_disk_mb,
-                "network": req.network.model_dump(),
-                "file_view": req.file_view,
-            })  # fmt: skip
+            spec = SandboxSpec.model_validate(
+                {
+                    "template": req.template,
+                    "limits": {
+                        "memory_mb": req.memory_mb or made.memory_mb or s.default_memory_mb,
+                        "cpu": req.cpu or made.cpu or s.default_cpu,
+                        "pids": req.pids or s.default_pids,
+                        "disk_mb": req.disk_mb,
+                    },
+                    "env": {"E2B_TEAM_ID": req.owner, **req.env},  # (E2B's, with the runtime's
+                    "metadata": req.metadata,  # E2B_SANDBOX_ID and E2B_TEMPLATE_ID)
+                    "mounts": [
+                        {"source": str(m.source), "target": m.target, "read_only": m.read_only}
+                        for m in req.mounts
+                    ],
+                    "workspace_dir": req.workspace_dir,
+                    "workspace_disk_mb": req.workspace_disk_mb,
+                    "network": req.network.model_dump(),
+                    "file_view": req.file_view,
+                }
+            )
         except ValidationError as e:
             raise InvalidRequest(f"invalid request: {validation_message(e)}") from None
         life = Lifecycle(
@@ -300,9 +310,14 @@ class SandboxService:
             return await self._resume(sbx, now + timeout), True
 
     async def resume(
-        self, owner: str, sandbox_id: str, timeout: int, *, auto_pause: bool | None = None,
+        self,
+        owner: str,
+        sandbox_id: str,
+        timeout: int,
+        *,
+        auto_pause: bool | None = None,
         memory: bool | None = None,
-    ) -> Sandbox:  # fmt: skip
+    ) -> Sandbox:
         """Resume a paused sandbox (Conflict for a running one)."""
         self.check_timeout(timeout)
         async with self.lock(sandbox_id):
@@ -345,9 +360,13 @@ class SandboxService:
             await self._save(sbx)
 
     async def pause(
-        self, owner: str, sandbox_id: str, *, memory: bool | None = None,
+        self,
+        owner: str,
+        sandbox_id: str,
+        *,
+        memory: bool | None = None,
         require_healthy: bool = False,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """Pause a running sandbox (Conflict for a paused one): its memory kept (suspended to
         disk later: suspender.py), or with ``memory=False`` dropped (a filesystem-only pause:
         its files kept, resume boots it afresh). ``require_healthy`` (E2B's strict pause): only
@@ -363,17 +382,23 @@ class SandboxService:
                     "running"
                 )
             with self.prom.timed("pause", "filesystem" if memory is False else "memory"):
-                await self.offload.run(self.runtime.pause if memory is not False
-                                       else self.runtime.pause_filesystem, sbx.id)  # fmt: skip
+                await self.offload.run(
+                    self.runtime.pause if memory is not False else self.runtime.pause_filesystem,
+                    sbx.id,
+                )
             if memory is False:
                 return
         if self.settings.suspend_after_s == 0 and self.suspender.enabled:
             await self.suspender.suspend(sandbox_id)
 
     async def kill(
-        self, owner: str, sandbox_id: str, *, if_state: str | None = None,
+        self,
+        owner: str,
+        sandbox_id: str,
+        *,
+        if_state: str | None = None,
         if_end_at: float | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """Kill a sandbox; with ``if_state``/``if_end_at`` only if it is still in that state with
         that end time (PreconditionFailed otherwise), checked under the sandbox's lock so that no
         resume can slip in between: the gateway's reclaimer never kills a sandbox resumed since

@@ -31,20 +31,26 @@ def _store(service: ServiceParts) -> SnapshotStore:
     return SnapshotStore(service.runtime)
 
 
-async def take(service: ServiceParts, owner: str, sandbox_id: str, name: str | None,
-               memory: bool | None) -> Snapshot:  # fmt: skip
+async def take(
+    service: ServiceParts, owner: str, sandbox_id: str, name: str | None, memory: bool | None
+) -> Snapshot:
     mode: Mode = "filesystem" if memory is False else "full"
     async with service.lock(sandbox_id):
         sbx = await service.usable(owner, sandbox_id)
         return await service.offload.run(_store(service).take, sbx.id, owner, name, mode)
 
 
-async def listed(service: ServiceParts, owner: str, sandbox_id: str | None = None,
-                 name: str | None = None) -> list[Snapshot]:  # fmt: skip
+async def listed(
+    service: ServiceParts, owner: str, sandbox_id: str | None = None, name: str | None = None
+) -> list[Snapshot]:
     snaps = await service.offload.run(_store(service).list)
-    return [s for s in snaps if s.owner == owner
-            and (sandbox_id is None or s.source == sandbox_id)
-            and (name is None or name == s.id or name in s.names)]  # fmt: skip
+    return [
+        s
+        for s in snaps
+        if s.owner == owner
+        and (sandbox_id is None or s.source == sandbox_id)
+        and (name is None or name == s.id or name in s.names)
+    ]
 
 
 async def find(service: ServiceParts, owner: str, ref: str) -> Snapshot | None:
@@ -66,12 +72,22 @@ async def delete(service: ServiceParts, owner: str, ref: str) -> None:
     await service.offload.run(_store(service).delete, snap.id)
 
 
-async def start(service: ServiceParts, snap: Snapshot, spec: SandboxSpec,
-                extra: dict[str, object]) -> SandboxInfo:  # fmt: skip
+async def start(
+    service: ServiceParts, snap: Snapshot, spec: SandboxSpec, extra: dict[str, object]
+) -> SandboxInfo:
     """A sandbox from ``snap``. A filesystem snapshot boots with the create's spec (its
     network policy, env, limits) over the saved files and the snapshot's template; a full one
     keeps what its memory was made with."""
-    fresh = spec.model_copy(update={"template": snap.template, "limits": spec.limits.model_copy(
-        update={"disk_mb": SandboxSpec.model_validate(snap.spec, context={"stored": True})
-                .limits.disk_mb})})  # fmt: skip
+    fresh = spec.model_copy(
+        update={
+            "template": snap.template,
+            "limits": spec.limits.model_copy(
+                update={
+                    "disk_mb": SandboxSpec.model_validate(
+                        snap.spec, context={"stored": True}
+                    ).limits.disk_mb
+                }
+            ),
+        }
+    )
     return await service.offload.run(_store(service).start, snap, extra, fresh)

@@ -27,10 +27,15 @@ log = logging.getLogger(__name__)
 
 class Suspender:
     def __init__(
-        self, runtime: Runtime, settings: Settings, offload: Offload, prom: ServiceMetrics, *,
+        self,
+        runtime: Runtime,
+        settings: Settings,
+        offload: Offload,
+        prom: ServiceMetrics,
+        *,
         lock: Callable[[str], contextlib.AbstractAsyncContextManager[None]],
         list_now: Callable[[], list[SandboxInfo]],
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.runtime = runtime
         self.settings = settings
         self.offload = offload
@@ -56,8 +61,12 @@ class Suspender:
             return
         due = time.time() - self.after_s
         for info in await self.offload.run(self.list_now):
-            if (info.state == "paused" and not info.suspended and info.id not in self._failed
-                    and (info.paused_at or 0) <= due):  # fmt: skip
+            if (
+                info.state == "paused"
+                and not info.suspended
+                and info.id not in self._failed
+                and (info.paused_at or 0) <= due
+            ):
                 await self.suspend(info.id)
 
     async def suspend(self, sandbox_id: str) -> None:

@@ -40,11 +40,14 @@ def _visible(builds: Builds, team: str) -> list[Template]:
     templates of images the team itself pulled (never another team's, public or not), and the
     team's own that still carry a tag (an untagged build is on its way out)."""
     return sorted(
-        (t for t in builds.rt.templates.list()
-         if (t.owner is None and (not restricted(t) or team in (t.teams or [])))
-         or (t.owner == team and t.tags)),
+        (
+            t
+            for t in builds.rt.templates.list()
+            if (t.owner is None and (not restricted(t) or team in (t.teams or [])))
+            or (t.owner == team and t.tags)
+        ),
         key=lambda t: t.created_at,
-    )  # fmt: skip
+    )
 
 
 def _resources(builds: Builds, t: Template) -> dict[str, Any]:
@@ -76,12 +79,21 @@ def _entries(builds: Builds, visible: list[Template]) -> dict[str, dict[str, Any
         made, name = _when(t.created_at), t.alias or t.name
         tags[key] = t.tags
         out[key] = {
-            "templateID": key, "buildID": t.build_id or NO_BUILD_ID, **_resources(builds, t),
-            "public": t.owner is None or t.public, "aliases": [name], "names": [name],
-            "createdAt": made, "updatedAt": made, "createdBy": None,
-            "lastSpawnedAt": None, "spawnCount": 0, "buildCount": 0,
-            "envdVersion": ENVD_VERSION, "buildStatus": "ready",
-        }  # fmt: skip
+            "templateID": key,
+            "buildID": t.build_id or NO_BUILD_ID,
+            **_resources(builds, t),
+            "public": t.owner is None or t.public,
+            "aliases": [name],
+            "names": [name],
+            "createdAt": made,
+            "updatedAt": made,
+            "createdBy": None,
+            "lastSpawnedAt": None,
+            "spawnCount": 0,
+            "buildCount": 0,
+            "envdVersion": ENVD_VERSION,
+            "buildStatus": "ready",
+        }
     for key, entry in out.items():
         entry["buildCount"] = count[key]
     return out
@@ -96,8 +108,11 @@ def with_builds(
         raise InvalidRequest(f"limit must be between 1 and {MAX_BUILDS_PAGE}")
     stored = [t for t in _visible(builds, team) if _key(t) == tid]  # (the store read once)
     # (a build that succeeded is one of the stored; the others are jobs of the last hour)
-    pending = [j for j in builds.jobs.values()
-               if j.team == team and j.template_id == tid and j.status != "ready"]  # fmt: skip
+    pending = [
+        j
+        for j in builds.jobs.values()
+        if j.team == team and j.template_id == tid and j.status != "ready"
+    ]
     if not stored and not pending:
         raise NotFound(f"template {tid!r} not found")
     dated = [(t.created_at, _stored_build(builds, t)) for t in stored]
@@ -120,29 +135,47 @@ def _pending_entry(builds: Builds, pending: list[Job]) -> dict[str, Any]:
     made = _when(j.created)
     build = _job_build(builds, j)
     same = {k: build[k] for k in ("buildID", "cpuCount", "memoryMB", "diskSizeMB", "envdVersion")}
-    return {**same, "templateID": j.template_id, "public": False,
-            "aliases": [j.name], "names": [j.name], "createdAt": made, "updatedAt": made,
-            "createdBy": None, "lastSpawnedAt": None, "spawnCount": 0,
-            "buildCount": len(pending), "buildStatus": j.status}  # fmt: skip
+    return {
+        **same,
+        "templateID": j.template_id,
+        "public": False,
+        "aliases": [j.name],
+        "names": [j.name],
+        "createdAt": made,
+        "updatedAt": made,
+        "createdBy": None,
+        "lastSpawnedAt": None,
+        "spawnCount": 0,
+        "buildCount": len(pending),
+        "buildStatus": j.status,
+    }
 
 
 def _stored_build(builds: Builds, t: Template) -> dict[str, Any]:
     made = _when(t.created_at)
     return {
-        "buildID": t.build_id or NO_BUILD_ID, "status": "ready", "createdAt": made,
-        "updatedAt": made, "finishedAt": made, **_resources(builds, t),
+        "buildID": t.build_id or NO_BUILD_ID,
+        "status": "ready",
+        "createdAt": made,
+        "updatedAt": made,
+        "finishedAt": made,
+        **_resources(builds, t),
         "envdVersion": ENVD_VERSION,
-    }  # fmt: skip
+    }
 
 
 def _job_build(builds: Builds, j: Job) -> dict[str, Any]:
     s = builds.settings
     out = {
-        "buildID": j.build_id, "status": j.status, "createdAt": _when(j.created),
-        "updatedAt": _when(j.finished or j.created), "cpuCount": int(j.cpu or s.default_cpu),
-        "memoryMB": j.memory_mb or s.default_memory_mb, "diskSizeMB": s.default_disk_mb,
+        "buildID": j.build_id,
+        "status": j.status,
+        "createdAt": _when(j.created),
+        "updatedAt": _when(j.finished or j.created),
+        "cpuCount": int(j.cpu or s.default_cpu),
+        "memoryMB": j.memory_mb or s.default_memory_mb,
+        "diskSizeMB": s.default_disk_mb,
         "envdVersion": ENVD_VERSION,
-    }  # fmt: skip
+    }
     if j.finished is not None:
         out["finishedAt"] = _when(j.finished)
     return out

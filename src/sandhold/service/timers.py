@@ -61,9 +61,13 @@ class Periodic:
     one interval after it) until stopped; a failed run is logged and the next one comes anyway."""
 
     def __init__(
-        self, run: Callable[[], Awaitable[object]], interval_s: float, name: str, *,
+        self,
+        run: Callable[[], Awaitable[object]],
+        interval_s: float,
+        name: str,
+        *,
         at_start: bool = False,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self._run_once = run
         self.interval_s = interval_s
         self.name = name

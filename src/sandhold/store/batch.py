@@ -70,9 +70,14 @@ UNLOCK_IN = update(S).where(*MINE_IN).values(**RELEASE)
 CLEAR_IN = (
     update(S)
     .where(*MINE_IN)
-    .values(sandbox_id=None, sandbox_handle=None, recorded_pause_end_at=None,
-            create_reserved_until=None, **RELEASE)
-)  # fmt: skip
+    .values(
+        sandbox_id=None,
+        sandbox_handle=None,
+        recorded_pause_end_at=None,
+        create_reserved_until=None,
+        **RELEASE,
+    )
+)
 
 
 class BatchQueries:
@@ -93,12 +98,14 @@ class BatchQueries:
             conn.execute(TOUCH, {"pk": stops[0].pk})
             for part in chunks(list(by_pk)):
                 todo = [
-                    pk for pk, sandbox, recorded in conn.execute(STOP_STATE, {"pks": part})
+                    pk
+                    for pk, sandbox, recorded in conn.execute(STOP_STATE, {"pks": part})
                     if sandbox == by_pk[pk].sandbox_id and recorded != by_pk[pk].end_at
-                ]  # fmt: skip
+                ]
                 if todo:
-                    conn.execute(RECORD_STOP, [{"pk": pk, "end_at": by_pk[pk].end_at}
-                                               for pk in todo])  # fmt: skip
+                    conn.execute(
+                        RECORD_STOP, [{"pk": pk, "end_at": by_pk[pk].end_at} for pk in todo]
+                    )
                     done.update(todo)
             q.add_events(conn, [s.event for s in stops if s.pk in done])
         return done

@@ -72,9 +72,13 @@ def require_head(engine: Engine, where: str) -> None:
         revision = MigrationContext.configure(conn).get_current_revision()
     head = ScriptDirectory(str(MIGRATIONS)).get_current_head()
     if revision is None:
-        raise NotFound(f"{where} holds no gateway store: `sandhold gateway serve` creates its "
-                       "tables at its first start")  # fmt: skip
+        raise NotFound(
+            f"{where} holds no gateway store: `sandhold gateway serve` creates its "
+            "tables at its first start"
+        )
     if revision != head:
-        raise Conflict(f"the gateway store at {where} has schema revision {revision}, this "
-                       f"version reads {head}: start `sandhold gateway serve` of this version "
-                       "once to migrate it")  # fmt: skip
+        raise Conflict(
+            f"the gateway store at {where} has schema revision {revision}, this "
+            f"version reads {head}: start `sandhold gateway serve` of this version "
+            "once to migrate it"
+        )

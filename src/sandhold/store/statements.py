@@ -41,9 +41,20 @@ E = cast(Table, Event.__table__)
 T = cast(Table, Tenant.__table__)
 
 # SessionRow's fields, as columns of the sessions table, in its order
-ROW_COLUMNS = ("id", "tenant_id", "session_id", "state", "sandbox_id", "sandbox_handle",
-               "generation", "recorded_pause_end_at", "lock_owner", "lock_until", "created_at",
-               "closed_at")  # fmt: skip
+ROW_COLUMNS = (
+    "id",
+    "tenant_id",
+    "session_id",
+    "state",
+    "sandbox_id",
+    "sandbox_handle",
+    "generation",
+    "recorded_pause_end_at",
+    "lock_owner",
+    "lock_until",
+    "created_at",
+    "closed_at",
+)
 COLS = [S.c[f] for f in ROW_COLUMNS]
 EVENT_FIELDS = tuple(c.name for c in E.c if c.name != "id")
 
@@ -85,12 +96,16 @@ JSON_FIELDS = frozenset(c.name for c in E.c if isinstance(c.type, JSON))
 ADD_USE_AND_UNLOCK = UNLOCK.add_cte(
     insert(U)
     .values(
-        id=bindparam("use_id"), session_pk=bindparam("pk"), sandbox_id=bindparam("sandbox"),
-        replica=bindparam("replica"), tool=bindparam("tool"), started_at=bindparam("started"),
+        id=bindparam("use_id"),
+        session_pk=bindparam("pk"),
+        sandbox_id=bindparam("sandbox"),
+        replica=bindparam("replica"),
+        tool=bindparam("tool"),
+        started_at=bindparam("started"),
         expires_at=bindparam("expires"),
     )
     .cte("new_use")
-)  # fmt: skip
+)
 # A call's use registered on a session whose lock is free, whose state is open and whose
 # sandbox is the one the caller knows running, the session's row held meanwhile (FOR UPDATE),
 # so nobody takes the lock between: as if the lock were taken, the use added and the lock
@@ -100,10 +115,14 @@ _USABLE = (BY_NAME, FREE, S.c.state == "open", S.c.sandbox_id == bindparam("sand
 
 def _new_use(src: Any) -> Any:
     values = select(
-        bindparam("use_id", type_=String), src.c.id, src.c.sandbox_id,
-        bindparam("replica", type_=String), bindparam("tool", type_=String),
-        bindparam("now", type_=Float), bindparam("expires", type_=Float),
-    ).select_from(src)  # fmt: skip
+        bindparam("use_id", type_=String),
+        src.c.id,
+        src.c.sandbox_id,
+        bindparam("replica", type_=String),
+        bindparam("tool", type_=String),
+        bindparam("now", type_=Float),
+        bindparam("expires", type_=Float),
+    ).select_from(src)
     if src is S:
         values = values.where(*_USABLE)
     columns = ["id", "session_pk", "sandbox_id", "replica", "tool", "started_at", "expires_at"]
@@ -122,20 +141,23 @@ SET_SANDBOX = (
     update(S)
     .where(MINE)
     .values(
-        sandbox_id=bindparam("sandbox"), sandbox_handle=bindparam("handle"),
-        recorded_pause_end_at=None, create_reserved_until=None,
+        sandbox_id=bindparam("sandbox"),
+        sandbox_handle=bindparam("handle"),
+        recorded_pause_end_at=None,
+        create_reserved_until=None,
         generation=S.c.generation + bindparam("bump"),
     )
-)  # fmt: skip
+)
 SET_HANDLE = update(S).where(MINE).values(sandbox_handle=bindparam("handle"))
 RECORD_PAUSE = (
     update(S)
     .where(
-        BY_PK, S.c.sandbox_id == bindparam("sandbox"),
+        BY_PK,
+        S.c.sandbox_id == bindparam("sandbox"),
         or_(S.c.recorded_pause_end_at.is_(None), S.c.recorded_pause_end_at != bindparam("end_at")),
     )
     .values(recorded_pause_end_at=bindparam("end_at"))
-)  # fmt: skip
+)
 
 TENANT_COLS = [T.c.id, T.c.api_key_sha256, T.c.policy, T.c.created_at, T.c.updated_at]
 TENANT_BY_ID = select(*TENANT_COLS).where(T.c.id == bindparam("tenant"))

@@ -187,8 +187,9 @@ class TunnelClient:
                 return [(channel, t) for t in await self._list(tunnel, channel, timeout)]
             except Exception as e:  # a channel that does not answer offers what it did
                 why = getattr(e, "message", e)
-                log.warning("tunnel %s channel %s: tools/list failed: %s", tunnel.name, channel,
-                            why)  # fmt: skip
+                log.warning(
+                    "tunnel %s channel %s: tools/list failed: %s", tunnel.name, channel, why
+                )
                 old = cached.tools.values() if cached is not None else ()
                 return [(v["channel"], v["tool"]) for v in old if v["channel"] == channel]
 

@@ -48,9 +48,15 @@ class SandboxWorker(EnvironmentWorker):
     """One environment's worker whose tools run in the Sandhold sandbox of each session."""
 
     def __init__(
-        self, client: AsyncAnthropic, gateway: Gateway, settings: Settings, *,
-        environment_id: str, environment_key: str, workdir: Path,
-    ) -> None:  # fmt: skip
+        self,
+        client: AsyncAnthropic,
+        gateway: Gateway,
+        settings: Settings,
+        *,
+        environment_id: str,
+        environment_key: str,
+        workdir: Path,
+    ) -> None:
         super().__init__(
             client,
             environment_id=environment_id,
@@ -81,12 +87,18 @@ class SandboxWorker(EnvironmentWorker):
         # the id in the fetched session's body, which a control plane could get wrong.
         session_id = self.session_id or session.id
         if session.id != session_id:
-            log.warning("session %s: the control plane's session body says %r; its tools run "
-                        "in the work item's session", session_id, session.id)  # fmt: skip
+            log.warning(
+                "session %s: the control plane's session body says %r; its tools run "
+                "in the work item's session",
+                session_id,
+                session.id,
+            )
         tools = SandboxTools(
-            self.gateway, session_id,
-            max_file_bytes=s.worker_max_file_bytes, bash_timeout_s=s.worker_bash_timeout_s,
-        ).toolset()  # fmt: skip
+            self.gateway,
+            session_id,
+            max_file_bytes=s.worker_max_file_bytes,
+            bash_timeout_s=s.worker_bash_timeout_s,
+        ).toolset()
         if s.worker_custom_tools == "error":
             builtin = {t.name for t in tools}
             custom = [t.name for t in session.agent.tools if t.type == "custom"]
@@ -94,9 +106,11 @@ class SandboxWorker(EnvironmentWorker):
         return tools
 
     async def _handle_item(
-        self, work_item: BetaSelfHostedWork, environment_key: str | None,
+        self,
+        work_item: BetaSelfHostedWork,
+        environment_key: str | None,
         lease: _Lease | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         lease = lease or _Lease()
         self.lease = lease
         self.session_id = work_item.data.id if work_item.data.type == "session" else None
@@ -140,10 +154,13 @@ async def serve(settings: Settings) -> int:
         base_url=control["worker_base_url"], auth_token=control["worker_environment_key"]
     )
     worker = SandboxWorker(
-        client, gateway, settings, workdir=workdir,
+        client,
+        gateway,
+        settings,
+        workdir=workdir,
         environment_id=str(control["worker_environment_id"]),
         environment_key=str(control["worker_environment_key"]),
-    )  # fmt: skip
+    )
     for noisy in ("httpx", "httpx2"):  # a line per request, heartbeats included
         logging.getLogger(noisy).setLevel(logging.WARNING)
     stop = asyncio.Event()
@@ -151,8 +168,11 @@ async def serve(settings: Settings) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     task = asyncio.create_task(worker.run(), name="environment-worker")
-    log.info("serving environment %s with gateway %s", control["worker_environment_id"],
-             settings.worker_gateway_url)  # fmt: skip
+    log.info(
+        "serving environment %s with gateway %s",
+        control["worker_environment_id"],
+        settings.worker_gateway_url,
+    )
     status = 0
     try:
         stopping = asyncio.create_task(stop.wait())

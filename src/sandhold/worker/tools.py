@@ -47,9 +47,13 @@ WORKSPACE = "/workspace"
 SEARCH_TIMEOUT_S = 30.0
 # `read` returns these as content blocks (base64), as the SDK's tool does, within its caps.
 BINARY_MEDIA_TYPES = {
-    ".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".gif": "image/gif",
-    ".webp": "image/webp", ".pdf": "application/pdf",
-}  # fmt: skip
+    ".png": "image/png",
+    ".jpg": "image/jpeg",
+    ".jpeg": "image/jpeg",
+    ".gif": "image/gif",
+    ".webp": "image/webp",
+    ".pdf": "application/pdf",
+}
 MAX_IMAGE_BASE64_BYTES = 5 * 1024 * 1024
 MAX_PDF_BYTES = 20 * 1024 * 1024
 SEARCH_PROGRAM = inspect.getsource(sandbox_search)
@@ -71,9 +75,11 @@ class SandboxTools:
 
     # -- bash -----------------------------------------------------------------------------------
     async def bash(
-        self, command: str | None = None, restart: bool | None = None,
+        self,
+        command: str | None = None,
+        restart: bool | None = None,
         timeout_ms: int | None = None,
-    ) -> str:  # fmt: skip
+    ) -> str:
         """Run a command in the session's persistent bash shell (in its sandbox)."""
         if restart:
             await self._call("bash", "run_command", command=RESET_SCRIPT, timeout_s=30)
@@ -180,8 +186,10 @@ class SandboxTools:
     async def glob(self, pattern: str, path: str | None = None) -> str:
         """List files of the session's sandbox matching a glob pattern, newest first."""
         if pattern.startswith("/"):
-            raise ToolError("glob: absolute pattern not permitted; pass a relative pattern "
-                            "(and optionally path)")  # fmt: skip
+            raise ToolError(
+                "glob: absolute pattern not permitted; pass a relative pattern "
+                "(and optionally path)"
+            )
         if ".." in PurePosixPath(pattern).parts:
             raise ToolError("glob: '..' is not permitted in the pattern")
         return await self._search("glob", pattern, path)
@@ -192,13 +200,21 @@ class SandboxTools:
 
     async def _search(self, kind: str, pattern: str, path: str | None) -> str:
         root = posixpath.normpath(posixpath.join(WORKSPACE, path or "."))
-        env = {"SANDHOLD_SEARCH": kind, "SANDHOLD_PATTERN": pattern, "SANDHOLD_ROOT": root,
-               "SANDHOLD_VIEW": ":".join(READ_ROOTS)}  # fmt: skip
+        env = {
+            "SANDHOLD_SEARCH": kind,
+            "SANDHOLD_PATTERN": pattern,
+            "SANDHOLD_ROOT": root,
+            "SANDHOLD_VIEW": ":".join(READ_ROOTS),
+        }
         # (-I: neither the working directory nor PYTHON* variables steer what it imports)
         result = await self._call(
-            kind, "run_command", SEARCH_TIMEOUT_S, timeout_s=SEARCH_TIMEOUT_S, env=env,
+            kind,
+            "run_command",
+            SEARCH_TIMEOUT_S,
+            timeout_s=SEARCH_TIMEOUT_S,
+            env=env,
             command=f"exec python3 -I -c {shlex.quote(SEARCH_PROGRAM)}",
-        )  # fmt: skip
+        )
         code = result.get("exit_code")
         # What runs is the sandbox's python3, which code in the sandbox can replace: its
         # output is bounded here, not only by the program.
@@ -221,8 +237,10 @@ class SandboxTools:
             "glob": BetaManagedAgentsAgentToolset20260401GlobInput,
             "grep": BetaManagedAgentsAgentToolset20260401GrepInput,
         }
-        return [beta_async_tool(getattr(self, name), name=name, input_schema=schema)
-                for name, schema in schemas.items()]  # fmt: skip
+        return [
+            beta_async_tool(getattr(self, name), name=name, input_schema=schema)
+            for name, schema in schemas.items()
+        ]
 
 
 def _bounded(text: str, limit: int = sandbox_search.GREP_LIMIT) -> str:
@@ -245,8 +263,10 @@ def unhandled_custom_tools(names: Sequence[str]) -> list[BetaAnyRunnableTool]:
             )
 
         return beta_async_tool(
-            unhandled, name=name, description=f"custom tool {name} (no handler)",
+            unhandled,
+            name=name,
+            description=f"custom tool {name} (no handler)",
             input_schema={"type": "object", "additionalProperties": True},
-        )  # fmt: skip
+        )
 
     return [make(n) for n in names]

@@ -56,8 +56,12 @@ class ProviderSandbox:
     suspended: bool = False
 
     def public(self) -> dict[str, Any]:
-        out = {"id": self.id, "state": self.state, "end_at": self.end_at,
-               "started_at": self.started_at}  # fmt: skip
+        out = {
+            "id": self.id,
+            "state": self.state,
+            "end_at": self.end_at,
+            "started_at": self.started_at,
+        }
         if self.failure is not None:
             out["failure"] = self.failure
         if self.suspended:

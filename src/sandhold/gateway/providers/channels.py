@@ -44,8 +44,11 @@ class Channels:
         if got is None or got[1] != socket_path:
             if got is not None:
                 self._close_later(got[0])
-            got = (httpx.AsyncClient(transport=agent_transport(socket_path, port), timeout=None),
-                   socket_path, 0)  # fmt: skip
+            got = (
+                httpx.AsyncClient(transport=agent_transport(socket_path, port), timeout=None),
+                socket_path,
+                0,
+            )
         client = got[0]
         self._clients[key] = (client, socket_path, got[2] + 1)
         self._clients.move_to_end(key)

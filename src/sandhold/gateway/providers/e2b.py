@@ -56,21 +56,39 @@ BUSY_RETRIES = 5  # CubeSandbox answers 503 + Retry-After while a sandbox is pau
 # snapshots and fork: E2B cloud has both; a Sandhold server answers 501 for them (not built).
 CAPABILITIES = {
     "sandhold": Capabilities(
-        pause_keeps_memory=True, suspends_to_disk=False, snapshots=False, fork=False,
-        auto_resume=True, mount_workspace=True, conditional_delete=True, idle_timeout=False,
+        pause_keeps_memory=True,
+        suspends_to_disk=False,
+        snapshots=False,
+        fork=False,
+        auto_resume=True,
+        mount_workspace=True,
+        conditional_delete=True,
+        idle_timeout=False,
         per_sandbox_limits=False,
     ),
     "e2b": Capabilities(
-        pause_keeps_memory=True, suspends_to_disk=True, snapshots=True, fork=True,
-        auto_resume=True, mount_workspace=False, conditional_delete=False, idle_timeout=False,
+        pause_keeps_memory=True,
+        suspends_to_disk=True,
+        snapshots=True,
+        fork=True,
+        auto_resume=True,
+        mount_workspace=False,
+        conditional_delete=False,
+        idle_timeout=False,
         per_sandbox_limits=False,
     ),
     "cube": Capabilities(
-        pause_keeps_memory=True, suspends_to_disk=False, snapshots=False, fork=False,
-        auto_resume=True, mount_workspace=True, conditional_delete=False, idle_timeout=True,
+        pause_keeps_memory=True,
+        suspends_to_disk=False,
+        snapshots=False,
+        fork=False,
+        auto_resume=True,
+        mount_workspace=True,
+        conditional_delete=False,
+        idle_timeout=True,
         per_sandbox_limits=False,
     ),
-}  # fmt: skip
+}
 SUSPEND_GAUGE = re.compile(r"^sandhold_suspend_to_disk (\d+)$", re.M)
 
 
@@ -165,8 +183,11 @@ class E2bProvider(Provider):
             return False
         m = SUSPEND_GAUGE.search(r.text) if r.status_code == 200 else None
         if m is None:
-            log.warning("the Sandhold server does not say whether it suspends to disk "
-                        "(GET /metrics: %s); assuming it does not", r.status_code)  # fmt: skip
+            log.warning(
+                "the Sandhold server does not say whether it suspends to disk "
+                "(GET /metrics: %s); assuming it does not",
+                r.status_code,
+            )
             return False
         return m[1] == "1"
 
@@ -187,16 +208,19 @@ class E2bProvider(Provider):
 
     async def create(self, req: CreateRequest) -> tuple[ProviderSandbox, dict[str, Any]]:
         metadata = dict(req.metadata)
-        binds = [{"hostPath": str(src), "mountPath": dst, "readOnly": True}
-                 for src, dst in req.views]  # fmt: skip
+        binds = [
+            {"hostPath": str(src), "mountPath": dst, "readOnly": True} for src, dst in req.views
+        ]
         if binds and not self.capabilities.mount_workspace:
             raise ProviderError(
                 f"the {self.flavor} flavor cannot mount host directories, so the tenant's "
                 "skills and references cannot be shown"
             )
         if req.workspace_dir is not None:
-            binds.insert(0, {"hostPath": str(req.workspace_dir), "mountPath": "/workspace",
-                             "readOnly": False})  # fmt: skip
+            binds.insert(
+                0,
+                {"hostPath": str(req.workspace_dir), "mountPath": "/workspace", "readOnly": False},
+            )
         if binds:
             metadata[HOST_MOUNT_KEY] = json.dumps(binds)
         if req.workspace_disk_mb is not None:
@@ -247,8 +271,11 @@ class E2bProvider(Provider):
         r = await self._call("POST", path, json={"timeout": timeout_s})
         raise_for(r, "connect", 200, 201)
         d = r.json()
-        fresh = {k: v for k, v in (("envd_token", d.get("envdAccessToken")),
-                                   ("domain", d.get("domain"))) if v}  # fmt: skip
+        fresh = {
+            k: v
+            for k, v in (("envd_token", d.get("envdAccessToken")), ("domain", d.get("domain")))
+            if v
+        }
         return r.status_code == 201, fresh
 
     async def set_timeout(self, sandbox_id: str, timeout_s: int) -> None:
@@ -282,8 +309,11 @@ class E2bProvider(Provider):
             r = await self._call("GET", "/v2/sandboxes", params=params)
             raise_for(r, "list", 200)
             # Filter again: servers that ignore a filter must not make us act on strangers.
-            out += [s for s in map(_sandbox, r.json())
-                    if all(s.metadata.get(k) == v for k, v in metadata.items())]  # fmt: skip
+            out += [
+                s
+                for s in map(_sandbox, r.json())
+                if all(s.metadata.get(k) == v for k, v in metadata.items())
+            ]
             token = r.headers.get("x-next-token")
             if not token:
                 return out
@@ -293,8 +323,10 @@ class E2bProvider(Provider):
         if if_paused_end_at is not None:
             if not self.capabilities.conditional_delete:
                 raise ProviderError(f"the {self.flavor} flavor cannot delete conditionally")
-            headers = {"X-Sandhold-If-State": "paused",
-                       "X-Sandhold-If-End-At": iso(if_paused_end_at)}  # fmt: skip
+            headers = {
+                "X-Sandhold-If-State": "paused",
+                "X-Sandhold-If-End-At": iso(if_paused_end_at),
+            }
         r = await self._call("DELETE", f"/sandboxes/{sandbox_id}", headers=headers)
         if r.status_code == 404:
             return False
@@ -305,7 +337,9 @@ class E2bProvider(Provider):
     async def channel(
         self, sandbox_id: str, handle: dict[str, Any], port: int
     ) -> AsyncIterator[Channel]:
-        tokens = {"envd": handle.get("envd_token") or "",
-                  "traffic": handle.get("traffic_token") or ""}  # fmt: skip
+        tokens = {
+            "envd": handle.get("envd_token") or "",
+            "traffic": handle.get("traffic_token") or "",
+        }
         domain = handle.get("domain") or self.domain
         yield remote_channel(self.data, self.sandbox_url, domain, sandbox_id, port, tokens)

@@ -40,8 +40,12 @@ def kdat_cache() -> bool:
         mounts.mount_tmpfs(KDAT_DIR, 1 << 20, 0o700)
         return True
     except OSError as e:
-        log.warning("CRIU runs without its kernel-features cache (%s: %s): each checkpoint and "
-                    "restore takes ~30 ms more", KDAT_DIR, e)  # fmt: skip
+        log.warning(
+            "CRIU runs without its kernel-features cache (%s: %s): each checkpoint and "
+            "restore takes ~30 ms more",
+            KDAT_DIR,
+            e,
+        )
         return False
 
 

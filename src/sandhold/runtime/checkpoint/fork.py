@@ -72,8 +72,9 @@ def checkpoint_in_place(host: Host, info: SandboxInfo, into: Path, memory: bool 
                 os.close(fd)
             images.copy_sparse(d / disk.IMAGE, into / disk.IMAGE)
             if criu is not None:
-                process_tree.dump(criu, d, info.init_pid, into / process_tree.IMAGES,
-                                freezer=cg.v1("freezer"))  # fmt: skip
+                process_tree.dump(
+                    criu, d, info.init_pid, into / process_tree.IMAGES, freezer=cg.v1("freezer")
+                )
         finally:
             if info.state == "running":
                 cg.thaw()
@@ -83,9 +84,14 @@ def checkpoint_in_place(host: Host, info: SandboxInfo, into: Path, memory: bool 
 
 
 def start(
-    host: Host, spec: SandboxSpec, template_name: str, taken: Path, extra: dict[str, object],
-    started_from: str = "fork", config: dict[str, object] | None = None,
-) -> SandboxInfo:  # fmt: skip
+    host: Host,
+    spec: SandboxSpec,
+    template_name: str,
+    taken: Path,
+    extra: dict[str, object],
+    started_from: str = "fork",
+    config: dict[str, object] | None = None,
+) -> SandboxInfo:
     """A new sandbox restored from what ``checkpoint_in_place`` took into ``taken``; with
     ``config``, its agent is handed that configuration (a warm start's: warm.py)."""
     criu = criu_path(host)
@@ -103,10 +109,19 @@ def start(
         pid = process_tree.restore(criu, d, procs, host_uid, own=False)
         hand_back(d, pid, rebind=config is not None)
         info = SandboxInfo(
-            id=sandbox_id, template=template_name, state="running", spec=spec,
-            created_at=time.time(), pid=pid, init_pid=pid, dir=d, workspace=None,
-            extra=dict(extra), host_uid=host_uid, started_from=started_from,
-        )  # fmt: skip
+            id=sandbox_id,
+            template=template_name,
+            state="running",
+            spec=spec,
+            created_at=time.time(),
+            pid=pid,
+            init_pid=pid,
+            dir=d,
+            workspace=None,
+            extra=dict(extra),
+            host_uid=host_uid,
+            started_from=started_from,
+        )
         host.records.save(info)
         safefs.remove_quietly(d / process_tree.IMAGES)
         return info

@@ -40,8 +40,11 @@ IRMAP = ["--force-irmap", "--irmap-scan-path", "/home", "--irmap-scan-path", "/w
          "--irmap-scan-path", "/root"]  # fmt: skip
 # The read-only covers over the agent's OOM files (launcher.py) are binds of the agent's own
 # /proc files, gone with it: the dump names them, the restore covers them with host files.
-COVERS = {f"/proc/1/{sub}{name}": f"{sub.replace('/', '-')}{name}"
-          for sub in ("", "task/1/") for name in ("oom_score_adj", "oom_adj")}  # fmt: skip
+COVERS = {
+    f"/proc/1/{sub}{name}": f"{sub.replace('/', '-')}{name}"
+    for sub in ("", "task/1/")
+    for name in ("oom_score_adj", "oom_adj")
+}
 BOOT_ID_KEY = "boot_id"  # the sandbox's own boot id file (launcher.BOOT_ID), found again by key
 
 
@@ -52,11 +55,12 @@ class Criu:
 
     def run(self, argv: list[str], what: str, logfile: Path, **kw: object) -> None:
         try:
-            r = subprocess.run(argv, capture_output=True, text=True, timeout=self.timeout_s,
-                               **kw)  # type: ignore[call-overload]  # fmt: skip
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=self.timeout_s, **kw)  # type: ignore[call-overload]
         except subprocess.TimeoutExpired:
-            raise CheckpointFailed(f"criu {what} did not finish in {self.timeout_s:g} s (killed; "
-                                   f"criu_timeout_s): {_errors(logfile)}") from None  # fmt: skip
+            raise CheckpointFailed(
+                f"criu {what} did not finish in {self.timeout_s:g} s (killed; "
+                f"criu_timeout_s): {_errors(logfile)}"
+            ) from None
         if r.returncode != 0:
             raise CheckpointFailed(f"criu {what} failed: {_errors(logfile)}")
 
@@ -89,8 +93,14 @@ def _quiet(agent_socket: Path, init_pid: int) -> bool:
         return True
 
 
-def handoff(d: Path, agent_pid: int, listener: socket.socket, log_fd: int,
-            config_fd: int | None = None, timeout: float = 10.0) -> None:  # fmt: skip
+def handoff(
+    d: Path,
+    agent_pid: int,
+    listener: socket.socket,
+    log_fd: int,
+    config_fd: int | None = None,
+    timeout: float = 10.0,
+) -> None:
     """Hand the agent (host pid ``agent_pid``) its new listening socket and log file and,
     for a warm start, its own configuration; returns once it has taken them."""
     path = d / HANDOFF / "agent.sock"
@@ -140,15 +150,20 @@ def _views(d: Path) -> dict[str, tuple[str, str]]:
     return out
 
 
-def dump(criu: Criu, d: Path, init_pid: int, images: Path | None = None, *,
-         freezer: Path | None = None) -> Path:  # fmt: skip
+def dump(
+    criu: Criu, d: Path, init_pid: int, images: Path | None = None, *, freezer: Path | None = None
+) -> Path:
     """Checkpoint the tree of ``init_pid`` into ``images`` (``d/checkpoint``). The tree ends;
     with ``freezer`` (its frozen freezer cgroup) it stays, frozen."""
     images = images or d / IMAGES
     images.mkdir(mode=0o700, exist_ok=True)
     _set_pings(init_pid)
-    named = {**COVERS, HANDOFF_AT: HANDOFF, BOOT_ID: BOOT_ID_KEY,
-             **{m: k for m, (k, _v) in _views(d).items()}}  # fmt: skip
+    named = {
+        **COVERS,
+        HANDOFF_AT: HANDOFF,
+        BOOT_ID: BOOT_ID_KEY,
+        **{m: k for m, (k, _v) in _views(d).items()},
+    }
     keep = ["--freeze-cgroup", str(freezer), "--leave-running"] if freezer else []
     criu.run(
         [str(criu.path), "dump", "-t", str(init_pid), "-D", str(images), "-o", "dump.log",
@@ -159,8 +174,7 @@ def dump(criu: Criu, d: Path, init_pid: int, images: Path | None = None, *,
     return images
 
 
-def restore(criu: Criu, d: Path, cgroup_procs: list[str], host_uid: int,
-            own: bool = True) -> int:  # fmt: skip
+def restore(criu: Criu, d: Path, cgroup_procs: list[str], host_uid: int, own: bool = True) -> int:
     """Recreate the tree from ``d/checkpoint`` over ``d/root``, in the given cgroups, in the
     uid range at ``host_uid``; returns its init's pid. ``own``: the images are this sandbox's
     (a suspend), so the groups they name are its own: CRIU puts every task, threads too, back

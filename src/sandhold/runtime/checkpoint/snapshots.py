@@ -218,8 +218,14 @@ class SnapshotStore:
         finally:
             safefs.remove_quietly(tmp)
 
-    def take(self, sandbox_id: str, owner: str, name: str | None, mode: Mode,
-             extra: dict[str, object] | None = None) -> Snapshot:  # fmt: skip
+    def take(
+        self,
+        sandbox_id: str,
+        owner: str,
+        name: str | None,
+        mode: Mode,
+        extra: dict[str, object] | None = None,
+    ) -> Snapshot:
         """Save a running (or, ``filesystem`` only, paused) sandbox; it runs on. With a remote,
         the snapshot is uploaded before it exists here too."""
         host = self.host
@@ -238,11 +244,18 @@ class SnapshotStore:
                 update={"workspace_id": None, "workspace_dir": None, "mounts": []}
             )
             snap = Snapshot(
-                id=snapshot_id, owner=owner, names=[name] if name else [], source=info.id,
-                template=info.template, mode=mode, spec=spec.model_dump(mode="json"),
-                created_at=time.time(), size_bytes=_size(staging), extra=dict(extra or {}),
+                id=snapshot_id,
+                owner=owner,
+                names=[name] if name else [],
+                source=info.id,
+                template=info.template,
+                mode=mode,
+                spec=spec.model_dump(mode="json"),
+                created_at=time.time(),
+                size_bytes=_size(staging),
+                extra=dict(extra or {}),
                 remote=self.remote.url if self.remote is not None else None,
-            )  # fmt: skip
+            )
             (staging / META).write_text(json.dumps(snap.to_json()))
             if self.remote is not None:
                 self.remote.put(snap.to_json(), staging)
@@ -278,8 +291,9 @@ class SnapshotStore:
                 f"{limit >> 20}, {need >> 20} MiB more needed): delete snapshots first"
             )
 
-    def start(self, snap: Snapshot, extra: dict[str, object],
-              spec: SandboxSpec | None = None) -> SandboxInfo:  # fmt: skip
+    def start(
+        self, snap: Snapshot, extra: dict[str, object], spec: SandboxSpec | None = None
+    ) -> SandboxInfo:
         """A new sandbox from ``snap``: its memory restored (``full``) or booted afresh over
         its files (``filesystem``; ``spec`` may change what a fresh boot may, e.g. env)."""
         saved = SandboxSpec.model_validate(snap.spec, context={"stored": True})

@@ -142,8 +142,9 @@ def cold_boot(host: Host, d: Path, info: SandboxInfo) -> None:
     elif cg.freezer_state() != "THAWED":
         cg.thaw()
     remount(host, d, info, binds=False)  # (the boot binds them)
-    proc, init_pid, _workspace, _spec = boot(host, d, info.spec, host.templates.get(info.template),
-                                            info.host_uid)  # fmt: skip
+    proc, init_pid, _workspace, _spec = boot(
+        host, d, info.spec, host.templates.get(info.template), info.host_uid
+    )
     host.children.add(info.id, proc)
     info.pid, info.init_pid, info.suspended = proc.pid, init_pid, None
 
@@ -177,8 +178,9 @@ def hand_back(d: Path, agent_pid: int, rebind: bool = False) -> None:
     sock_path = d / "run" / "agent.sock"
     sock_path.unlink(missing_ok=True)
     listener = listen(sock_path)
-    log_fd = os.open(d / "sandbox.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
-                     0o600)  # fmt: skip
+    log_fd = os.open(
+        d / "sandbox.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600
+    )
     config_fd = os.open(d / "run" / "agent.json", os.O_RDONLY | os.O_CLOEXEC) if rebind else None
     try:
         process_tree.handoff(d, agent_pid, listener, log_fd, config_fd)

@@ -95,8 +95,9 @@ class WarmStarts:
             return f"its memory limit is below the {need} MiB a warm start needs"
         return None
 
-    def start(self, spec: SandboxSpec, template: Template,
-              extra: dict[str, object]) -> SandboxInfo | None:  # fmt: skip
+    def start(
+        self, spec: SandboxSpec, template: Template, extra: dict[str, object]
+    ) -> SandboxInfo | None:
         """A sandbox of ``spec`` restored from ``template``'s checkpoint, or None when there is
         none, it cannot serve this create, or restoring failed (then nothing of it is left)."""
         on = self.host.settings.warm_templates and self.host.disk.enforced
@@ -123,8 +124,10 @@ class WarmStarts:
         if not template.warm:
             raise InvalidRequest(f"template {name} does not start warm")
         if not self.host.disk.enforced:
-            raise InvalidRequest("warm starts need disk budgets (disk_enforced=true): the "
-                                 "checkpoint's writable layer is a disk image")  # fmt: skip
+            raise InvalidRequest(
+                "warm starts need disk budgets (disk_enforced=true): the "
+                "checkpoint's writable layer is a disk image"
+            )
         criu_path(self.host)
         target = self._dir(template)
         target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -150,8 +153,13 @@ class WarmStarts:
             for image in (staged / process_tree.IMAGES).iterdir():  # shared by the sandboxes
                 if not image.name.startswith("userns-"):  # restored from it (hard links); each
                     image.chmod(0o444)  # remaps its own copy of the user namespace's
-            meta = {"template": name, "key": target.name, "made_at": time.time(),
-                    "disk_mb": info.spec.limits.disk_mb, "memory_bytes": memory}  # fmt: skip
+            meta = {
+                "template": name,
+                "key": target.name,
+                "made_at": time.time(),
+                "disk_mb": info.spec.limits.disk_mb,
+                "memory_bytes": memory,
+            }
             (staged / META).write_text(json.dumps(meta))
             staged.rename(target)
         except BaseException:
@@ -179,8 +187,12 @@ def wait_ready(info: SandboxInfo, template: Template) -> None:
         if svc.get("ready_path") and isinstance(port := svc.get("port"), int):
             _wait_ready(info.agent_socket, port, str(svc["ready_path"]))
         if svc.get("ready_cmd"):
-            _wait_ready_cmd(info, str(svc["ready_cmd"]), str(svc.get("user") or "root"),
-                            str(svc.get("cwd") or "/"))  # fmt: skip
+            _wait_ready_cmd(
+                info,
+                str(svc["ready_cmd"]),
+                str(svc.get("user") or "root"),
+                str(svc.get("cwd") or "/"),
+            )
 
 
 def _wait_ready_cmd(info: SandboxInfo, cmd: str, user: str, cwd: str) -> None:
@@ -189,8 +201,12 @@ def _wait_ready_cmd(info: SandboxInfo, cmd: str, user: str, cwd: str) -> None:
         last = ""
         async with AgentClient(info.agent_socket, timeout=None) as agent:
             while time.monotonic() < deadline:
-                r = await agent.run(["/bin/bash", "-l", "-c", cmd], user=user, cwd=cwd,
-                                    timeout_s=max(deadline - time.monotonic(), 1.0))  # fmt: skip
+                r = await agent.run(
+                    ["/bin/bash", "-l", "-c", cmd],
+                    user=user,
+                    cwd=cwd,
+                    timeout_s=max(deadline - time.monotonic(), 1.0),
+                )
                 if r.exit_code == 0:
                     return ""
                 last = (r.stdout + r.stderr).decode(errors="replace").strip()[-300:]
@@ -198,8 +214,10 @@ def _wait_ready_cmd(info: SandboxInfo, cmd: str, user: str, cwd: str) -> None:
         return last or "no output"
 
     if failure := run_sync(poll()):
-        raise SandboxStartFailed(f"the start command was not ready in {READY_TIMEOUT_S:g} s "
-                                 f"(ready command {cmd!r}: {failure})")  # fmt: skip
+        raise SandboxStartFailed(
+            f"the start command was not ready in {READY_TIMEOUT_S:g} s "
+            f"(ready command {cmd!r}: {failure})"
+        )
 
 
 def _wait_ready(agent_socket: Path, port: int, path: str) -> None:
@@ -213,12 +231,16 @@ def _wait_ready(agent_socket: Path, port: int, path: str) -> None:
                 s.connect(str(agent_socket))
                 s.sendall(f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: agent\r\n\r\n".encode())
                 if read_status(s) == 200:
-                    s.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                              "Connection: close\r\n\r\n".encode())  # fmt: skip
+                    s.sendall(
+                        f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                        "Connection: close\r\n\r\n".encode()
+                    )
                     status = read_status(s)
                     if status == 200:
                         return
                     last = f"status {status}"
         time.sleep(0.1)
-    raise SandboxStartFailed(f"the service on port {port} was not ready ({path}) in "
-                             f"{READY_TIMEOUT_S:g} s: {last or 'no answer'}")  # fmt: skip
+    raise SandboxStartFailed(
+        f"the service on port {port} was not ready ({path}) in "
+        f"{READY_TIMEOUT_S:g} s: {last or 'no answer'}"
+    )

@@ -65,8 +65,10 @@ class Step:
     def check(self, index: int) -> None:
         where = f"step {index + 1} ({self.type})"
         if self.type not in STEP_TYPES:
-            raise InvalidRequest(f"step {index + 1}: unsupported instruction {self.type!r} "
-                                 f"(supported: {', '.join(STEP_TYPES)})")  # fmt: skip
+            raise InvalidRequest(
+                f"step {index + 1}: unsupported instruction {self.type!r} "
+                f"(supported: {', '.join(STEP_TYPES)})"
+            )
         n = len(self.args)
         if self.type in ("RUN", "WORKDIR", "USER") and not (1 <= n <= 2 and self.args[0]):
             raise InvalidRequest(f"{where}: needs its argument")
@@ -75,8 +77,10 @@ class Step:
         if self.type == "COPY" and (n < 2 or not self.files_hash):
             raise InvalidRequest(f"{where}: needs a source, a destination and its files' hash")
         if self.type == "COPY" and _outside(self.args[0]):
-            raise InvalidRequest(f"{where}: the source {self.args[0]!r} is outside the build "
-                                 "context (a relative path within it)")  # fmt: skip
+            raise InvalidRequest(
+                f"{where}: the source {self.args[0]!r} is outside the build "
+                "context (a relative path within it)"
+            )
 
 
 @dataclass
@@ -141,8 +145,15 @@ class Builder:
         for i, step in enumerate(req.steps):
             self._check_cancelled()
             label = f"[{i + 1}/{len(req.steps)}] {step.type} {' '.join(step.args)}"[:300]
-            parts = [key, step.type, step.args, step.files_hash, state.user, state.workdir,
-                     sorted(state.env.items())]  # fmt: skip
+            parts = [
+                key,
+                step.type,
+                step.args,
+                step.files_hash,
+                state.user,
+                state.workdir,
+                sorted(state.env.items()),
+            ]
             if step.digest is not None:  # (what the layer holds: the bytes, not the claim)
                 parts.append(["content", step.digest])
             key = _hash(parts)
@@ -156,9 +167,11 @@ class Builder:
                 emit("info", label)
                 continue
             if step.type == "WORKDIR" and _volatile(_abs(step.args[0], state.workdir)):
-                raise InvalidRequest(f"step {i + 1}: WORKDIR {step.args[0]}: it is under a "
-                                     "file system every sandbox gets afresh (/tmp, /dev, /proc, "
-                                     "/run): nothing there is kept")  # fmt: skip
+                raise InvalidRequest(
+                    f"step {i + 1}: WORKDIR {step.args[0]}: it is under a "
+                    "file system every sandbox gets afresh (/tmp, /dev, /proc, "
+                    "/run): nothing there is kept"
+                )
             if not forced and self.layers.exists(key):
                 emit("info", f"CACHED {label}")
             else:
@@ -170,29 +183,51 @@ class Builder:
             if step.type == "WORKDIR":
                 state.workdir = _abs(step.args[0], state.workdir)
         tpl = Template(
-            name=req.name, kind=base.kind, rootfs=base.rootfs, user=state.user,
-            workdir=state.workdir, env=state.env, ro_binds=list(base.ro_binds),
-            services=list(base.services), disk_mb=base.disk_mb,
+            name=req.name,
+            kind=base.kind,
+            rootfs=base.rootfs,
+            user=state.user,
+            workdir=state.workdir,
+            env=state.env,
+            ro_binds=list(base.ro_binds),
+            services=list(base.services),
+            disk_mb=base.disk_mb,
             layers=[self.layers.path(k) for k in reversed(built)] + list(base.layers),
-            cpu=req.cpu or base.cpu, memory_mb=req.memory_mb or base.memory_mb,
-            agent_kit=base.agent_kit, rw_dirs=list(base.rw_dirs), root_caps=list(base.root_caps),
-        )  # fmt: skip
+            cpu=req.cpu or base.cpu,
+            memory_mb=req.memory_mb or base.memory_mb,
+            agent_kit=base.agent_kit,
+            rw_dirs=list(base.rw_dirs),
+            root_caps=list(base.root_caps),
+        )
         if req.start_cmd:
-            tpl.services.append({
-                "name": "start", "argv": ["/bin/bash", "-l", "-c", req.start_cmd],
-                "user": state.user, "cwd": state.workdir, "ready_cmd": req.ready_cmd or "true",
-            })  # fmt: skip
+            tpl.services.append(
+                {
+                    "name": "start",
+                    "argv": ["/bin/bash", "-l", "-c", req.start_cmd],
+                    "user": state.user,
+                    "cwd": state.workdir,
+                    "ready_cmd": req.ready_cmd or "true",
+                }
+            )
             tpl.warm = True  # (E2B hands out its sandboxes with the start command serving)
         for k, v in req.meta.items():
             setattr(tpl, k, v)
         return self.host.templates.add(tpl)
 
     # -- one step in a build sandbox --------------------------------------------------------
-    def _run(self, base: Template, built: list[str], state: _State, step: Step, key: str,
-             emit: Log) -> None:  # fmt: skip
+    def _run(
+        self, base: Template, built: list[str], state: _State, step: Step, key: str, emit: Log
+    ) -> None:
         layers = [self.layers.path(k) for k in reversed(built)] + list(base.layers)
-        stack = Template(**{**base.__dict__, "services": [], "warm": False, "layers": layers,
-                            "root_caps": list(BUILD_CAPS)})  # fmt: skip
+        stack = Template(
+            **{
+                **base.__dict__,
+                "services": [],
+                "warm": False,
+                "layers": layers,
+                "root_caps": list(BUILD_CAPS),
+            }
+        )
         info = self.sandboxes.create(build_spec(self.host, base), {BUILD_KEY: key}, template=stack)
         self._active = info.id
         try:
@@ -219,17 +254,24 @@ class Builder:
             with contextlib.suppress(NotFound):  # (cancel() may have killed it)
                 self.sandboxes.kill(info.id)
 
-    def _exec(self, info: SandboxInfo, argv: list[str], user: str, state: _State,
-              emit: Log) -> None:  # fmt: skip
+    def _exec(
+        self, info: SandboxInfo, argv: list[str], user: str, state: _State, emit: Log
+    ) -> None:
         def output(_stream: str, chunk: bytes) -> None:
             for line in chunk.decode(errors="replace").splitlines():
                 emit("info", line)
 
         async def go() -> Any:
             async with AgentClient(info.agent_socket, timeout=None) as agent:
-                return await agent.run(argv, user=user, cwd=state.workdir, env=state.env,
-                                       timeout_s=STEP_TIMEOUT_S, max_output=MAX_OUTPUT,
-                                       on_output=output)  # fmt: skip
+                return await agent.run(
+                    argv,
+                    user=user,
+                    cwd=state.workdir,
+                    env=state.env,
+                    timeout_s=STEP_TIMEOUT_S,
+                    max_output=MAX_OUTPUT,
+                    on_output=output,
+                )
 
         r = run_sync(go())
         if r.exit_code != 0:
@@ -243,8 +285,10 @@ class Builder:
         data = archive.read_bytes()
         if step.digest is not None and hashlib.sha256(data).hexdigest() != step.digest:
             # (uploaded again since the build started: the layer's key names the bytes checked)
-            raise TemplateBuildFailed(f"COPY {step.args[0]}: its files were uploaded again "
-                                      "while the build ran; start the build again")  # fmt: skip
+            raise TemplateBuildFailed(
+                f"COPY {step.args[0]}: its files were uploaded again "
+                "while the build ran; start the build again"
+            )
 
         async def put() -> None:
             async with AgentClient(info.agent_socket, timeout=None) as agent:
@@ -261,8 +305,9 @@ class Builder:
             "MODE": step.args[3] if len(step.args) > 3 else "",
             "TAR": COPY_TAR,
         }
-        self._exec(info, ["/bin/bash", "-c", COPY_SCRIPT], "root",
-                   _State(env, "root", state.workdir), emit)  # fmt: skip
+        self._exec(
+            info, ["/bin/bash", "-c", COPY_SCRIPT], "root", _State(env, "root", state.workdir), emit
+        )
 
 
 # Docker's COPY semantics over the uploaded archive (entries relative to the build context): a

@@ -37,10 +37,14 @@ if TYPE_CHECKING:
     from sandhold.runtime.templates.store import TemplateStore
 
 SUPPORTED = ("FROM", "RUN", "COPY", "ADD", "ENV", "ARG", "WORKDIR", "USER", "CMD", "ENTRYPOINT")
-IGNORED = {"LABEL": "templates have no labels",
-           "EXPOSE": "every port a sandbox listens on is reachable"}  # fmt: skip
-_VAR = re.compile(r"\$(?:\{(?P<b>[A-Za-z_]\w*)(?::(?P<op>[-+])(?P<w>[^}]*))?\}"
-                  r"|(?P<n>[A-Za-z_]\w*))")  # fmt: skip
+IGNORED = {
+    "LABEL": "templates have no labels",
+    "EXPOSE": "every port a sandbox listens on is reachable",
+}
+_VAR = re.compile(
+    r"\$(?:\{(?P<b>[A-Za-z_]\w*)(?::(?P<op>[-+])(?P<w>[^}]*))?\}"
+    r"|(?P<n>[A-Za-z_]\w*))"
+)
 _FLAG = re.compile(r"--([A-Za-z-]+)(?:=(\S*))?\s*")
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")  # a user or group
 _URL = re.compile(r"^([a-z][a-z0-9+.-]*://|git@)", re.I)
@@ -56,8 +60,13 @@ class Dockerfile:
     warnings: list[str] = field(default_factory=list)
 
 
-def parse(text: str, context: Path, tmp: Path, store: TemplateStore,
-          build_args: dict[str, str] | None = None) -> Dockerfile:  # fmt: skip
+def parse(
+    text: str,
+    context: Path,
+    tmp: Path,
+    store: TemplateStore,
+    build_args: dict[str, str] | None = None,
+) -> Dockerfile:
     """Read ``text``: COPY sources relative to ``context``, archives written in ``tmp``, FROM
     looked up in ``store``. Raises ``InvalidRequest`` naming the line and what is wrong."""
     if not context.is_dir():
@@ -142,8 +151,9 @@ def _exec_form(rest: str) -> list[str] | None:
 
 
 class _Parser:
-    def __init__(self, context: Path, tmp: Path, store: TemplateStore,
-                 build_args: dict[str, str]) -> None:  # fmt: skip
+    def __init__(
+        self, context: Path, tmp: Path, store: TemplateStore, build_args: dict[str, str]
+    ) -> None:
         self.context, self.real_ctx = context, os.path.realpath(context)
         self.tmp, self.store, self.build_args = tmp, store, build_args
         self.out: Dockerfile | None = None
@@ -163,8 +173,10 @@ class _Parser:
         if name in IGNORED:
             return self.warn(f"{name} ignored: {IGNORED[name]}")
         if name not in SUPPORTED:
-            raise InvalidRequest(f"{name} is not supported (supported: {', '.join(SUPPORTED)}; "
-                                 f"{', '.join(IGNORED)} are ignored)")  # fmt: skip
+            raise InvalidRequest(
+                f"{name} is not supported (supported: {', '.join(SUPPORTED)}; "
+                f"{', '.join(IGNORED)} are ignored)"
+            )
         flags: dict[str, str] = {}
         while name in ("FROM", "RUN", "COPY", "ADD") and (f := _FLAG.match(rest)):
             flags[f[1].lower()], rest = f[2] or "", rest[f.end() :]
@@ -213,8 +225,9 @@ class _Parser:
         try:
             oci.parse_reference(ref)  # an image, pulled by the build (from_image.py)
         except InvalidRequest:
-            raise InvalidRequest(f"FROM {ref}: neither a template of this host nor an image "
-                                 "reference") from None  # fmt: skip
+            raise InvalidRequest(
+                f"FROM {ref}: neither a template of this host nor an image reference"
+            ) from None
         self.out = Dockerfile("", [], meta={"image": ref})
 
     def i_run(self, rest: str, flags: dict[str, str]) -> None:
@@ -372,7 +385,10 @@ def _chgrp(group: str, dest: str, matched: list[str], entries: dict[str, str]) -
             names.add(posixpath.basename(m))
             continue
         parent = "" if m == "." else m  # (a directory's entries go into dest, not it)
-        names |= {posixpath.basename(r) for r in entries
-                  if r not in (m, ".") and posixpath.dirname(r) == parent}  # fmt: skip
+        names |= {
+            posixpath.basename(r)
+            for r in entries
+            if r not in (m, ".") and posixpath.dirname(r) == parent
+        }
     paths = " ".join(q(posixpath.join(dest, n)) for n in sorted(names))
     return f"chgrp -R -h -- {q(group)} {paths}" if paths else "true"

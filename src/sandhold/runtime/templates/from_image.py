@@ -66,9 +66,16 @@ def may_use(t: Template, team: str | None) -> bool:
     return team in (t.teams or []) or (t.public and t.teams is not None)
 
 
-def from_image(host: Host, ref: str, *, team: str | None = None, username: str | None = None,
-               password: str | None = None, force: bool = False,
-               log_to: Callable[[str], None] | None = None) -> Template:  # fmt: skip
+def from_image(
+    host: Host,
+    ref: str,
+    *,
+    team: str | None = None,
+    username: str | None = None,
+    password: str | None = None,
+    force: bool = False,
+    log_to: Callable[[str], None] | None = None,
+) -> Template:
     """The template of image ``ref`` for ``team`` (None: the operator): pulled now with these
     credentials, or the one a pull made before (unless ``force``) if the team may use it
     already or proves it may by fetching the manifest with its own credentials."""
@@ -79,9 +86,12 @@ def from_image(host: Host, ref: str, *, team: str | None = None, username: str |
     registry_access.check_addresses(s, r.domain)
     anonymous = username is None
     shared = registry_access.shared(s, r, anonymous)
-    opts: dict[str, Any] = {"username": username, "password": password,
-                            "insecure": (r.domain or "") in s.template_image_insecure,
-                            "ca_file": s.template_image_ca_file}  # fmt: skip
+    opts: dict[str, Any] = {
+        "username": username,
+        "password": password,
+        "insecure": (r.domain or "") in s.template_image_insecure,
+        "ca_file": s.template_image_ca_file,
+    }
     store = host.templates
     with flocked(store.root / ".images.lock"):
         known = _refs(store.root)
@@ -109,16 +119,25 @@ def from_image(host: Host, ref: str, *, team: str | None = None, username: str |
                 )
             if cfg.devices and log_to is not None:
                 shown = ", ".join(cfg.devices[:10]) + (" ..." if len(cfg.devices) > 10 else "")
-                log_to(f"FROM {ref}: dropped {len(cfg.devices)} device nodes of the image "
-                       f"(a sandbox's /dev is its own): {shown}")  # fmt: skip
+                log_to(
+                    f"FROM {ref}: dropped {len(cfg.devices)} device nodes of the image "
+                    f"(a sandbox's /dev is its own): {shown}"
+                )
             name = image_name(cfg.digest)
             if not store.exists(name):
                 env = {"PATH": DEFAULT_PATH, "LANG": "C.UTF-8", **cfg.env}
-                store.build_from_rootfs(name, staging / "rootfs", copy=False, env=env,
-                                        workdir=cfg.workdir or "/",
-                                        user=_user(cfg.user, staging / "rootfs"),
-                                        agent_kit=True, teams=[], public=False,
-                                        refuse_privileged=refuse)  # fmt: skip
+                store.build_from_rootfs(
+                    name,
+                    staging / "rootfs",
+                    copy=False,
+                    env=env,
+                    workdir=cfg.workdir or "/",
+                    user=_user(cfg.user, staging / "rootfs"),
+                    agent_kit=True,
+                    teams=[],
+                    public=False,
+                    refuse_privileged=refuse,
+                )
                 log.info("imported image %s (%s) as template %s", full, cfg.digest, name)
             known[full] = name
             _write_refs(store.root, known)

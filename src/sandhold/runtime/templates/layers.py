@@ -48,8 +48,9 @@ class LayerStore:
         staged = staging.make(self.root, NEW)
         try:
             # cp -a keeps what overlayfs needs of a lower layer: whiteout devices, xattrs.
-            r = subprocess.run(["cp", "-a", "--", f"{upper}/.", f"{staged}/"],
-                               capture_output=True, text=True)  # fmt: skip
+            r = subprocess.run(
+                ["cp", "-a", "--", f"{upper}/.", f"{staged}/"], capture_output=True, text=True
+            )
             if r.returncode != 0:
                 raise TemplateBuildFailed(f"keeping the step's layer failed: {r.stderr[-500:]}")
             self.uids.shift_tree(staged, self.uids.canonical)

@@ -50,11 +50,21 @@ WORK = ".oci-pull-"  # a pull's temporary directory (staging.py: swept once its 
 LAYOUT = "layout"  # the OCI layout's directory in the temporary directory
 LAYOUT_TAG = "image"
 BULLETS = " \t\u2022\u2a2f"  # umoci starts its lines with these
-_ARCH = {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm", "armv6l": "arm",
-         "i686": "386", "i386": "386", "ppc64le": "ppc64le", "s390x": "s390x",
-         "riscv64": "riscv64"}  # fmt: skip
-_LISTS = ("application/vnd.oci.image.index.v1+json",
-          "application/vnd.docker.distribution.manifest.list.v2+json")  # fmt: skip
+_ARCH = {
+    "x86_64": "amd64",
+    "aarch64": "arm64",
+    "armv7l": "arm",
+    "armv6l": "arm",
+    "i686": "386",
+    "i386": "386",
+    "ppc64le": "ppc64le",
+    "s390x": "s390x",
+    "riscv64": "riscv64",
+}
+_LISTS = (
+    "application/vnd.oci.image.index.v1+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+)
 # The reference grammar of the distribution project (docker/distribution reference/regexp.go).
 _COMPONENT = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*")
 _LABEL = r"[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?"
@@ -157,8 +167,14 @@ class _Puller:
             raise TemplateBuildFailed(f"pulling {self.ref}: timed out before {what}")
         env = {**os.environ, "TMPDIR": str(self.work)}
         try:
-            r = subprocess.run(argv, cwd=self.work, env=env, capture_output=True, timeout=left,
-                               stdin=subprocess.DEVNULL)  # fmt: skip
+            r = subprocess.run(
+                argv,
+                cwd=self.work,
+                env=env,
+                capture_output=True,
+                timeout=left,
+                stdin=subprocess.DEVNULL,
+            )
         except subprocess.TimeoutExpired:
             raise TemplateBuildFailed(f"pulling {self.ref}: timed out during {what}") from None
         if r.returncode != 0:
@@ -179,14 +195,23 @@ class _Puller:
         detail = self.last_line(stderr)
         low = stderr.lower()
         kinds = (
-            ("unauthorized", ("unauthorized", "authentication required", "denied",
-                              "invalid username/password", " 401")),
+            (
+                "unauthorized",
+                (
+                    "unauthorized",
+                    "authentication required",
+                    "denied",
+                    "invalid username/password",
+                    " 401",
+                ),
+            ),
             ("not found", ("manifest unknown", "name unknown", " 404")),
-            ("TLS certificate not trusted (give ca_file, or insecure=True)",
-             ("x509:",)),
-            ("the registry speaks plain HTTP (insecure=True allows it)",
-             ("http response to https client",)),
-        )  # fmt: skip
+            ("TLS certificate not trusted (give ca_file, or insecure=True)", ("x509:",)),
+            (
+                "the registry speaks plain HTTP (insecure=True allows it)",
+                ("http response to https client",),
+            ),
+        )
         for kind, needles in kinds:
             if any(n in low for n in needles):
                 return f"{kind}: {detail}"
@@ -202,8 +227,14 @@ def unreachable(host: str | None) -> str:
 DEFAULT_NAME = "skopeo's default registry"
 
 
-def _auth_args(r: Reference, work: Path, username: str | None, password: str | None,
-               insecure: bool, ca_file: Path | None) -> list[str]:  # fmt: skip
+def _auth_args(
+    r: Reference,
+    work: Path,
+    username: str | None,
+    password: str | None,
+    insecure: bool,
+    ca_file: Path | None,
+) -> list[str]:
     """skopeo's source options (without their ``src-`` prefix, which ``copy`` adds)."""
     args = [f"--tls-verify={'false' if insecure else 'true'}"]
     if ca_file is not None:
@@ -271,8 +302,9 @@ def _read_config(p: _Puller, layout: Path, digest: str, arch: str) -> ImageConfi
     )
 
 
-def _checked(ref: str, username: str | None, password: str | None,
-             ca_file: Path | None) -> Reference:  # fmt: skip
+def _checked(
+    ref: str, username: str | None, password: str | None, ca_file: Path | None
+) -> Reference:
     """``ref`` parsed, with what the caller gave checked, before any traffic."""
     r = parse_reference(ref)
     if (username is None) != (password is None):

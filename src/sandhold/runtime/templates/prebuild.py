@@ -22,9 +22,15 @@ STOP_GRACE_S = 5.0
 
 async def start(templates_root: Path, uid_base: int, name: str) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "sandhold.runtime.templates.prebuild", str(templates_root),
-        str(uid_base), name, start_new_session=True, stdin=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
+        sys.executable,
+        "-m",
+        "sandhold.runtime.templates.prebuild",
+        str(templates_root),
+        str(uid_base),
+        name,
+        start_new_session=True,
+        stdin=asyncio.subprocess.DEVNULL,
+    )
 
 
 async def stop(proc: asyncio.subprocess.Process) -> None:

@@ -75,8 +75,11 @@ def machine() -> Registries:
     return reg
 
 
-PIP_DEFAULT = ["python3", "-c", "from pip._internal.models.index import PyPI as p; "
-               "print(p.simple_url, p.file_storage_domain)"]  # fmt: skip
+PIP_DEFAULT = [
+    "python3",
+    "-c",
+    "from pip._internal.models.index import PyPI as p; print(p.simple_url, p.file_storage_domain)",
+]
 
 
 def _ask(argv: list[str]) -> str:

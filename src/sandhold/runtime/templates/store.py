@@ -38,20 +38,58 @@ log = logging.getLogger(__name__)
 SANDBOX_USER_UID = rootfs_owners.SANDBOX_USER_UID
 # What root may do in a build step (install packages, chown what it copies), as in a container
 # build, inside its user namespace only: agent/libc.py CAPS names them.
-BUILD_CAPS = ["CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL",
-              "CAP_SETGID", "CAP_SETUID", "CAP_SYS_CHROOT", "CAP_SETFCAP"]  # fmt: skip
+BUILD_CAPS = [
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_FOWNER",
+    "CAP_FSETID",
+    "CAP_KILL",
+    "CAP_SETGID",
+    "CAP_SETUID",
+    "CAP_SYS_CHROOT",
+    "CAP_SETFCAP",
+]
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 BASE_BIN = "/opt/sandhold/bin"  # commands of `base`'s own (after the host's, on its PATH)
 SUDO_CLIENT = Path(__file__).parents[1] / "sudo_client.py"  # (sandhold.runtime)
 
 # Host /etc entries that are safe and useful inside a sandbox built on the host's /usr.
 HOST_ETC_ENTRIES = (
-    "alternatives", "bash.bashrc", "ca-certificates", "ca-certificates.conf", "debian_version",
-    "environment", "gai.conf", "host.conf", "inputrc", "issue", "ld.so.cache", "ld.so.conf",
-    "ld.so.conf.d", "locale.alias", "localtime", "login.defs", "magic", "magic.mime", "mime.types",
-    "nsswitch.conf", "os-release", "profile", "profile.d", "protocols", "python3", "python3.11",
-    "services", "shells", "skel", "ssl", "timezone", "fonts", "R", "java-17-openjdk",
-)  # fmt: skip
+    "alternatives",
+    "bash.bashrc",
+    "ca-certificates",
+    "ca-certificates.conf",
+    "debian_version",
+    "environment",
+    "gai.conf",
+    "host.conf",
+    "inputrc",
+    "issue",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "locale.alias",
+    "localtime",
+    "login.defs",
+    "magic",
+    "magic.mime",
+    "mime.types",
+    "nsswitch.conf",
+    "os-release",
+    "profile",
+    "profile.d",
+    "protocols",
+    "python3",
+    "python3.11",
+    "services",
+    "shells",
+    "skel",
+    "ssl",
+    "timezone",
+    "fonts",
+    "R",
+    "java-17-openjdk",
+)
 # Never copied even when nested in an entry above.
 HOST_ETC_EXCLUDE = ("ssl/private",)
 
@@ -149,9 +187,10 @@ def debian_archive(sources_dir: Path = Path("/etc/apt")) -> str:
     for f in sorted((sources_dir / "sources.list.d").glob("*.sources")):
         for stanza in f.read_text().split("\n\n"):
             fields = dict(
-                line.split(":", 1) for line in stanza.splitlines()
+                line.split(":", 1)
+                for line in stanza.splitlines()
                 if ":" in line and not line.startswith("#")
-            )  # fmt: skip
+            )
             if "deb" in fields.get("Types", "").split() and fields.get("URIs", "").strip():
                 uri = fields["URIs"].split()[0]
                 if "security" not in uri:
@@ -281,8 +320,23 @@ class TemplateStore:
         staging = self._staging(name)
         try:
             rootfs = staging / "rootfs"
-            for d in ("etc", "usr", "proc", "dev", "tmp", "run", "workspace", "opt", "var/tmp",
-                      "var/lib", "var/cache", "var/log", "mnt", "srv", "media"):  # fmt: skip
+            for d in (
+                "etc",
+                "usr",
+                "proc",
+                "dev",
+                "tmp",
+                "run",
+                "workspace",
+                "opt",
+                "var/tmp",
+                "var/lib",
+                "var/cache",
+                "var/log",
+                "mnt",
+                "srv",
+                "media",
+            ):
                 (rootfs / d).mkdir(parents=True, exist_ok=True)
             os.chmod(rootfs / "var/tmp", 0o1777)
             for link in ("bin", "sbin", "lib", "lib64", "lib32", "libx32"):
@@ -335,12 +389,15 @@ class TemplateStore:
                 target.symlink_to(os.readlink(src))
             elif src.is_dir():
                 shutil.copytree(
-                    src, target, symlinks=True,
+                    src,
+                    target,
+                    symlinks=True,
                     ignore=lambda d, names: [
-                        n for n in names
+                        n
+                        for n in names
                         if os.path.relpath(os.path.join(d, n), "/etc") in HOST_ETC_EXCLUDE
                     ],
-                )  # fmt: skip
+                )
             else:
                 shutil.copy2(src, target)
 
@@ -362,11 +419,13 @@ class TemplateStore:
         if not fields.get("agent_kit"):
             with safefs.Root(source) as root:  # (as the sandbox will see it: links in the root)
                 if root.kind("usr/bin") != stat.S_IFDIR:
-                    raise InvalidRequest(f"{source} does not look like a root filesystem "
-                                         "(no usr/bin)")  # fmt: skip
+                    raise InvalidRequest(
+                        f"{source} does not look like a root filesystem (no usr/bin)"
+                    )
                 if root.kind("usr/bin/python3") != stat.S_IFREG:
-                    raise InvalidRequest(f"{source} has no /usr/bin/python3, which the "
-                                         "in-sandbox agent needs")  # fmt: skip
+                    raise InvalidRequest(
+                        f"{source} has no /usr/bin/python3, which the in-sandbox agent needs"
+                    )
         staging = self._staging(name)
         try:
             rootfs = staging / "rootfs"
@@ -378,8 +437,12 @@ class TemplateStore:
             for point in root_mount_points(bool(fields.get("agent_kit"))):
                 safefs.make_dirs(rootfs, point, 0o755, 0)  # (bwrap would follow links there)
             rootfs_owners.shift_ownership(rootfs, self.uid_base, refuse_privileged)
-            tpl = Template(name=name, kind="rootfs", rootfs=rootfs,
-                           env={"PATH": DEFAULT_PATH, "LANG": "C.UTF-8"})  # fmt: skip
+            tpl = Template(
+                name=name,
+                kind="rootfs",
+                rootfs=rootfs,
+                env={"PATH": DEFAULT_PATH, "LANG": "C.UTF-8"},
+            )
             for k, v in fields.items():
                 setattr(tpl, k, v)
             return self._commit(tpl, staging)
@@ -400,8 +463,14 @@ class TemplateStore:
         work = staging.make(self.root, DEBOOTSTRAP)
         try:
             target = work / "rootfs"
-            cmd = ["debootstrap", "--variant=minbase", f"--include={','.join(include)}",
-                   suite, str(target), mirror]  # fmt: skip
+            cmd = [
+                "debootstrap",
+                "--variant=minbase",
+                f"--include={','.join(include)}",
+                suite,
+                str(target),
+                mirror,
+            ]
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode != 0:
                 tail = (proc.stdout + proc.stderr).strip().splitlines()[-5:]

@@ -34,8 +34,12 @@ def upgrade() -> None:
     op.create_index("ix_tunnels_tenant_id", "tunnels", ["tenant_id"])
     op.create_table(
         "tunnel_connectors",
-        sa.Column("tunnel_id", sa.String(64),
-                  sa.ForeignKey("tunnels.id", ondelete="CASCADE"), primary_key=True),
+        sa.Column(
+            "tunnel_id",
+            sa.String(64),
+            sa.ForeignKey("tunnels.id", ondelete="CASCADE"),
+            primary_key=True,
+        ),
         sa.Column("instance_id", sa.String(64), primary_key=True),
         sa.Column("client_name", sa.String(64)),
         sa.Column("client_version", sa.String(64)),
@@ -43,12 +47,16 @@ def upgrade() -> None:
         sa.Column("replica", sa.String(64)),
         sa.Column("first_seen_at", sa.Float, nullable=False),
         sa.Column("last_seen_at", sa.Float, nullable=False),
-    )  # fmt: skip
+    )
     op.create_table(
         "tunnel_requests",
         sa.Column("id", sa.String(40), primary_key=True),
-        sa.Column("tunnel_id", sa.String(64),
-                  sa.ForeignKey("tunnels.id", ondelete="CASCADE"), nullable=False),
+        sa.Column(
+            "tunnel_id",
+            sa.String(64),
+            sa.ForeignKey("tunnels.id", ondelete="CASCADE"),
+            nullable=False,
+        ),
         sa.Column("channel", sa.String(64), nullable=False),
         sa.Column("method", sa.String(64), nullable=False),
         sa.Column("payload", sa.Text, nullable=False),
@@ -61,7 +69,7 @@ def upgrade() -> None:
         sa.Column("response", sa.Text),
         sa.Column("responded_at", sa.Float),
         sa.UniqueConstraint("shard_token"),
-    )  # fmt: skip
+    )
     op.create_index(
         "ix_tunnel_requests_queue", "tunnel_requests", ["tunnel_id", "state", "created_at"]
     )
