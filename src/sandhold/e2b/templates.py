@@ -73,22 +73,34 @@ def routes(
         if not ref:
             raise InvalidRequest("name is required")
         job = builds.request(team, ref, body.tags or [], body.cpuCount, body.memoryMB)
-        return JSONResponse({"templateID": job.template_id, "buildID": job.build_id,
-                             "public": builds.is_public(team, job.template_id),
-                             "names": [job.name], "tags": job.tags,
-                             "aliases": [job.name]}, status_code=202)  # fmt: skip
+        return JSONResponse(
+            {
+                "templateID": job.template_id,
+                "buildID": job.build_id,
+                "public": builds.is_public(team, job.template_id),
+                "names": [job.name],
+                "tags": job.tags,
+                "aliases": [job.name],
+            },
+            status_code=202,
+        )
 
     async def file_link(request: Request, team: str) -> Response:
         tid, files_hash = request.path_params["id"], request.path_params["hash"]
-        jobs = [j for j in builds.jobs.values()
-                if j.team == team and j.template_id == tid and not j.started]  # fmt: skip
+        jobs = [
+            j
+            for j in builds.jobs.values()
+            if j.team == team and j.template_id == tid and not j.started
+        ]
         if not jobs:  # (another team's template: not found either)
             raise NotFound(f"template {tid} has no build of this team waiting for its files")
         job = jobs[-1]
-        if builds.upload_path(team, files_hash).exists():
+        if builds.uploads.path(team, files_hash).exists():
             return JSONResponse({"present": True}, status_code=201)
-        url = (f"{str(request.base_url).rstrip('/')}/templates/{quote(tid)}/files/{files_hash}"
-               f"?build={job.build_id}&token={job.upload_token}")  # fmt: skip
+        url = (
+            f"{str(request.base_url).rstrip('/')}/templates/{quote(tid)}/files/{files_hash}"
+            f"?build={job.build_id}&token={job.upload_token}"
+        )
         return JSONResponse({"present": False, "url": url}, status_code=201)
 
     async def upload(request: Request) -> Response:
@@ -101,7 +113,7 @@ def routes(
             or not hmac.compare_digest(job.upload_token.encode(), token.encode())
         ):
             raise Forbidden("invalid upload link")
-        await builds.save_upload(job, files_hash, request.stream(), max_upload)
+        await builds.uploads.save(job.team, files_hash, request.stream(), max_upload)
         return Response(status_code=200)
 
     async def start_build(request: Request, team: str) -> Response:
@@ -150,9 +162,12 @@ def routes(
 
     async def with_builds(request: Request, team: str) -> Response:
         body, next_token = template_views.with_builds(
-            builds, team, request.path_params["id"], models.int_param(request, "limit"),
+            builds,
+            team,
+            request.path_params["id"],
+            models.int_param(request, "limit"),
             request.query_params.get("nextToken") or None,
-        )  # fmt: skip
+        )
         headers = {"X-Next-Token": next_token} if next_token else None
         return JSONResponse(body, headers=headers)
 

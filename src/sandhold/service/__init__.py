@@ -27,6 +27,7 @@ Modules:
   /templates``
 - ``timers.py``: The timer: every ``interval_s`` it expires each running sandbox whose stored end
   time has
+- ``uploads.py``: A template build's uploaded COPY files, kept per team
 - ``warmer.py``: Keeping the checkpoints of templates that start warm (runtime/checkpoint/warm.py)
 """
 

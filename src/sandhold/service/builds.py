@@ -7,12 +7,8 @@ Naming: a template (team, name) has a stable id; each build is a template of the
 A team sees and uses its own templates and public ones (the built-ins, and another team's that
 it marked public: ``set_public``, by its template id); another team's private ones are "not
 found", as E2B answers for what one does not own. Only the owner rebuilds, tags, untags,
-deletes a template or reads its builds' status and logs, public or not. Uploads are kept per
-team (``data_dir/template-uploads/<team>/<hash>``): one team cannot plant the files of another's.
-A build's start reads each COPY's archive (runtime/templates/copy_archive.py, bounded, never
-unpacked on
-the host): it must hold the files its hash names, and its content digest, not the client's
-hash, is what the layer cache keys on (another team's upload under the same hash is not ours).
+deletes a template or reads its builds' status and logs, public or not. A build's COPY files are
+uploaded per team (uploads.py).
 """
 
 from __future__ import annotations
@@ -21,14 +17,12 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-import os
 import re
 import secrets
 import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from sandhold.config import Settings
@@ -42,11 +36,12 @@ from sandhold.errors import (
 )
 from sandhold.runtime.runtime import Runtime
 from sandhold.runtime.spec import NAME_RE
-from sandhold.runtime.templates import copy_archive, oci, registry_access
+from sandhold.runtime.templates import oci, registry_access
 from sandhold.runtime.templates.build import Builder, BuildLog, BuildRequest, Step
 from sandhold.runtime.templates.from_image import from_image, may_use, qualified
 from sandhold.runtime.templates.store import Template
 from sandhold.service.offload import Offload
+from sandhold.service.uploads import Uploads
 
 log = logging.getLogger(__name__)
 
@@ -56,20 +51,23 @@ TEMPLATE_ID = re.compile(r"^t[0-9a-f]{19}$")  # what template_id() makes: no nam
 DEFAULT_TAG = "default"
 BASE_IMAGE = "e2bdev/base"  # what the SDK's from_base_image() names: our `base`
 MAX_LOG_PAGE = 100  # entries per status answer, as E2B's
-UPLOAD_KEEP_S = 7 * 86400
 
 
 def split_name(ref: str) -> tuple[str, str | None]:
     """``name`` or ``name:tag`` → (name, tag or None); 400 naming what does not parse."""
     name, sep, tag = ref.partition(":")
     if not NAME.match(name):
-        raise InvalidRequest(f"invalid template name {name!r}: lowercase letters, digits, '.', "
-                             "'_' and '-', at most 63")  # fmt: skip
+        raise InvalidRequest(
+            f"invalid template name {name!r}: lowercase letters, digits, '.', "
+            "'_' and '-', at most 63"
+        )
     if sep and not TAG.match(tag):
         raise InvalidRequest(f"invalid tag {tag!r} in {ref!r}")
     if TEMPLATE_ID.match(name):
-        raise InvalidRequest(f"invalid template name {name!r}: it has the form of a template "
-                             "id (t and 19 hexadecimal digits)")  # fmt: skip
+        raise InvalidRequest(
+            f"invalid template name {name!r}: it has the form of a template "
+            "id (t and 19 hexadecimal digits)"
+        )
     return name, (tag if sep else None)
 
 
@@ -122,7 +120,7 @@ class Builds:
         self.rt = runtime
         self.settings = settings
         self.offload = offload
-        self.uploads = settings.data_dir / "template-uploads"
+        self.uploads = Uploads(settings)
         self.jobs: dict[str, Job] = {}
         self._running = asyncio.Semaphore(settings.template_builds_at_once)
         self._tasks: set[asyncio.Task[None]] = set()
@@ -167,8 +165,11 @@ class Builds:
         return ref, Defaults()
 
     def alias(self, team: str, name: str) -> dict[str, Any]:
-        if (self.rt.templates.exists(name) and (t := self.rt.templates.get(name)).owner is None
-                and may_use(t, team)):  # fmt: skip
+        if (
+            self.rt.templates.exists(name)
+            and (t := self.rt.templates.get(name)).owner is None
+            and may_use(t, team)
+        ):
             return {"templateID": t.name, "public": True}
         tid = template_id(team, name)
         mine = [t for t in self._builds(team, tid) if t.tags]
@@ -182,8 +183,9 @@ class Builds:
         raise NotFound(f"template {name!r} not found")
 
     # -- a build ----------------------------------------------------------------------------
-    def request(self, team: str, ref: str, tags: list[str], cpu: float | None,
-                memory_mb: int | None) -> Job:  # fmt: skip
+    def request(
+        self, team: str, ref: str, tags: list[str], cpu: float | None, memory_mb: int | None
+    ) -> Job:
         name, tag = split_name(ref)
         for t in tags:
             if not TAG.match(t):
@@ -205,99 +207,57 @@ class Builds:
             raise NotFound(f"build {build_id} of template {tid} not found")
         return job
 
-    def upload_path(self, team: str, files_hash: str) -> Path:
-        if not re.fullmatch(r"[0-9a-f]{16,128}", files_hash):
-            raise InvalidRequest(f"invalid files hash {files_hash!r}")
-        return self.uploads / hashlib.sha256(team.encode()).hexdigest()[:16] / files_hash
-
-    async def save_upload(self, job: Job, files_hash: str, chunks: Any, limit: int) -> None:
-        path = self.upload_path(job.team, files_hash)
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        part = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
-        size = 0
-        try:
-            with part.open("wb") as f:
-                async for chunk in chunks:
-                    size += len(chunk)
-                    if size > limit:
-                        raise InvalidRequest(f"upload larger than {limit >> 20} MiB "
-                                             "(template_upload_max_mb)")  # fmt: skip
-                    f.write(chunk)
-            part.rename(path)
-        finally:
-            part.unlink(missing_ok=True)
-
     async def start(self, job: Job, body: dict[str, Any]) -> None:
         if job.started:
             raise Conflict(f"build {job.build_id} was started already")
         raw = body.get("steps") or []
         if not isinstance(raw, list) or not all(isinstance(s, dict) for s in raw):
             raise InvalidRequest("steps must be a list of objects")
-        steps = [Step(str(s.get("type")), [str(a) for a in s.get("args") or []],
-                      s.get("filesHash"), bool(s.get("force"))) for s in raw]  # fmt: skip
+        steps = [
+            Step(
+                str(s.get("type")),
+                [str(a) for a in s.get("args") or []],
+                s.get("filesHash"),
+                bool(s.get("force")),
+            )
+            for s in raw
+        ]
         for i, step in enumerate(steps):
             step.check(i)
             hashed = step.files_hash
-            if step.type == "COPY" and hashed and not self.upload_path(job.team, hashed).exists():
-                raise InvalidRequest(f"step {i + 1} (COPY {step.args[0]}): its files "
-                                     f"({hashed}) were not uploaded")  # fmt: skip
+            if step.type == "COPY" and hashed and not self.uploads.path(job.team, hashed).exists():
+                raise InvalidRequest(
+                    f"step {i + 1} (COPY {step.args[0]}): its files ({hashed}) were not uploaded"
+                )
         base = self._base(job.team, body)
         job.started = True  # (a second start meanwhile is refused)
         try:
-            await self.offload.run(self._check_uploads, job.team, steps)
+            await self.offload.run(self.uploads.check, job.team, steps)
         except BaseException:
             job.started = False
             raise
         image = base if isinstance(base, ImageBase) else None
         req = BuildRequest(
             name=f"{job.template_id}.{job.build_id[:8]}",
-            base="base" if image is not None else str(base), steps=steps,
-            start_cmd=body.get("startCmd") or None, ready_cmd=body.get("readyCmd") or None,
-            force=bool(body.get("force")), cpu=job.cpu, memory_mb=job.memory_mb,
-            meta={"owner": job.team, "public": self.is_public(job.team, job.template_id),
-                  "template_id": job.template_id,
-                  "alias": job.name, "build_id": job.build_id, "tags": list(job.tags)},
-        )  # fmt: skip
+            base="base" if image is not None else str(base),
+            steps=steps,
+            start_cmd=body.get("startCmd") or None,
+            ready_cmd=body.get("readyCmd") or None,
+            force=bool(body.get("force")),
+            cpu=job.cpu,
+            memory_mb=job.memory_mb,
+            meta={
+                "owner": job.team,
+                "public": self.is_public(job.team, job.template_id),
+                "template_id": job.template_id,
+                "alias": job.name,
+                "build_id": job.build_id,
+                "tags": list(job.tags),
+            },
+        )
         task = asyncio.get_running_loop().create_task(self._run(job, req, image))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-    def _check_uploads(self, team: str, steps: list[Step]) -> None:
-        """Each COPY's archive read as uploaded (never unpacked here): within the build's bounds
-        and holding the files its hash claims (the SDK's filesHash, recomputed), else 400 and
-        the upload removed (a retry uploads it again); its content digest goes to the step,
-        for the layer's key. Nothing else changes."""
-        s = self.settings
-        bounds = copy_archive.Bounds.for_disk(s.template_build_disk_mb,
-                                              s.template_unpack_max_depth)  # fmt: skip
-        for i, step in enumerate(steps):
-            if step.type != "COPY" or not step.files_hash:
-                continue
-            path = self.upload_path(team, step.files_hash)
-            label = f"step {i + 1} (COPY {step.args[0]} {step.args[1]})"
-            try:
-                f = path.open("rb")
-            except FileNotFoundError:  # (removed meanwhile: by a failed check of the same)
-                raise InvalidRequest(f"{label}: its files ({step.files_hash}) were not "
-                                     "uploaded") from None  # fmt: skip
-            with f:
-                try:
-                    step.digest = copy_archive.digest(f)
-                    got, dirs = copy_archive.files_hash(f, step.args[0], step.args[1], bounds)
-                    if got != step.files_hash and not dirs:
-                        raise InvalidRequest(f"the archive's files hash to {got}, not to "
-                                             "the files hash the build names")  # fmt: skip
-                    if got != step.files_hash:  # (the JS SDK's: directory sizes in it)
-                        log.info("%s: a claim not recomputable (directories), taken on the "
-                                 "archive's digest %s", label, step.digest)  # fmt: skip
-                except InvalidRequest as e:
-                    with contextlib.suppress(OSError):
-                        if os.stat(path).st_ino == os.fstat(f.fileno()).st_ino:
-                            path.unlink()  # (the one read, not one uploaded since)
-                    raise InvalidRequest(f"{label}: its uploaded files ({step.files_hash}) "
-                                         f"are refused: {e.message}; the upload was "
-                                         "removed") from None  # fmt: skip
-            os.utime(path)  # (used: kept another week)
 
     def _base(self, team: str, body: dict[str, Any]) -> str | ImageBase:
         if tpl := body.get("fromTemplate"):
@@ -318,14 +278,16 @@ class Builds:
         registry = body.get("fromImageRegistry") or {}
         if not isinstance(registry, dict) or registry.get("type", "registry") != "registry":
             kind = registry.get("type") if isinstance(registry, dict) else registry
-            raise InvalidRequest(f"fromImageRegistry {kind!r} is not supported: only a "
-                                 "registry with a username and password")  # fmt: skip
+            raise InvalidRequest(
+                f"fromImageRegistry {kind!r} is not supported: only a "
+                "registry with a username and password"
+            )
         return ImageBase(image, registry.get("username"), registry.get("password"), team)
 
     async def _run(self, job: Job, req: BuildRequest, image: ImageBase | None) -> None:
         async with self._running:
             job.status = "building"
-            builder = Builder(self.rt, lambda h: self.upload_path(job.team, h))
+            builder = Builder(self.rt, lambda h: self.uploads.path(job.team, h))
             t0 = time.monotonic()
             emit = BuildLog(self.rt.host, req.name, job.emit)
             try:
@@ -365,16 +327,25 @@ class Builds:
             raise
 
     def _pull(self, image: ImageBase, force: bool, emit: BuildLog) -> Template:
-        return from_image(self.rt.host, image.ref, team=image.team, username=image.username,
-                          password=image.password, force=force,
-                          log_to=lambda line: emit("info", line))  # fmt: skip
+        return from_image(
+            self.rt.host,
+            image.ref,
+            team=image.team,
+            username=image.username,
+            password=image.password,
+            force=force,
+            log_to=lambda line: emit("info", line),
+        )
 
     def status(self, job: Job, offset: int) -> dict[str, Any]:
         entries = job.logs[offset : offset + MAX_LOG_PAGE]
         out: dict[str, Any] = {
-            "templateID": job.template_id, "buildID": job.build_id, "status": job.status,
-            "logs": [e["message"] for e in entries], "logEntries": entries,
-        }  # fmt: skip
+            "templateID": job.template_id,
+            "buildID": job.build_id,
+            "status": job.status,
+            "logs": [e["message"] for e in entries],
+            "logEntries": entries,
+        }
         if job.reason is not None:
             out["reason"] = job.reason
         return out
@@ -403,8 +374,11 @@ class Builds:
         """E2B's ``PATCH /templates/{id}`` ``{public}``: a team's template (by id or name)
         usable by every team or its own only (None: as it is); its builds to come take the
         flag too. Another team's (or a built-in) is not found."""
-        builds = [t for t in self._builds(team, ref) or self._builds(team, template_id(team, ref))
-                  if t.tags]  # fmt: skip
+        builds = [
+            t
+            for t in self._builds(team, ref) or self._builds(team, template_id(team, ref))
+            if t.tags
+        ]
         if not builds:
             raise NotFound(f"template {ref!r} not found")
         for t in self._builds(team, builds[0].template_id or ""):
@@ -438,15 +412,24 @@ class Builds:
         builds = self._builds(team, tid) or self._builds(team, ref)
         if not builds:
             raise NotFound(f"template {ref!r} not found")
-        return [{"tag": tag, "buildID": t.build_id,
-                 "createdAt": datetime.fromtimestamp(t.created_at, UTC).isoformat()}
-                for t in builds for tag in t.tags]  # fmt: skip
+        return [
+            {
+                "tag": tag,
+                "buildID": t.build_id,
+                "createdAt": datetime.fromtimestamp(t.created_at, UTC).isoformat(),
+            }
+            for t in builds
+            for tag in t.tags
+        ]
 
     def delete(self, team: str, ref: str) -> bool:
         """Delete a team's template (by id or name): its names go at once, its builds as soon
         as no sandbox runs on them (``prune``); False if it has none."""
-        builds = [t for t in self._builds(team, ref) or self._builds(team, template_id(team, ref))
-                  if t.tags]  # fmt: skip
+        builds = [
+            t
+            for t in self._builds(team, ref) or self._builds(team, template_id(team, ref))
+            if t.tags
+        ]
         for t in builds:
             t.tags = []
             self.rt.templates.update(t)
@@ -459,11 +442,7 @@ class Builds:
     def prune(self) -> int:
         """Remove the builds no tag names (replaced or deleted) that no sandbox runs on, and
         the layers only they used; returns how many."""
-        week = time.time() - UPLOAD_KEEP_S  # uploads no build has used for a week go too
-        for upload in self.uploads.glob("*/*"):
-            with contextlib.suppress(OSError):
-                if upload.stat().st_mtime < week:
-                    upload.unlink()
+        self.uploads.prune()
         in_use = {info.template for info in self.rt.list()}
         removed = 0
         for t in self.rt.templates.list():
