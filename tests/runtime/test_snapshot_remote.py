@@ -18,7 +18,7 @@ from moto.server import ThreadedMotoServer
 
 from sandhold.config import Settings
 from sandhold.errors import CheckpointFailed, QuotaExceeded, Unavailable
-from sandhold.runtime.checkpoint import snapshot_remote
+from sandhold.runtime.checkpoint import sealing
 from sandhold.runtime.checkpoint.snapshot_remote import S3Remote
 from sandhold.runtime.checkpoint.snapshots import SnapshotStore
 from tests.runtime.helpers import sh
@@ -63,7 +63,7 @@ def make_snapshot(d: Path) -> dict[str, object]:
     with open(d / "disk.img", "wb") as f:  # sparse: data, a 64 MiB hole, data
         f.write(MARKER * 1000)
         f.seek(64 << 20)
-        f.write(os.urandom(2 * snapshot_remote.CHUNK + 5) + MARKER)  # records, parts
+        f.write(os.urandom(2 * sealing.CHUNK + 5) + MARKER)  # records, parts
     (d / "checkpoint").mkdir()
     (d / "checkpoint" / "pages-1.img").write_bytes(MARKER * 10)
     (d / "checkpoint" / "empty.img").write_bytes(b"")

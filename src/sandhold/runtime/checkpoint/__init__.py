@@ -10,6 +10,7 @@ Modules:
 - ``fork.py``: Fork: one checkpoint of a running sandbox, taken in place
 - ``process_tree.py``: Checkpoint and restore of a sandbox's process tree with CRIU (>= 4.1, see
   docs/runtime.md)
+- ``sealing.py``: Sealing a snapshot's objects for the remote store, in bounded records
 - ``snapshot_remote.py``: The snapshot store's copy in S3 (or an S3-compatible store)
 - ``snapshots.py``: Snapshots: a sandbox's state saved as a persistent object of its own
 - ``suspend.py``: Suspend to disk: a paused sandbox's processes checkpointed

@@ -6,159 +6,36 @@ its files with their sizes) and ``data/<snap-id>/disk.img``, ``data/<snap-id>/ch
 The data objects are written first and the metadata last, so a snapshot is listed only once
 all of it is there; a delete removes the metadata first.
 
-Every object, the metadata too, is sealed with the secrets key ring (``egress/secrets.py``,
-AES-256-GCM under its newest key), in records of at most ``CHUNK`` bytes of plaintext, so no
-image is ever held in memory whole::
-
-    MAGIC, then per record: u32 length | u8 final | key id (12) | nonce (12) | ciphertext
-    associated data: "sandhold-snapshot" 0 <object name> 0 u64 index | u8 final
-    plaintext: u64 offset | bytes        (final record: u64 file size | u64 records before it)
-
-The object's name (its key under the prefix) in the associated data keeps an object from
-opening in another's place, the index keeps records in order, and the final record (its flag
-authenticated too) shows that nothing was cut off. Only a file's data extents are stored: a
-sparse disk image is uploaded and restored with its holes.
+Every object, the metadata too, is sealed with the secrets key ring (sealing.py), so no image
+is ever held in memory whole, and only a file's data extents are stored.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import functools
 import json
 import logging
 import os
 import stat
-import struct
 import threading
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-from cryptography.exceptions import InvalidTag
-
 from sandhold.egress.secrets import KeyRing, default_key_file
 from sandhold.errors import CheckpointFailed, SecretKeyError, Unavailable
+from sandhold.runtime.checkpoint.sealing import broken, seal_bytes, seal_file, unseal
 
 if TYPE_CHECKING:
     from sandhold.config import Settings
 
 log = logging.getLogger(__name__)
 
-MAGIC = b"SHSNAP1\n"
-CHUNK = 8 << 20  # plaintext per record
 PART = 16 << 20  # multipart upload part (S3's least is 5 MiB)
 MAX_META = 4 << 20
-_HEAD = struct.Struct(">IB12s12s")
-_TAG = 16
 META_FILE = "snapshot.json"  # in the local directory (snapshots.META)
 TOP_LEVEL = {"disk.img", "checkpoint"}  # what a snapshot's directory holds besides its META
-
-
-def _broken(why: str) -> CheckpointFailed:
-    """What does not open, said briefly; the caller names the snapshot and the object."""
-    return CheckpointFailed(why)
-
-
-def _aad(name: str, index: int, final: bool) -> bytes:
-    return b"sandhold-snapshot\0" + name.encode() + b"\0" + struct.pack(">QB", index, final)
-
-
-def _record(ring: KeyRing, name: str, index: int, final: bool, plain: bytes) -> bytes:
-    key_id, nonce, sealed = ring.seal(plain, _aad(name, index, final))
-    return _HEAD.pack(len(sealed), final, key_id.encode(), nonce) + sealed
-
-
-def _extents(fd: int, size: int) -> Iterator[tuple[int, int]]:
-    """The (start, end) of the data in a file, skipping holes."""
-    pos = 0
-    while pos < size:
-        try:
-            start = os.lseek(fd, pos, os.SEEK_DATA)
-        except OSError as e:
-            if e.errno == errno.ENXIO:  # only a hole is left
-                return
-            if e.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
-                raise
-            yield pos, size  # a filesystem without SEEK_DATA: all of it
-            return
-        end = min(os.lseek(fd, start, os.SEEK_HOLE), size)
-        yield start, end
-        pos = end
-
-
-def seal_file(ring: KeyRing, name: str, path: Path) -> Generator[bytes, None, None]:
-    """The sealed object of ``path``, record by record."""
-    yield MAGIC
-    index = 0
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-    try:
-        size = os.fstat(fd).st_size
-        for start, end in _extents(fd, size):
-            pos = start
-            while pos < end:
-                data = os.pread(fd, min(CHUNK, end - pos), pos)
-                if not data:
-                    raise OSError(errno.EIO, f"{path} shrank while it was read")
-                yield _record(ring, name, index, False, struct.pack(">Q", pos) + data)
-                pos += len(data)
-                index += 1
-    finally:
-        os.close(fd)
-    yield _record(ring, name, index, True, struct.pack(">QQ", size, index))
-
-
-def seal_bytes(ring: KeyRing, name: str, data: bytes) -> bytes:
-    head = [_record(ring, name, 0, False, struct.pack(">Q", 0) + data)] if data else []
-    return MAGIC + b"".join(head) + _record(ring, name, len(head), True,
-                                            struct.pack(">QQ", len(data), len(head)))  # fmt: skip
-
-
-def unseal(ring: KeyRing, name: str, read: Callable[[int], bytes],
-           write: Callable[[int, bytes], None]) -> int:  # fmt: skip
-    """Open a sealed object read through ``read(n)``, handing each piece to ``write(offset,
-    data)``; the file's size. Raises CheckpointFailed for anything that is not exactly what
-    ``seal_file`` made for ``name``; ``SecretKeyError`` for a key not in the ring."""
-    if _read_exactly(read, len(MAGIC)) != MAGIC:
-        raise _broken("not a sealed snapshot object")
-    index = 0
-    while True:
-        head = _read_exactly(read, _HEAD.size)
-        if len(head) < _HEAD.size:
-            raise _broken("it ends before its final record (truncated)")
-        length, final, key_id, nonce = _HEAD.unpack(head)
-        if final not in (0, 1) or not _TAG + 8 <= length <= CHUNK + 16 + _TAG:
-            raise _broken(f"record {index} has a malformed header")
-        sealed = _read_exactly(read, length)
-        if len(sealed) < length:
-            raise _broken("it ends inside a record (truncated)")
-        try:
-            plain = ring.open(key_id.decode("ascii", "replace"), nonce, sealed,
-                              _aad(name, index, bool(final)))  # fmt: skip
-        except InvalidTag:
-            raise _broken(f"record {index} fails its authentication") from None
-        if final:
-            if len(plain) != 16:
-                raise _broken("its final record is malformed")
-            size, count = struct.unpack(">QQ", plain)
-            if count != index or read(1):
-                raise _broken("its records do not add up")
-            return int(size)
-        if len(plain) < 8:
-            raise _broken(f"record {index} is malformed")
-        (offset,) = struct.unpack(">Q", plain[:8])
-        write(offset, plain[8:])
-        index += 1
-
-
-def _read_exactly(read: Callable[[int], bytes], n: int) -> bytes:
-    out = b""
-    while len(out) < n:
-        got = read(n - len(out))
-        if not got:
-            break
-        out += got
-    return out
 
 
 class S3Remote:
@@ -175,11 +52,13 @@ class S3Remote:
         self.url = f"s3://{self.bucket}/{self.prefix}"
         endpoint = settings.snapshot_s3_endpoint_url
         config = Config(
-            retries={"max_attempts": 3, "mode": "standard"}, connect_timeout=10,
-            read_timeout=120, request_checksum_calculation="when_required",
+            retries={"max_attempts": 3, "mode": "standard"},
+            connect_timeout=10,
+            read_timeout=120,
+            request_checksum_calculation="when_required",
             response_checksum_validation="when_required",
             s3={"addressing_style": "path"} if endpoint else None,
-        )  # fmt: skip
+        )
         self.client: Any = boto3.session.Session().client(
             "s3", endpoint_url=endpoint, region_name=settings.snapshot_s3_region, config=config
         )
@@ -237,8 +116,11 @@ class S3Remote:
             if len(body) > MAX_META:
                 raise CheckpointFailed(f"snapshot {snapshot_id}: its metadata is too large")
             with self._s3(f"upload {name}"):
-                self.client.put_object(Bucket=self.bucket, Key=self.prefix + name,
-                                       Body=seal_bytes(self.ring, name, body))  # fmt: skip
+                self.client.put_object(
+                    Bucket=self.bucket,
+                    Key=self.prefix + name,
+                    Body=seal_bytes(self.ring, name, body),
+                )
         except BaseException:
             self._remove([self._meta_key(snapshot_id), *done])  # (a put may land and still fail)
             raise
@@ -253,7 +135,8 @@ class S3Remote:
                     if len(buf) >= PART:
                         if upload_id is None:
                             upload_id = self.client.create_multipart_upload(
-                                Bucket=self.bucket, Key=key)["UploadId"]  # fmt: skip
+                                Bucket=self.bucket, Key=key
+                            )["UploadId"]
                         parts.append(self._part(key, upload_id, len(parts) + 1, bytes(buf)))
                         buf = bytearray()
                 if upload_id is None:
@@ -262,19 +145,23 @@ class S3Remote:
                 if buf:
                     parts.append(self._part(key, upload_id, len(parts) + 1, bytes(buf)))
                 self.client.complete_multipart_upload(
-                    Bucket=self.bucket, Key=key, UploadId=upload_id,
+                    Bucket=self.bucket,
+                    Key=key,
+                    UploadId=upload_id,
                     MultipartUpload={"Parts": parts},
-                )  # fmt: skip
+                )
             except BaseException:
                 if upload_id is not None:
                     with contextlib.suppress(Exception):
                         self.client.abort_multipart_upload(
-                            Bucket=self.bucket, Key=key, UploadId=upload_id)  # fmt: skip
+                            Bucket=self.bucket, Key=key, UploadId=upload_id
+                        )
                 raise
 
     def _part(self, key: str, upload_id: str, number: int, body: bytes) -> dict[str, Any]:
-        r = self.client.upload_part(Bucket=self.bucket, Key=key, UploadId=upload_id,
-                                    PartNumber=number, Body=body)  # fmt: skip
+        r = self.client.upload_part(
+            Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=body
+        )
         return {"PartNumber": number, "ETag": r["ETag"]}
 
     def _remove(self, names: list[str]) -> None:
@@ -305,8 +192,12 @@ class S3Remote:
         for page in self.client.get_paginator("list_objects_v2").paginate(
             Bucket=self.bucket, Prefix=self.prefix + under
         ):
-            out.update({o["Key"].removeprefix(self.prefix): str(o["ETag"])
-                        for o in page.get("Contents", [])})  # fmt: skip
+            out.update(
+                {
+                    o["Key"].removeprefix(self.prefix): str(o["ETag"])
+                    for o in page.get("Contents", [])
+                }
+            )
         return out
 
     def _keys(self, under: str) -> list[str]:
@@ -339,7 +230,7 @@ class S3Remote:
 
             def collect(offset: int, data: bytes) -> None:
                 if offset != len(buf) or offset + len(data) > MAX_META:
-                    raise _broken("its metadata is malformed")
+                    raise broken("its metadata is malformed")
                 buf.extend(data)
 
             try:
@@ -348,10 +239,13 @@ class S3Remote:
                 finally:
                     body.close()
                 meta = json.loads(bytes(buf)) if size == len(buf) else None
-                if not isinstance(meta, dict) or not isinstance(meta.get("snapshot"), dict) \
-                        or meta["snapshot"].get("id") != snapshot_id \
-                        or not isinstance(meta.get("files"), dict):  # fmt: skip
-                    raise _broken("its metadata is malformed")
+                if (
+                    not isinstance(meta, dict)
+                    or not isinstance(meta.get("snapshot"), dict)
+                    or meta["snapshot"].get("id") != snapshot_id
+                    or not isinstance(meta.get("files"), dict)
+                ):
+                    raise broken("its metadata is malformed")
             except CheckpointFailed as e:
                 raise self._damaged(snapshot_id, name, e.message) from None
             except SecretKeyError as e:
@@ -403,8 +297,13 @@ class S3Remote:
             raise CheckpointFailed(f"snapshot {snapshot_id} is no longer in {self.url}")
         for rel, want in meta["files"].items():
             parts = PurePosixPath(rel).parts
-            if not parts or parts[0] not in TOP_LEVEL or ".." in parts or rel.startswith("/") \
-                    or not isinstance(want, int):  # fmt: skip
+            if (
+                not parts
+                or parts[0] not in TOP_LEVEL
+                or ".." in parts
+                or rel.startswith("/")
+                or not isinstance(want, int)
+            ):
                 raise self._damaged(snapshot_id, self._meta_key(snapshot_id), f"file {rel!r}")
             self._fetch_file(snapshot_id, rel, into / rel, want)
         (into / META_FILE).write_text(json.dumps(self._here(meta)))
@@ -419,20 +318,20 @@ class S3Remote:
                 try:
                     obj = self.client.get_object(Bucket=self.bucket, Key=self.prefix + name)
                 except self.client.exceptions.NoSuchKey:
-                    raise _broken("the object is missing") from None
+                    raise broken("the object is missing") from None
                 body = obj["Body"]
                 try:
 
                     def write(offset: int, data: bytes) -> None:
                         if offset + len(data) > want:
-                            raise _broken("a record lies past the file's end")
+                            raise broken("a record lies past the file's end")
                         os.pwrite(fd, data, offset)
 
                     size = unseal(self.ring, name, body.read, write)
                 finally:
                     body.close()
             if size != want:
-                raise _broken(f"it holds {size} bytes, its snapshot says {want}")
+                raise broken(f"it holds {size} bytes, its snapshot says {want}")
             os.ftruncate(fd, size)
         except CheckpointFailed as e:
             raise self._damaged(snapshot_id, name, e.message) from None
@@ -468,9 +367,15 @@ def remote_for(settings: Settings) -> S3Remote | None:
     configuration (a client and a key ring are not made for every call)."""
     if not settings.snapshot_s3_bucket:
         return None
-    key = (settings.snapshot_s3_bucket, settings.snapshot_s3_prefix,
-           settings.snapshot_s3_endpoint_url, settings.snapshot_s3_region,
-           tuple(settings.secrets_keys), settings.secrets_key_file, settings.data_dir)  # fmt: skip
+    key = (
+        settings.snapshot_s3_bucket,
+        settings.snapshot_s3_prefix,
+        settings.snapshot_s3_endpoint_url,
+        settings.snapshot_s3_region,
+        tuple(settings.secrets_keys),
+        settings.secrets_key_file,
+        settings.data_dir,
+    )
     with _REMOTES_LOCK:
         remote = _REMOTES.get(key)
         if remote is None:
