@@ -16,9 +16,9 @@ from typing import Any
 from sandhold.config import Settings
 from sandhold.errors import SandboxGone
 from sandhold.gateway.app import Gateway
+from sandhold.gateway.keep_alive import KEEP_ALIVE_SLACK
 from sandhold.gateway.providers.base import ProviderError
 from sandhold.gateway.providers.local import LocalProvider
-from sandhold.gateway.sessions import KEEP_ALIVE_SLACK
 from sandhold.store.db import Store
 from sandhold.store.models import SessionUse
 from tests.support.gateway_server import destroy_runtime_dir, scratch_dir
@@ -41,8 +41,8 @@ async def run_command(gw: Gateway, session: str, command: str = "true") -> dict[
 
 async def settled(gw: Gateway) -> None:
     """Wait for the keep-alives being restored in the background."""
-    while gw.manager._releases:
-        await asyncio.gather(*gw.manager._releases, return_exceptions=True)
+    while gw.manager.keep_alive.pending:
+        await gw.manager.keep_alive.stop()
 
 
 def uses(store: Store) -> int:

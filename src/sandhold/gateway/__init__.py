@@ -11,6 +11,7 @@ Modules:
   sandbox and workspace
 - ``errors.py``: The gateway's wire tables
 - ``handles.py``: Provider handles at rest
+- ``keep_alive.py``: Restoring a session's keep-alive after a tool call, with a little slack
 - ``keys.py``: Tenant API keys → their tenant and policy, cached briefly
   (``gateway_auth_cache_ttl_s``)
 - ``lifecycle.py``: The reclaimer: the third stage of the lifecycle, run by every replica (default

@@ -45,6 +45,7 @@ from sandhold.errors import (
 )
 from sandhold.gateway.creates import SessionsBase, ms_since, traversable
 from sandhold.gateway.handles import HandleSealer
+from sandhold.gateway.keep_alive import KeepAlive
 from sandhold.gateway.policy import SESSION_ID_RE, TenantPolicy, check_id
 from sandhold.gateway.providers.base import (
     NeedsNewSandbox,
@@ -64,11 +65,6 @@ log = logging.getLogger(__name__)
 USE_MARGIN_S = 30  # a use outlives its call's budget by this much before it counts as debris
 LOCK_POLL_S = (0.01, 0.2)  # first and longest wait between attempts at a taken session lock
 PREPARE = "prepare"  # the tool name a prepare's use and events carry
-# The keep-alive is set this much longer (of itself, whole seconds: 9 s of 15 min, none under
-# 100 s), and a call that ends while the sandbox surely runs a keep-alive longer leaves it be:
-# calls in a row make no provider write each, and a sandbox pauses between the keep-alive and
-# the keep-alive + this after its last call, never sooner.
-KEEP_ALIVE_SLACK = 0.01
 MAX_HINTS = 100_000  # sessions whose sandbox this replica remembers (_use_warm)
 
 
@@ -102,9 +98,9 @@ class SandboxSessionManager(SessionsBase):
         self.workspace_root = settings.gateway_workspace_root_path
         self._local = KeyedLocks()  # fewer DB round trips when one replica gets a burst
         self._background: set[asyncio.Task[None]] = set()
-        self._releases: set[asyncio.Task[None]] = set()  # keep-alives being restored
         self._sandboxes: dict[tuple[str, str], str] = {}  # session -> its sandbox, last seen
         self.handles = HandleSealer(settings)
+        self.keep_alive = KeepAlive(settings, store, provider, self.db, self._local)
 
     async def start(self) -> None:
         # a provider without workspace mounts was refused at start-up (check_gateway_serve)
@@ -147,8 +143,9 @@ class SandboxSessionManager(SessionsBase):
         ttl = self.settings.gateway_lock_ttl_s
 
         async def attempt() -> tuple[SessionRow, str] | None:
-            row, token, created = await self.db(self.store.open_and_lock, tenant_id, session_id,
-                                                ttl)  # fmt: skip
+            row, token, created = await self.db(
+                self.store.open_and_lock, tenant_id, session_id, ttl
+            )
             if created:
                 await self.timeline.record(tenant_id, session_id, "session_opened")
             return None if token is None else (row, token)
@@ -169,9 +166,13 @@ class SandboxSessionManager(SessionsBase):
 
     @contextlib.asynccontextmanager
     async def use(
-        self, tenant_id: str, session_id: str, tool: str, budget_s: float,
+        self,
+        tenant_id: str,
+        session_id: str,
+        tool: str,
+        budget_s: float,
         policy: TenantPolicy | None = None,
-    ) -> AsyncIterator[Lease]:  # fmt: skip
+    ) -> AsyncIterator[Lease]:
         """Make sure the session has a running sandbox and hold it for one tool call."""
         cause = "prepare call" if tool == PREPARE else "tool call"
         policy = policy or await self.policy(tenant_id)
@@ -188,8 +189,15 @@ class SandboxSessionManager(SessionsBase):
                     if row.state == "closed":
                         raise SessionClosed(f"session {session_id!r} is closed")
                     sandbox_id, handle = await self._ensure(row, token, policy, budget, cause)
-                    use_id = await self.db(self.store.add_use_and_unlock, row.pk, token,
-                                           sandbox_id, self.replica, tool, budget)  # fmt: skip
+                    use_id = await self.db(
+                        self.store.add_use_and_unlock,
+                        row.pk,
+                        token,
+                        sandbox_id,
+                        self.replica,
+                        tool,
+                        budget,
+                    )
                 except BaseException:
                     await self.db(self.store.unlock, row.pk, token)
                     raise
@@ -201,7 +209,7 @@ class SandboxSessionManager(SessionsBase):
             # Before the answer: the call's events are durable and its use is gone. After it
             # (the caller does not wait for the provider): the keep-alive restored.
             await self.db(self.store.end_use, use_id, row.pk, lease.events)
-            self._restore_keep_alive_soon((tenant_id, session_id), row.pk, sandbox_id, policy)
+            self.keep_alive.restore_soon((tenant_id, session_id), row.pk, sandbox_id, policy)
 
     async def _use_warm(
         self, key: tuple[str, str], tool: str, budget: int, policy: TenantPolicy
@@ -214,8 +222,9 @@ class SandboxSessionManager(SessionsBase):
         sandbox_id = self._sandboxes.get(key)
         if sandbox_id is None or self.provider.known_running_for(sandbox_id) < budget:
             return None
-        got = await self.db(self.store.use_if_free, key[0], key[1], sandbox_id, self.replica,
-                            tool, budget)  # fmt: skip
+        got = await self.db(
+            self.store.use_if_free, key[0], key[1], sandbox_id, self.replica, tool, budget
+        )
         if got is None:
             return None
         row, use_id = got
@@ -231,46 +240,6 @@ class SandboxSessionManager(SessionsBase):
         self._sandboxes[key] = sandbox_id
         while len(self._sandboxes) > MAX_HINTS:
             del self._sandboxes[next(iter(self._sandboxes))]
-
-    def _restore_keep_alive_soon(
-        self, key: tuple[str, str], pk: int, sandbox_id: str, policy: TenantPolicy
-    ) -> None:
-        """``_restore_keep_alive`` in the background, holding the session's local lock: this
-        replica's next call on the session waits for it in memory rather than polling the
-        store's lock. Stopping the manager waits for these. Nothing to do when the sandbox
-        surely ends between a keep-alive and a keep-alive + slack from now (KEEP_ALIVE_SLACK):
-        every live use ends before that (each call saw to it that the sandbox runs past its
-        use's end), and a call that extended it for its own run leaves it longer than that."""
-        keep = policy.keep_alive_s
-        if keep <= self.provider.known_running_for(sandbox_id) <= _with_slack(keep):
-            return
-
-        async def run() -> None:
-            async with self._local(key):
-                try:
-                    await self._restore_keep_alive(pk, sandbox_id, policy)
-                except Exception:
-                    log.exception("could not restore the keep-alive of session %s", pk)
-
-        task = asyncio.create_task(run())
-        self._releases.add(task)
-        task.add_done_callback(self._releases.discard)
-
-    async def _restore_keep_alive(self, pk: int, sandbox_id: str, policy: TenantPolicy) -> None:
-        """A call is over: idle time counts from now. Under the lock, so that no other call's
-        connect (which extends the timeout for its own run) slips between reading the uses and
-        setting the timeout. If the lock is taken, the holder sets the timeout after us:
-        leaving the longer one is the safe side."""
-        ttl = self.settings.gateway_lock_ttl_s
-        token, live = await self.db(self.store.lock_for_keep_alive, pk, ttl)
-        if token is None:
-            return
-        try:
-            remaining = [math.ceil(t - time.time()) for t in live]
-            keep = _with_slack(policy.keep_alive_s)
-            await self.provider.set_timeout(sandbox_id, max([keep, *remaining]))
-        finally:
-            await self.db(self.store.unlock, pk, token)
 
     async def _ensure(
         self, row: SessionRow, token: str, policy: TenantPolicy, budget: int, cause: str
@@ -291,7 +260,7 @@ class SandboxSessionManager(SessionsBase):
         sandbox_id = row.sandbox_id or ""
         # Running for sure (the provider set its end itself): no read before connect, and no
         # connect when it runs past the use's end anyway (no other call's end shortens it
-        # below a live use's: see _restore_keep_alive).
+        # below a live use's: see keep_alive.py).
         left = self.provider.known_running_for(sandbox_id)
         known = left > 0
         before = None if known else await self.provider.get(sandbox_id)
@@ -316,9 +285,12 @@ class SandboxSessionManager(SessionsBase):
         except NeedsNewSandbox as e:
             await self.provider.kill(sandbox_id)
             await self.timeline.record(
-                row.tenant_id, row.session_id, "sandbox_replaced", sandbox_id=sandbox_id,
+                row.tenant_id,
+                row.session_id,
+                "sandbox_replaced",
+                sandbox_id=sandbox_id,
                 reason=f"the tenant's network policy changed: {e.message}",
-            )  # fmt: skip
+            )
             if not await self.db(self.store.set_sandbox, row.pk, token, None, None):
                 raise SessionBusy("lost the session lock; retry") from None
             return None
@@ -331,11 +303,14 @@ class SandboxSessionManager(SessionsBase):
         if before is not None:  # (else paused by someone else: when, unknown)
             await self.record_stop(row, before)
         await self.timeline.record(
-            row.tenant_id, row.session_id, "sandbox_resumed",
-            sandbox_id=row.sandbox_id, duration_ms=ms_since(t0),
+            row.tenant_id,
+            row.session_id,
+            "sandbox_resumed",
+            sandbox_id=row.sandbox_id,
+            duration_ms=ms_since(t0),
             reason=f"{cause} on a paused sandbox",
             provider_state=before.public() if before else None,
-        )  # fmt: skip
+        )
 
     async def _drop_gone(self, row: SessionRow, token: str, before: ProviderSandbox | None) -> None:
         """The session's sandbox is gone or failed: recorded, a failed one killed, and the
@@ -349,9 +324,12 @@ class SandboxSessionManager(SessionsBase):
                 if await self.provider.kill(row.sandbox_id or ""):
                     gone += " (killed it)"
         await self.timeline.record(
-            row.tenant_id, row.session_id, "failure", sandbox_id=row.sandbox_id,
+            row.tenant_id,
+            row.session_id,
+            "failure",
+            sandbox_id=row.sandbox_id,
             reason=f"the session's sandbox {gone}; creating anew",
-        )  # fmt: skip
+        )
         if not await self.db(self.store.set_sandbox, row.pk, token, None, None):
             raise SessionBusy("lost the session lock; retry")
 
@@ -369,9 +347,13 @@ class SandboxSessionManager(SessionsBase):
         if not await self.db(self.store.set_handle, row.pk, token, self._sealed(row, handle)):
             raise SessionBusy("lost the session lock; retry")
         await self.timeline.record(
-            row.tenant_id, row.session_id, "sandbox_network_updated", sandbox_id=row.sandbox_id,
-            duration_ms=ms_since(t0), reason=f"the tenant's network policy is now {wanted}",
-        )  # fmt: skip
+            row.tenant_id,
+            row.session_id,
+            "sandbox_network_updated",
+            sandbox_id=row.sandbox_id,
+            duration_ms=ms_since(t0),
+            reason=f"the tenant's network policy is now {wanted}",
+        )
         return handle
 
     async def record_stop(self, row: SessionRow, sbx: ProviderSandbox) -> bool:
@@ -385,9 +367,14 @@ class SandboxSessionManager(SessionsBase):
         if sbx.failure is not None:
             kind, reason = "sandbox_failed", f"the sandbox failed: {sbx.failure}"
         await self.timeline.record(
-            row.tenant_id, row.session_id, kind, at=sbx.end_at, sandbox_id=sbx.id,
-            reason=reason, provider_state=sbx.public(),
-        )  # fmt: skip
+            row.tenant_id,
+            row.session_id,
+            kind,
+            at=sbx.end_at,
+            sandbox_id=sbx.id,
+            reason=reason,
+            provider_state=sbx.public(),
+        )
         return True
 
     # -- prepare ----------------------------------------------------------------------------------
@@ -408,8 +395,14 @@ class SandboxSessionManager(SessionsBase):
             except Exception as e:
                 log.warning("prepare of session %s failed: %s", session_id, e)
                 error = f"{e.code}: {e.message}" if isinstance(e, SandholdError) else repr(e)
-                await self.timeline.record(tenant_id, session_id, "failure", tool=PREPARE,
-                                           error=error, reason="prepare failed")  # fmt: skip
+                await self.timeline.record(
+                    tenant_id,
+                    session_id,
+                    "failure",
+                    tool=PREPARE,
+                    error=error,
+                    reason="prepare failed",
+                )
 
         task = asyncio.create_task(run())
         self._background.add(task)
@@ -420,7 +413,8 @@ class SandboxSessionManager(SessionsBase):
         keep-alives being restored finish (each is two store writes and a provider call)."""
         for task in list(self._background):
             task.cancel()
-        await asyncio.gather(*self._background, *self._releases, return_exceptions=True)
+        await asyncio.gather(*self._background, return_exceptions=True)
+        await self.keep_alive.stop()
 
     # -- status and close -----------------------------------------------------------------------
     async def status(self, tenant_id: str, session_id: str) -> dict[str, Any]:
@@ -460,12 +454,15 @@ class SandboxSessionManager(SessionsBase):
         if deleted:
             await self.db(safefs.remove_quietly, self.workspace_dir(tenant_id, session_id))
         await self.timeline.record(
-            tenant_id, session_id, "session_closed", sandbox_id=killed,
+            tenant_id,
+            session_id,
+            "session_closed",
+            sandbox_id=killed,
             reason=f"closed by the platform; workspace {'deleted' if deleted else 'kept'}",
-        )  # fmt: skip
-        return {"session_id": session_id, "closed": True, "sandbox_killed": killed,
-                "workspace_deleted": deleted}  # fmt: skip
-
-
-def _with_slack(keep_alive_s: int) -> int:
-    return keep_alive_s + int(keep_alive_s * KEEP_ALIVE_SLACK)
+        )
+        return {
+            "session_id": session_id,
+            "closed": True,
+            "sandbox_killed": killed,
+            "workspace_deleted": deleted,
+        }
