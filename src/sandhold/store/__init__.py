@@ -9,6 +9,7 @@ Modules:
 - ``db.py``: The store: migrations and every query the gateway makes (its engine: engine.py)
 - ``engine.py``: The store's engine: SQLite's pragmas, PostgreSQL's pool and its check of idle
   connections
+- ``events.py``: The queries of deliverables and the timeline's events (a part of ``Store``)
 - ``models.py``: Tables of the gateway store
 - ``schema.py``: Running the store's Alembic migrations, on SQLite and PostgreSQL alike
 - ``statements.py``: The statements of a tool call's hot path, built once (SQLAlchemy Core, bound

@@ -30,7 +30,8 @@ from sandhold.errors import LockLost
 from sandhold.store import statements as q
 from sandhold.store.batch import BatchQueries
 from sandhold.store.engine import make_engine
-from sandhold.store.models import Deliverable, Event, Session, Tenant
+from sandhold.store.events import EventQueries
+from sandhold.store.models import Event, Session, Tenant
 from sandhold.store.schema import run_migrations
 from sandhold.store.statements import ROW_COLUMNS as _ROW_COLUMNS
 
@@ -57,10 +58,19 @@ class SessionRow:
     @classmethod
     def of(cls, s: Session) -> SessionRow:
         return cls(
-            s.id, s.tenant_id, s.session_id, s.state, s.sandbox_id, s.sandbox_handle,
-            s.generation or 0, s.recorded_pause_end_at, s.lock_owner, s.lock_until,
-            s.created_at, s.closed_at,
-        )  # fmt: skip
+            s.id,
+            s.tenant_id,
+            s.session_id,
+            s.state,
+            s.sandbox_id,
+            s.sandbox_handle,
+            s.generation or 0,
+            s.recorded_pause_end_at,
+            s.lock_owner,
+            s.lock_until,
+            s.created_at,
+            s.closed_at,
+        )
 
 
 def _row(m: Any) -> SessionRow:
@@ -73,7 +83,7 @@ def _tenant(r: Any) -> Tenant | None:
     return None if r is None else Tenant(**r._mapping)
 
 
-class Store(BatchQueries):
+class Store(BatchQueries, EventQueries):
     def __init__(self, url: str) -> None:
         self.url = url
         self.engine = make_engine(url)
@@ -84,7 +94,7 @@ class Store(BatchQueries):
         self.auto = self.engine.execution_options(isolation_level="AUTOCOMMIT")
         self.sqlite = self.engine.dialect.name == "sqlite"
 
-    def _hot(self) -> contextlib.AbstractContextManager[Connection]:
+    def hot(self) -> contextlib.AbstractContextManager[Connection]:
         """A connection whose statements are each durable once done (PostgreSQL: autocommit),
         or all at the end of the block (SQLite: one transaction)."""
         return self.engine.begin() if self.sqlite else self.auto.connect()
@@ -157,10 +167,12 @@ class Store(BatchQueries):
         with self._read() as conn:
             rows = conn.execute(q.WITH_SANDBOX).all()
         return {  # the columns are in SessionRow's order
-            r[4]: SessionRow(r[0], r[1], r[2], r[3], r[4], None, r[6] or 0, r[7], r[8], r[9],
-                             r[10], r[11])
-            for r in rows if r[4]
-        }  # fmt: skip
+            r[4]: SessionRow(
+                r[0], r[1], r[2], r[3], r[4], None, r[6] or 0, r[7], r[8], r[9], r[10], r[11]
+            )
+            for r in rows
+            if r[4]
+        }
 
     def label_session(self, tenant_id: str, session_id: str, scenario: str) -> bool:
         """Set a session's scenario (the console's grouping); False if there is no session."""
@@ -184,8 +196,9 @@ class Store(BatchQueries):
         replica each see the slots the others took. ``set_sandbox`` releases the slot."""
         now = time.time()
         with self.db.begin() as db:
-            db.execute(update(Tenant).where(Tenant.id == tenant_id)
-                       .values(updated_at=Tenant.updated_at))  # fmt: skip
+            db.execute(
+                update(Tenant).where(Tenant.id == tenant_id).values(updated_at=Tenant.updated_at)
+            )
             taken = (
                 db.scalar(
                     select(func.count()).where(
@@ -216,9 +229,10 @@ class Store(BatchQueries):
         """Take the session's lease lock if it is free or expired; returns the token or None."""
         token = uuid.uuid4().hex
         now = time.time()
-        with self._hot() as conn:
-            res = conn.execute(q.LOCK_BY_PK, {"pk": pk, "now": now, "token": token,
-                                              "until": now + ttl_s})  # fmt: skip
+        with self.hot() as conn:
+            res = conn.execute(
+                q.LOCK_BY_PK, {"pk": pk, "now": now, "token": token, "until": now + ttl_s}
+            )
             return token if res.rowcount == 1 else None
 
     def open_and_lock(
@@ -231,7 +245,7 @@ class Store(BatchQueries):
         name = {"tenant": tenant_id, "session": session_id}
         for _attempt in range(2):
             try:
-                with self._hot() as conn:
+                with self.hot() as conn:
                     now = time.time()
                     lock = {"now": now, "token": token, "until": now + ttl_s}
                     r = conn.execute(q.LOCK_BY_NAME, {**name, **lock}).first()
@@ -240,20 +254,32 @@ class Store(BatchQueries):
                     r = conn.execute(q.ROW_BY_NAME, name).first()
                     if r is not None:
                         return _row(r._mapping), None, False  # locked by someone else
-                    r = conn.execute(q.INSERT_SESSION, {
-                        "tenant_id": tenant_id, "session_id": session_id, "state": "open",
-                        "generation": 0, "created_at": now, "lock_owner": token,
-                        "lock_until": now + ttl_s,
-                    }).one()  # fmt: skip
+                    r = conn.execute(
+                        q.INSERT_SESSION,
+                        {
+                            "tenant_id": tenant_id,
+                            "session_id": session_id,
+                            "state": "open",
+                            "generation": 0,
+                            "created_at": now,
+                            "lock_owner": token,
+                            "lock_until": now + ttl_s,
+                        },
+                    ).one()
                     return _row(r._mapping), token, True
             except IntegrityError:
                 pass  # another replica inserted it at the same moment: lock theirs
         raise AssertionError("unreachable: the session row exists after an IntegrityError")
 
     def use_if_free(
-        self, tenant_id: str, session_id: str, sandbox_id: str, replica: str, tool: str,
+        self,
+        tenant_id: str,
+        session_id: str,
+        sandbox_id: str,
+        replica: str,
+        tool: str,
         ttl_s: float,
-    ) -> tuple[SessionRow, str] | None:  # fmt: skip
+    ) -> tuple[SessionRow, str] | None:
         """A warm call's one statement: register a use on the session if its lease lock is
         free, it is open and its sandbox is ``sandbox_id`` (one the caller knows runs past the
         call), holding the session's row meanwhile (PostgreSQL: FOR UPDATE; SQLite: its write
@@ -262,10 +288,17 @@ class Store(BatchQueries):
         (nothing registered: take the lock)."""
         use_id = uuid.uuid4().hex
         now = time.time()
-        params = {"tenant": tenant_id, "session": session_id, "sandbox": sandbox_id,
-                  "use_id": use_id, "replica": replica, "tool": tool, "now": now,
-                  "expires": now + ttl_s}  # fmt: skip
-        with self._hot() as conn:
+        params = {
+            "tenant": tenant_id,
+            "session": session_id,
+            "sandbox": sandbox_id,
+            "use_id": use_id,
+            "replica": replica,
+            "tool": tool,
+            "now": now,
+            "expires": now + ttl_s,
+        }
+        with self.hot() as conn:
             if self.sqlite:
                 if conn.execute(q.ADD_USE_IF_FREE, params).rowcount != 1:
                     return None
@@ -281,16 +314,34 @@ class Store(BatchQueries):
         next sees the use."""
         use_id = uuid.uuid4().hex
         now = time.time()
-        with self._hot() as conn:
+        with self.hot() as conn:
             if not self.sqlite:  # one statement: one round trip
-                conn.execute(q.ADD_USE_AND_UNLOCK, {
-                    "use_id": use_id, "pk": pk, "sandbox": sandbox_id, "replica": replica,
-                    "tool": tool, "started": now, "expires": now + ttl_s, "token": token,
-                })  # fmt: skip
+                conn.execute(
+                    q.ADD_USE_AND_UNLOCK,
+                    {
+                        "use_id": use_id,
+                        "pk": pk,
+                        "sandbox": sandbox_id,
+                        "replica": replica,
+                        "tool": tool,
+                        "started": now,
+                        "expires": now + ttl_s,
+                        "token": token,
+                    },
+                )
                 return use_id
-            conn.execute(q.ADD_USE, {"id": use_id, "session_pk": pk, "sandbox_id": sandbox_id,
-                                     "replica": replica, "tool": tool, "started_at": now,
-                                     "expires_at": now + ttl_s})  # fmt: skip
+            conn.execute(
+                q.ADD_USE,
+                {
+                    "id": use_id,
+                    "session_pk": pk,
+                    "sandbox_id": sandbox_id,
+                    "replica": replica,
+                    "tool": tool,
+                    "started_at": now,
+                    "expires_at": now + ttl_s,
+                },
+            )
             conn.execute(q.UNLOCK, {"pk": pk, "token": token})
         return use_id
 
@@ -299,7 +350,7 @@ class Store(BatchQueries):
         the session's expired ones, debris of a replica that died mid-call). PostgreSQL, one
         row (a tool call's): both in one statement, one round trip."""
         params = {"use_id": use_id, "pk": pk, "now": time.time()}
-        with self._hot() as conn:
+        with self.hot() as conn:
             if not self.sqlite and len(events) == 1:
                 q.add_event_and(conn, q.END_USES_WITH_EVENT, events[0], params)
                 return
@@ -311,9 +362,10 @@ class Store(BatchQueries):
         (token or None, expiry times of the calls still in flight, read with the lock held)."""
         token = uuid.uuid4().hex
         now = time.time()
-        with self._hot() as conn:
-            res = conn.execute(q.LOCK_BY_PK, {"pk": pk, "now": now, "token": token,
-                                              "until": now + ttl_s})  # fmt: skip
+        with self.hot() as conn:
+            res = conn.execute(
+                q.LOCK_BY_PK, {"pk": pk, "now": now, "token": token, "until": now + ttl_s}
+            )
             if res.rowcount != 1:
                 return None, []
             return token, list(conn.scalars(q.LIVE_USES, {"pk": pk, "now": now}))
@@ -321,7 +373,7 @@ class Store(BatchQueries):
     def unlock(self, pk: int, token: str, events: Sequence[dict[str, Any]] = ()) -> None:
         """Write ``events`` (timeline rows: a tool call's, with its end), then release the lease
         lock (were it released first, a crash in between would lose them)."""
-        with self._hot() as conn:
+        with self.hot() as conn:
             if events:
                 q.add_events(conn, events)
             conn.execute(q.UNLOCK, {"pk": pk, "token": token})
@@ -331,7 +383,7 @@ class Store(BatchQueries):
     ) -> bool:
         """Record the session's sandbox, only while ``token`` still holds the lock (fencing):
         False means the lock expired and someone else may have changed the session."""
-        with self._hot() as conn:
+        with self.hot() as conn:
             res = conn.execute(
                 q.SET_SANDBOX,
                 {
@@ -342,11 +394,11 @@ class Store(BatchQueries):
                     "bump": 1 if sandbox_id else 0,
                 },
             )
-            return res.rowcount == 1  # fmt: skip
+            return res.rowcount == 1
 
     def set_handle(self, pk: int, token: str, handle: dict[str, Any]) -> bool:
         """Update what is remembered of the session's sandbox (same fencing as set_sandbox)."""
-        with self._hot() as conn:
+        with self.hot() as conn:
             res = conn.execute(q.SET_HANDLE, {"pk": pk, "token": token, "handle": handle})
             return res.rowcount == 1
 
@@ -361,7 +413,7 @@ class Store(BatchQueries):
 
     def record_pause_once(self, pk: int, sandbox_id: str, end_at: float) -> bool:
         """True for exactly one caller per pause (identified by the provider's endAt)."""
-        with self._hot() as conn:
+        with self.hot() as conn:
             res = conn.execute(q.RECORD_PAUSE, {"pk": pk, "sandbox": sandbox_id, "end_at": end_at})
             return res.rowcount == 1
 
@@ -372,57 +424,6 @@ class Store(BatchQueries):
         with self.engine.begin() as conn:
             conn.execute(q.EXPIRED_USES, {"pk": pk, "now": now})  # debris of a dead replica
             return list(conn.scalars(q.LIVE_USES, {"pk": pk, "now": now}))
-
-    # -- deliverables ---------------------------------------------------------------------------
-    def add_deliverable(self, **fields: Any) -> Deliverable:
-        with self.db.begin() as db:
-            d = Deliverable(**fields)
-            db.add(d)
-            return d
-
-    def get_deliverable(self, tenant_id: str, deliverable_id: str) -> Deliverable | None:
-        with self.db() as db:
-            d = db.get(Deliverable, deliverable_id)
-            return d if d is not None and d.tenant_id == tenant_id else None
-
-    def deliverables(self, tenant_id: str, session_id: str) -> list[Deliverable]:
-        with self.db() as db:
-            return list(
-                db.scalars(
-                    select(Deliverable)
-                    .where(Deliverable.tenant_id == tenant_id, Deliverable.session_id == session_id)
-                    .order_by(Deliverable.created_at)
-                )
-            )
-
-    # -- timeline -------------------------------------------------------------------------------
-    def add_event(self, **fields: Any) -> None:
-        fields.setdefault("at", time.time())
-        with self._hot() as conn:
-            q.add_events(conn, [fields])
-
-    def add_events(self, events: Sequence[dict[str, Any]]) -> None:
-        if events:
-            with self.engine.begin() as conn:
-                q.add_events(conn, events)
-
-    def timeline(self, tenant_id: str, session_id: str, limit: int = 1000) -> list[Event]:
-        with self.db() as db:
-            return list(
-                db.scalars(
-                    select(Event)
-                    .where(Event.tenant_id == tenant_id, Event.session_id == session_id)
-                    .order_by(Event.id)
-                    .limit(limit)
-                )
-            )
-
-    def events(self, kind: str | None = None) -> list[Event]:
-        q = select(Event).order_by(Event.id)
-        if kind is not None:
-            q = q.where(Event.kind == kind)
-        with self.db() as db:
-            return list(db.scalars(q))
 
     def aggregates(self, tenant_id: str) -> dict[str, Any]:
         """Per-tenant totals: sessions, live sandboxes, and per event kind and tool the count,
@@ -443,18 +444,20 @@ class Store(BatchQueries):
                 .group_by(Event.kind, Event.tool)
                 .order_by(Event.kind, Event.tool)
             ).all()
-            sessions = db.scalar(
-                select(func.count()).where(Session.tenant_id == tenant_id)
-            )  # fmt: skip
+            sessions = db.scalar(select(func.count()).where(Session.tenant_id == tenant_id))
         by_kind = [
             {
-                "kind": kind, "tool": tool, "count": n, "errors": errors,
-                "bytes_in": int(bin_), "bytes_out": int(bout),
+                "kind": kind,
+                "tool": tool,
+                "count": n,
+                "errors": errors,
+                "bytes_in": int(bin_),
+                "bytes_out": int(bout),
                 "avg_ms": round(avg, 2) if avg is not None else None,
                 "max_ms": round(mx, 2) if mx is not None else None,
             }
             for kind, tool, n, errors, bin_, bout, avg, mx in rows
-        ]  # fmt: skip
+        ]
         return {
             "tenant_id": tenant_id,
             "sessions": int(sessions or 0),
