@@ -7,6 +7,7 @@ Modules:
   port only)
 - ``app.py``: One ASGI application for both planes
 - ``auth.py``: Who may do what: API keys map to teams on the control plane
+- ``connect_stream.py``: Connect's streamed framing as the data plane meets it
 - ``control.py``: The control plane: E2B's REST API (v2 and the v1 forms), translated to the sandbox
   service
 - ``creates.py``: A create on the E2B surface (``NewSandbox``) as a service request

@@ -16,12 +16,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import gzip
-import io
 import json
 import logging
 import re
-import struct
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl
@@ -31,10 +28,10 @@ import h11
 from sandhold.config import Settings
 from sandhold.e2b.agent_conns import AgentConnections
 from sandhold.e2b.auth import EXPIRED, check_envd_access, check_traffic_access, signature_error
+from sandhold.e2b.connect_stream import Envelopes, ended_early, send_stream_error, start_envs
 from sandhold.e2b.errors import e2b_status
 from sandhold.e2b.file_audit import FileAudit, FileOpRecord, file_op
 from sandhold.envd import ENVD_PORT
-from sandhold.envd.framing import END_STREAM, envelope
 from sandhold.envd.transports import check_tunnel_reply, tunnel_request
 from sandhold.errors import (
     Forbidden,
@@ -55,11 +52,23 @@ Send = Any
 READ_CHUNK = 256 * 1024
 HOST_RE = re.compile(r"^(\d{1,5})-([a-z0-9]+)(?:-[a-z0-9]+)?\.")
 # Hop-by-hop headers, our routing headers and the tokens: none of them is for the sandbox.
-DROP_REQUEST = frozenset({
-    b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"te", b"trailer",
-    b"upgrade", b"expect", b"host", b"x-access-token", b"e2b-traffic-access-token",
-    b"e2b-sandbox-id", b"e2b-sandbox-port",
-})  # fmt: skip
+DROP_REQUEST = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-connection",
+        b"transfer-encoding",
+        b"te",
+        b"trailer",
+        b"upgrade",
+        b"expect",
+        b"host",
+        b"x-access-token",
+        b"e2b-traffic-access-token",
+        b"e2b-sandbox-id",
+        b"e2b-sandbox-port",
+    }
+)
 DROP_RESPONSE = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding"})
 CONNECT_STREAM = b"application/connect+"  # the content type of Connect's streamed responses
 HOST_ONLY = "/sandhold/"  # the agent's routes for the host alone (a checkpoint's quiesce)
@@ -114,8 +123,12 @@ def answer(e: SandholdError, target: Target) -> tuple[int, dict[str, Any]]:
     if isinstance(e, SandboxGone):
         return 502, {"sandboxId": e.sandbox_id, "message": e.message, "code": 502}
     if isinstance(e, PortClosed):  # only for ports other than envd's, so for a named sandbox
-        return 502, {"sandboxId": target.sandbox_id, "port": e.port, "code": 502,
-                     "message": "The sandbox is running but port is not open"}  # fmt: skip
+        return 502, {
+            "sandboxId": target.sandbox_id,
+            "port": e.port,
+            "code": 502,
+            "message": "The sandbox is running but port is not open",
+        }
     status = e2b_status(e)
     return status, {"code": status, "message": e.message}
 
@@ -131,43 +144,17 @@ async def open_tunnel(
 
 async def send_json(send: Send, status: int, body: dict[str, Any]) -> None:
     payload = json.dumps(body).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(payload)).encode())]})  # fmt: skip
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(payload)).encode()),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": payload})
-
-
-class Envelopes:
-    """The Connect envelopes of a streamed response (``[flags][length][message]``), passed on
-    whole and only whole: a stream whose sandbox goes away mid-way can then still end with a
-    valid end-of-stream envelope."""
-
-    def __init__(self) -> None:
-        self.buf = bytearray()
-        self.ended = False  # the end-of-stream envelope went through
-
-    def feed(self, data: bytes) -> bytes:
-        """``data`` appended; returns the envelopes now complete, keeps the rest."""
-        self.buf += data
-        whole = 0
-        while len(self.buf) - whole >= 5:
-            flags, size = struct.unpack_from(">BI", self.buf, whole)
-            if len(self.buf) - whole - 5 < size:
-                break
-            self.ended = self.ended or bool(flags & END_STREAM)
-            whole += 5 + size
-        out = bytes(self.buf[:whole])
-        del self.buf[:whole]
-        return out
-
-
-def ended_early(sandbox_id: str) -> bytes:
-    """What E2B's proxy ends a Connect stream with when the sandbox's side of it goes away (the
-    sandbox was killed, or its agent died): ``unavailable``, a message that does not say why. The
-    SDK then probes ``/health``, which answers 502 "was not found" for a sandbox that is gone,
-    and raises ``SandboxNotRunningException`` ("... killed or reached its end of life ...")."""
-    message = f"the connection to sandbox {sandbox_id} ended before the stream completed"
-    return envelope({"error": {"code": "unavailable", "message": message}}, END_STREAM)
 
 
 class DeliberateAbort(logging.Filter):
@@ -251,10 +238,11 @@ class DataPlane:
                 break
             body += msg.get("body", b"")
             if len(body) > limit:
-                raise InvalidRequest(f"the request body is over {limit} bytes (setting "
-                                     "server_max_body_bytes)")  # fmt: skip
+                raise InvalidRequest(
+                    f"the request body is over {limit} bytes (setting server_max_body_bytes)"
+                )
             more = msg.get("more_body", False)
-        envs = _start_envs(bytes(body), dict(scope["headers"]), limit)
+        envs = start_envs(bytes(body), dict(scope["headers"]), limit)
         if envs is not None:
             check_env(envs, self.settings, "the command's environment (process.envs)")
         replayed = False
@@ -341,8 +329,11 @@ class DataPlane:
             """Stream the request body up, then watch for the client going away: that must end
             the upstream request too (e.g. a command's output stream)."""
             try:
-                await send_event(h11.Request(method=scope["method"], target=target,
-                                             headers=[(b"host", host), *headers]))  # fmt: skip
+                await send_event(
+                    h11.Request(
+                        method=scope["method"], target=target, headers=[(b"host", host), *headers]
+                    )
+                )
                 more = has_body
                 while more:
                     msg = await receive()
@@ -372,14 +363,18 @@ class DataPlane:
                     headers = [(k, v) for k, v in event.headers if k not in DROP_RESPONSE]
                     ctype = dict(headers).get(b"content-type", b"")
                     stream = Envelopes() if ctype.startswith(CONNECT_STREAM) else None
-                    await send({"type": "http.response.start", "status": event.status_code,
-                                "headers": headers})  # fmt: skip
+                    await send(
+                        {
+                            "type": "http.response.start",
+                            "status": event.status_code,
+                            "headers": headers,
+                        }
+                    )
                     started = True
                 elif isinstance(event, h11.Data):
                     data = stream.feed(event.data) if stream else bytes(event.data)
                     if data:
-                        await send({"type": "http.response.body", "body": data,
-                                    "more_body": True})  # fmt: skip
+                        await send({"type": "http.response.body", "body": data, "more_body": True})
                 elif isinstance(event, h11.EndOfMessage):
                     rest = bytes(stream.buf) if stream else b""  # (a stream that ends whole: b"")
                     await send({"type": "http.response.body", "body": rest, "more_body": False})
@@ -400,47 +395,18 @@ class DataPlane:
             # Any other body can only be cut off: returning without completing the response
             # makes the server close the client's connection, which is how the SDK learns that
             # the response broke (it then probes /health, which answers 502 for a gone sandbox).
-            log.info("sandbox %s: its side of %s %s ended mid-response; closing the client's "
-                     "connection", sbx.id, scope["method"], scope["path"])  # fmt: skip
+            log.info(
+                "sandbox %s: its side of %s %s ended mid-response; closing the client's connection",
+                sbx.id,
+                scope["method"],
+                scope["path"],
+            )
             aborted.set(True)
             return False
         finally:
             pump.cancel()
             with contextlib.suppress(BaseException):
                 await pump
-
-
-def _start_envs(body: bytes, headers: dict[bytes, bytes], limit: int) -> dict[str, str] | None:
-    """``process.envs`` of a Start request (one Connect envelope of JSON), or None when it is
-    not one the agent could read either (the agent then says what is wrong)."""
-    if len(body) < 5:
-        return None
-    flags, size = struct.unpack_from(">BI", body)
-    payload = body[5 : 5 + size]
-    try:
-        if flags & 0x01 and headers.get(b"connect-content-encoding") == b"gzip":
-            with gzip.GzipFile(fileobj=io.BytesIO(payload)) as z:
-                payload = z.read(limit + 1)
-            if len(payload) > limit:
-                raise InvalidRequest(f"the request is over {limit} bytes uncompressed (setting "
-                                     "server_max_body_bytes)")  # fmt: skip
-        msg = json.loads(payload)
-    except (OSError, EOFError, ValueError):
-        return None
-    proc = msg.get("process") if isinstance(msg, dict) else None
-    envs = proc.get("envs") if isinstance(proc, dict) else None
-    if not isinstance(envs, dict):
-        return None
-    return {str(k): str(v) for k, v in envs.items()}
-
-
-async def send_stream_error(send: Send, code: str, message: str) -> None:
-    """A Connect server stream that ends at once with an error (HTTP 200, as envd's)."""
-    body = envelope({"error": {"code": code, "message": message}}, END_STREAM)
-    await send({"type": "http.response.start", "status": 200,
-                "headers": [(b"content-type", b"application/connect+json"),
-                            (b"content-length", str(len(body)).encode())]})  # fmt: skip
-    await send({"type": "http.response.body", "body": body})
 
 
 def _observed(
