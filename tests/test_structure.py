@@ -98,6 +98,26 @@ def test_the_formatter_formats_all_but_flag_tables() -> None:
     assert is_flag_table(ast.parse('x = ["--bind", "a", "-O2", "--ro-bind"]'))
 
 
+# Modules that build SQL outside sandhold.store: features that own their tables or reports
+# (docs/architecture.md, "Where SQL lives").
+SQL_OWNERS = {"tunnel/registry.py", "tunnel/relay.py", "console/queries.py"}
+SQL_BUILDERS = {"select", "insert", "update", "delete", "text", "func", "and_", "or_"}
+
+
+def test_sql_lives_in_the_store_or_a_feature_that_owns_its_tables() -> None:
+    bad = []
+    for p in modules():
+        rel = str(p.relative_to(SRC))
+        if rel.startswith("store/") or rel in SQL_OWNERS:
+            continue
+        for node in ast.walk(ast.parse(p.read_text())):
+            if not isinstance(node, ast.ImportFrom) or not (node.module or "").startswith("sql"):
+                continue
+            if names := {a.name for a in node.names} & SQL_BUILDERS:
+                bad.append(f"{rel} imports {sorted(names)} from {node.module}")
+    assert not bad, bad
+
+
 def test_no_module_over_the_limit() -> None:
     big = {str(p.relative_to(SRC)): n for p in modules()
            if (n := len(p.read_text().splitlines())) > MAX_LINES}  # fmt: skip

@@ -38,7 +38,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, disable_cre
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 from prometheus_client.registry import Collector
-from sqlalchemy import event, func, select
+from sqlalchemy import event
 
 from sandhold.config import Settings
 from sandhold.errors import NotFound, SandholdError, Unauthenticated
@@ -52,7 +52,6 @@ from sandhold.gateway.timeline import Timeline
 from sandhold.gateway.tool_args import MODELS
 from sandhold.gateway.tools import Tools
 from sandhold.store.db import Store
-from sandhold.store.models import Session
 
 T = TypeVar("T")
 disable_created_metrics()  # no *_created samples (the process's start time, per series)
@@ -279,17 +278,7 @@ class _Sessions(Collector):
         return []
 
     def collect(self) -> Iterable[Metric]:
-        by_state = select(Session.tenant_id, Session.state, func.count()).group_by(
-            Session.tenant_id, Session.state
-        )
-        with_sandbox = (
-            select(Session.tenant_id, func.count())
-            .where(Session.state == "open", Session.sandbox_id.is_not(None))
-            .group_by(Session.tenant_id)
-        )
-        with self.store.db() as db:
-            states = list(db.execute(by_state))
-            sandboxes = list(db.execute(with_sandbox))
+        states, sandboxes = self.store.session_counts()
         g = GaugeMetricFamily(
             "sandhold_gateway_sessions",
             "Sessions in the store by tenant and state (open, closed).",

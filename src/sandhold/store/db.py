@@ -181,6 +181,21 @@ class Store(BatchQueries, EventQueries):
             res = db.execute(update(Session).where(*where).values(scenario=scenario))
             return bool(res.rowcount)  # type: ignore[attr-defined]
 
+    def session_counts(self) -> tuple[list[tuple[str, str, int]], list[tuple[str, int]]]:
+        """Sessions by (tenant, state), and open sessions with a sandbox by tenant (metrics)."""
+        by_state = select(Session.tenant_id, Session.state, func.count()).group_by(
+            Session.tenant_id, Session.state
+        )
+        with_sandbox = (
+            select(Session.tenant_id, func.count())
+            .where(Session.state == "open", Session.sandbox_id.is_not(None))
+            .group_by(Session.tenant_id)
+        )
+        with self.db() as db:
+            states = [(t, st, n) for t, st, n in db.execute(by_state)]
+            sandboxes = [(t, n) for t, n in db.execute(with_sandbox)]
+        return states, sandboxes
+
     def count_live_sandboxes(self, tenant_id: str) -> int:
         with self.db() as db:
             live = (Session.tenant_id == tenant_id, Session.sandbox_id.is_not(None))
