@@ -38,20 +38,20 @@ def _import_everything() -> None:
 @pytest.mark.parametrize("wire", sorted(TABLES))
 def test_every_class_of_the_tree_is_in_the_table(wire: str) -> None:
     _import_everything()
-    missing = [c.__qualname__ for c in errors.leaves() if c not in TABLES[wire]]
+    missing = [c.__qualname__ for c in errors.all_classes() if c not in TABLES[wire]]
     assert not missing, f"{wire} table has no answer for {missing}"
 
 
 def test_every_class_of_the_tree_lives_in_errors_py() -> None:
     _import_everything()
-    strays = [f"{c.__module__}.{c.__qualname__}" for c in errors.leaves()
+    strays = [f"{c.__module__}.{c.__qualname__}" for c in errors.all_classes()
               if c.__module__ != "sandhold.errors"]  # fmt: skip
     assert not strays, f"errors defined outside sandhold.errors: {strays}"
 
 
 def test_the_docstring_draws_every_class() -> None:
     drawn = set(re.findall(r"(?:──|^    )\s*(\w+)", errors.__doc__ or "", re.M))
-    undrawn = [c.__name__ for c in errors.leaves() if c.__name__ not in drawn]
+    undrawn = [c.__name__ for c in errors.all_classes() if c.__name__ not in drawn]
     assert not undrawn, f"the tree in errors.py's docstring lacks {undrawn}"
 
 

@@ -257,7 +257,7 @@ class SandboxGone(ProviderError):
         self.sandbox_id = sandbox_id
 
 
-def leaves() -> list[type[SandholdError]]:
+def all_classes() -> list[type[SandholdError]]:
     """Every class of the tree (the root and inner nodes too: each can be raised as such)."""
     out: list[type[SandholdError]] = []
     todo: list[type[SandholdError]] = [SandholdError]

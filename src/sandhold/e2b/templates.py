@@ -15,7 +15,7 @@ pinned SDK's ``Template.build`` sends and parses:
 - ``GET /templates`` → 200: the built-in and operator templates and the team's own;
   ``GET /default-templates`` → 200: the built-in and operator ones;
   ``GET /templates/{id}?limit=&nextToken=`` → 200 the template and a page of its builds, newest
-  first (``X-Next-Token``); 404 for another team's (service/template_views.py)
+  first (``X-Next-Token``); 404 for another team's (service/template_listing.py)
 - ``PATCH /templates/{id}`` and ``PATCH /v2/templates/{id}`` ``{public}`` → 200 (v2: ``{names}``):
   a team's template usable by every team (by its id), or again its own only; 404 for another's
 """
@@ -35,7 +35,7 @@ from starlette.routing import Route
 from sandhold import http_edge
 from sandhold.e2b import models
 from sandhold.errors import Forbidden, InvalidRequest, NotFound
-from sandhold.service import template_views
+from sandhold.service import template_listing
 from sandhold.service.builds import Builds
 
 Handler = Callable[[Request, str], Awaitable[Response]]
@@ -155,13 +155,13 @@ def routes(
         return JSONResponse(builds.tags(team, request.path_params["id"]))
 
     async def listed(request: Request, team: str) -> Response:
-        return JSONResponse(template_views.listed(builds, team))
+        return JSONResponse(template_listing.listed(builds, team))
 
     async def defaults(request: Request, team: str) -> Response:
-        return JSONResponse(template_views.listed(builds, team, defaults_only=True))
+        return JSONResponse(template_listing.listed(builds, team, defaults_only=True))
 
     async def with_builds(request: Request, team: str) -> Response:
-        body, next_token = template_views.with_builds(
+        body, next_token = template_listing.with_builds(
             builds,
             team,
             request.path_params["id"],

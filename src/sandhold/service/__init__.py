@@ -23,7 +23,7 @@ Modules:
 - ``service.py``: ``SandboxService``: create, connect/resume, pause, kill, list, timeouts
 - ``snapshots.py``: Snapshots through the service
 - ``suspender.py``: Suspend to disk, on a timer
-- ``template_views.py``: E2B's read-only views of templates, as a team sees them: * ``GET
+- ``template_listing.py``: E2B's read-only views of templates, as a team sees them: * ``GET
   /templates``
 - ``timers.py``: The timer: every ``interval_s`` it expires each running sandbox whose stored end
   time has

@@ -136,8 +136,8 @@ def view(info: SandboxInfo) -> Sandbox | None:
         return None
 
 
-class Views:
-    """``view``, each version of a record validated once: a listing views every sandbox
+class RecordCache:
+    """The service's records (``view``), each version validated once: a listing views every sandbox
     (bench/listing_bench.py). A version is told by the record's own object, which the runtime
     keeps (and hands out) until the file changes. Each call gets its own copy: callers set
     fields of ``life`` before saving it."""

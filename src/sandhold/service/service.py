@@ -37,7 +37,7 @@ from sandhold.service.metrics import Failures, Sample, Samples
 from sandhold.service.offload import Offload
 from sandhold.service.pooler import Pooler
 from sandhold.service.prom import ServiceMetrics
-from sandhold.service.records import RECORD_KEY, CreateSandbox, Lifecycle, Sandbox, Views
+from sandhold.service.records import RECORD_KEY, CreateSandbox, Lifecycle, RecordCache, Sandbox
 from sandhold.service.snapshots import find as find_snapshot
 from sandhold.service.snapshots import start as start_snapshot
 from sandhold.service.suspender import Suspender
@@ -58,7 +58,7 @@ class SandboxService:
         self.runtime = runtime
         self.settings = settings
         self._locks = KeyedLocks()
-        self._views = Views()
+        self._records = RecordCache()
         self.offload = Offload()
         self.samples = Samples(0)
         self.failures = Failures(time.time())  # before open(): its reconcile may find some
@@ -131,7 +131,7 @@ class SandboxService:
         except SandboxNotFound:
             return None
         self.failures.observe(info)
-        return self._views(info)
+        return self._records(info)
 
     def list_now(self) -> list[SandboxInfo]:
         """Every sandbox's record, read now (blocking: run it through ``offload``); failures
@@ -140,7 +140,7 @@ class SandboxService:
         for info in everything:
             self.failures.observe(info)
         self.failures.prune(lambda i: not (self.runtime.sandboxes_dir / i).exists())
-        self._views.keep_only({info.id for info in everything})
+        self._records.keep_only({info.id for info in everything})
         return everything
 
     async def get(self, sandbox_id: str) -> Sandbox | None:
@@ -150,7 +150,7 @@ class SandboxService:
         """A running sandbox known at its current version, without a thread (``Runtime.peek``);
         None: ask ``get``."""
         info = self.runtime.peek(sandbox_id)
-        return self._views(info) if info is not None else None
+        return self._records(info) if info is not None else None
 
     async def owned(self, owner: str, sandbox_id: str) -> Sandbox:
         sbx = await self.get(sandbox_id)
@@ -182,7 +182,7 @@ class SandboxService:
         everything = await self.offload.run(self.list_now)
         return [
             s
-            for s in map(self._views, everything)
+            for s in map(self._records, everything)
             if s is not None
             and (owner is None or s.owner == owner)
             and s.state in wanted

@@ -34,7 +34,7 @@ from sandhold.store.db import Store
 from sandhold.store.models import TunnelRequest
 from sandhold.tunnel.registry import Registry
 
-T: Table = TunnelRequest.__table__  # type: ignore[assignment]
+REQUESTS: Table = TunnelRequest.__table__  # type: ignore[assignment]
 
 
 class Relay:
@@ -97,34 +97,41 @@ class Relay:
         limit = self.settings.gateway_tunnel_max_pending
         with self.store.engine.begin() as conn:
             # what a replica that died left behind
-            conn.execute(delete(T).where(T.c.expires_at < row["created_at"] - 600))
+            conn.execute(delete(REQUESTS).where(REQUESTS.c.expires_at < row["created_at"] - 600))
             # (two replicas counting at once may overshoot by a request each: still bounded)
             held = conn.execute(
                 select(func.count())
-                .select_from(T)
-                .where(T.c.tunnel_id == row["tunnel_id"], T.c.state.in_(("pending", "delivered")))
+                .select_from(REQUESTS)
+                .where(
+                    REQUESTS.c.tunnel_id == row["tunnel_id"],
+                    REQUESTS.c.state.in_(("pending", "delivered")),
+                )
             ).scalar_one()
             if held >= limit:
                 raise QuotaExceeded(
                     f"the tunnel has {held} requests in flight, the most it may "
                     f"(gateway_tunnel_max_pending = {limit}); try again when some are answered"
                 )
-            conn.execute(insert(T).values(**row))
+            conn.execute(insert(REQUESTS).values(**row))
 
     def _forget(self, rid: str) -> None:
         with self.store.engine.begin() as conn:
-            conn.execute(delete(T).where(T.c.id == rid))
+            conn.execute(delete(REQUESTS).where(REQUESTS.c.id == rid))
 
     def _read(self, rid: str) -> Any:
         with self.store.engine.connect() as conn:
             return conn.execute(
-                select(T.c.state, T.c.response, T.c.delivered_to).where(T.c.id == rid)
+                select(REQUESTS.c.state, REQUESTS.c.response, REQUESTS.c.delivered_to).where(
+                    REQUESTS.c.id == rid
+                )
             ).first()
 
     def _unclaimed_gone(self, rid: str) -> bool:
         """Withdraw a request no connector took; False if one took it in the meantime."""
         with self.store.engine.begin() as conn:
-            res = conn.execute(delete(T).where(T.c.id == rid, T.c.state == "pending"))
+            res = conn.execute(
+                delete(REQUESTS).where(REQUESTS.c.id == rid, REQUESTS.c.state == "pending")
+            )
             return bool(res.rowcount)
 
     async def _wait(
@@ -170,9 +177,13 @@ class Relay:
 
     # -- the connector's side ------------------------------------------------------------------
     def _pending(self, tunnel_id: str, channels: list[str] | None) -> bool:
-        q = select(T.c.id).where(T.c.tunnel_id == tunnel_id, T.c.state == "pending").limit(1)
+        q = (
+            select(REQUESTS.c.id)
+            .where(REQUESTS.c.tunnel_id == tunnel_id, REQUESTS.c.state == "pending")
+            .limit(1)
+        )
         if channels is not None:  # ([]: none of them)
-            q = q.where(T.c.channel.in_(channels))
+            q = q.where(REQUESTS.c.channel.in_(channels))
         with self.store.engine.connect() as conn:
             return conn.execute(q).first() is not None
 
@@ -185,25 +196,29 @@ class Relay:
     ) -> list[dict[str, Any]]:
         now = time.time()
         pick = (
-            select(T.c.id)
-            .where(T.c.tunnel_id == tunnel_id, T.c.state == "pending", T.c.expires_at > now)
-            .order_by(T.c.created_at)
+            select(REQUESTS.c.id)
+            .where(
+                REQUESTS.c.tunnel_id == tunnel_id,
+                REQUESTS.c.state == "pending",
+                REQUESTS.c.expires_at > now,
+            )
+            .order_by(REQUESTS.c.created_at)
             .limit(limit)
         )
         if channels is not None:
-            pick = pick.where(T.c.channel.in_(channels))
+            pick = pick.where(REQUESTS.c.channel.in_(channels))
         with self.store.engine.begin() as conn:  # starts with its write (SQLite: no upgrade)
             rows = conn.execute(
-                update(T)
-                .where(T.c.id.in_(pick.scalar_subquery()), T.c.state == "pending")
+                update(REQUESTS)
+                .where(REQUESTS.c.id.in_(pick.scalar_subquery()), REQUESTS.c.state == "pending")
                 .values(state="delivered", delivered_to=instance, delivered_at=now)
                 .returning(
-                    T.c.id,
-                    T.c.channel,
-                    T.c.payload,
-                    T.c.shard_token,
-                    T.c.created_at,
-                    T.c.expires_at,
+                    REQUESTS.c.id,
+                    REQUESTS.c.channel,
+                    REQUESTS.c.payload,
+                    REQUESTS.c.shard_token,
+                    REQUESTS.c.created_at,
+                    REQUESTS.c.expires_at,
                 )
             ).all()
         commands = []
@@ -272,12 +287,12 @@ class Relay:
     def _answer(self, tunnel_id: str, request_id: str, shard: str, state: str, body: str) -> bool:
         with self.store.engine.begin() as conn:
             res = conn.execute(
-                update(T)
+                update(REQUESTS)
                 .where(
-                    T.c.id == request_id,
-                    T.c.tunnel_id == tunnel_id,
-                    T.c.shard_token == shard,
-                    T.c.state == "delivered",
+                    REQUESTS.c.id == request_id,
+                    REQUESTS.c.tunnel_id == tunnel_id,
+                    REQUESTS.c.shard_token == shard,
+                    REQUESTS.c.state == "delivered",
                 )
                 .values(state=state, response=body, responded_at=time.time())
             )
@@ -287,11 +302,11 @@ class Relay:
         with self.store.engine.connect() as conn:
             return (
                 conn.execute(
-                    select(T.c.id).where(
-                        T.c.id == request_id,
-                        T.c.tunnel_id == tunnel_id,
-                        T.c.shard_token == shard,
-                        T.c.state == "delivered",
+                    select(REQUESTS.c.id).where(
+                        REQUESTS.c.id == request_id,
+                        REQUESTS.c.tunnel_id == tunnel_id,
+                        REQUESTS.c.shard_token == shard,
+                        REQUESTS.c.state == "delivered",
                     )
                 ).first()
                 is not None
@@ -300,7 +315,9 @@ class Relay:
     def _request_of_shard(self, tunnel_id: str, shard: str) -> str | None:
         with self.store.engine.connect() as conn:
             return conn.execute(
-                select(T.c.id).where(T.c.tunnel_id == tunnel_id, T.c.shard_token == shard)
+                select(REQUESTS.c.id).where(
+                    REQUESTS.c.tunnel_id == tunnel_id, REQUESTS.c.shard_token == shard
+                )
             ).scalar()
 
     async def respond(self, tunnel_id: str, shard: str, body: dict[str, Any]) -> None:
