@@ -6,20 +6,24 @@ a ``get`` per sandbox), and reclaims those that are **paused** and whose provide
 past. It judges by the provider's ``state`` and ``endAt`` only, never by what this replica saw,
 so replicas agree and restarts lose nothing.
 
-The decisions are made in memory, from that list, one read of the sessions that have a sandbox
-and one of the tenants; the store writes are set-based (``store/batch.py``): the pauses (and
-failures) seen are recorded in one transaction, and the sandboxes due are reclaimed in batches
-(sized to the kills' pace, at most ``LOCK_BATCH``): one transaction takes their sessions' locks
-without waiting (a session being resumed or created is skipped until the next pass), keeps only
-those whose sandbox is still the session's and that have no tool call in flight
-(``session_uses``, read after the locks), then their kills run in parallel, at most
-``gateway_reclaim_concurrency`` at once, each conditional ("only if still paused with the endAt
-I saw") where the provider can (elsewhere the sandbox is re-read just before its kill), and one
-transaction clears the reclaimed sessions (fenced by the lock token), unlocks the batch and
-writes its events. A kill is not started once its lease is
-close to running out. A failed sandbox (its agent died) is listed as paused and reclaimed the
-same way. The same pass kills orphans: tagged sandboxes no session owns (a replica died between
-create and record), once older than a grace (rare: one at a time, as before).
+A pass, step by step (``run_pass``):
+
+1. The decisions are made in memory, from that list, one read of the sessions that have a
+   sandbox and one of the tenants.
+2. The pauses (and failures) seen are recorded in one transaction (``store/batch.py``). A failed
+   sandbox (its agent died) is listed as paused and handled the same way.
+3. The sandboxes due are reclaimed in batches, sized to the kills' pace (at most ``LOCK_BATCH``).
+   One transaction takes their sessions' locks without waiting: a session being resumed or
+   created is skipped until the next pass. It keeps only the sessions whose sandbox is still
+   theirs and that have no tool call in flight (``session_uses``, read after the locks).
+4. Their kills run in parallel, at most ``gateway_reclaim_concurrency`` at once. Each is
+   conditional ("only if still paused with the endAt I saw") where the provider can; elsewhere
+   the sandbox is read again just before its kill. No kill starts once the lease is close to
+   running out.
+5. One transaction clears the reclaimed sessions (fenced by the lock token), unlocks the batch
+   and writes its events.
+6. Orphans are killed: tagged sandboxes no session owns (a replica died between create and
+   record), once older than a grace; they are rare, so one at a time.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from typing import Any
 from sandhold.gateway.policy import TenantPolicy
 from sandhold.gateway.providers.base import PreconditionFailed, ProviderSandbox
 from sandhold.gateway.sessions import SandboxSessionManager
+from sandhold.gateway.timeline import stop_event
 from sandhold.service.timers import Periodic
 from sandhold.store.batch import Stop
 from sandhold.store.db import SessionRow
@@ -207,13 +212,8 @@ class Reclaimer:
 
     def _stop_event(self, owner: SessionRow, sbx: ProviderSandbox) -> dict[str, Any]:
         assert sbx.end_at is not None
-        if sbx.failure is not None:
-            return self._event(
-                owner, sbx, "sandbox_failed", sbx.end_at, f"the sandbox failed: {sbx.failure}"
-            )
-        return self._event(
-            owner, sbx, "sandbox_paused", sbx.end_at, "keep-alive expired (on_timeout=pause)"
-        )
+        kind, reason = stop_event(sbx.failure)
+        return self._event(owner, sbx, kind, sbx.end_at, reason)
 
     async def _reclaim_batch(
         self, batch: Sequence[_Due], now: float, killers: int, report: PassReport

@@ -54,7 +54,7 @@ from sandhold.gateway.providers.base import (
     ProviderSandbox,
     SandboxGone,
 )
-from sandhold.gateway.timeline import Timeline
+from sandhold.gateway.timeline import Timeline, stop_event
 from sandhold.runtime import safefs
 from sandhold.service.locks import KeyedLocks
 from sandhold.store.db import SessionRow, Store
@@ -363,9 +363,7 @@ class SandboxSessionManager(SessionsBase):
             return False
         if not await self.db(self.store.record_pause_once, row.pk, sbx.id, sbx.end_at):
             return False
-        kind, reason = "sandbox_paused", "keep-alive expired (on_timeout=pause)"
-        if sbx.failure is not None:
-            kind, reason = "sandbox_failed", f"the sandbox failed: {sbx.failure}"
+        kind, reason = stop_event(sbx.failure)
         await self.timeline.record(
             row.tenant_id,
             row.session_id,

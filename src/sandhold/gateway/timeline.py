@@ -70,3 +70,11 @@ class Timeline:
 def event_json(e: Event) -> dict[str, Any]:
     out = {k: getattr(e, k) for k in FIELDS}
     return {k: v for k, v in out.items() if v is not None}
+
+
+def stop_event(failure: str | None) -> tuple[str, str]:
+    """The timeline's kind and reason for a session's sandbox found stopped: paused by its
+    keep-alive, or failed (a failed sandbox is listed as paused too)."""
+    if failure is not None:
+        return "sandbox_failed", f"the sandbox failed: {failure}"
+    return "sandbox_paused", "keep-alive expired (on_timeout=pause)"
