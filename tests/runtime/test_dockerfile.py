@@ -23,8 +23,9 @@ from sandhold.config import Settings
 from sandhold.errors import InvalidRequest
 from sandhold.runtime import cgroups, images, mounts
 from sandhold.runtime.runtime import Runtime
+from sandhold.runtime.templates import dockerfile
 from sandhold.runtime.templates.dockerfile import Dockerfile, parse
-from sandhold.runtime.templates.store import Template, dockerfile
+from sandhold.runtime.templates.store import Template
 from tests.runtime.helpers import sh
 
 

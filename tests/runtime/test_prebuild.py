@@ -9,7 +9,8 @@ import time
 from pathlib import Path
 
 from sandhold.config import Settings
-from sandhold.runtime.templates.store import TemplateStore, prebuild
+from sandhold.runtime.templates import prebuild
+from sandhold.runtime.templates.store import TemplateStore
 
 
 def group_members(pgid: int) -> list[int]:
