@@ -35,7 +35,7 @@ class AgentConfig:
         # {"socket", "proxy_port", "dns_port"} when the sandbox has egress (see egress.py)
         self.egress = egress
         # {"read": [...], "write": [...], "read_only": [...]}: what the file API may touch
-        # (view.py)
+        # view.py
         self.file_view = file_view
         # Whether the agent bound ``socket`` itself (and removes it when it stops); in a
         # sandbox the host binds it and hands over the listening descriptor.
@@ -92,5 +92,5 @@ def identity_env() -> dict[str, str]:
         with open(IDENTITY, encoding="utf-8") as f:
             raw = json.load(f)
     except (OSError, ValueError):
-        return {}  # (an agent on a host: the tests')
+        return {}  # an agent on a host: the tests'
     return {str(k): str(v) for k, v in raw.items()} if isinstance(raw, dict) else {}

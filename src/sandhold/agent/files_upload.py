@@ -102,7 +102,7 @@ class FileWriter:
                     os.fchown(fd, st.st_uid, st.st_gid)
                 else:
                     os.ftruncate(fd, 0)
-                if metadata or not created:  # (best effort: also returned in the response)
+                if metadata or not created:  # best effort: also returned in the response
                     write_metadata(fd, metadata)
         except UserError as e:
             raise HttpError(403, str(e)) from None

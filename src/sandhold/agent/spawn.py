@@ -105,7 +105,7 @@ async def start_child(spec: SpawnSpec, max_fd: int, on_fork: Callable[[int], Non
     stdin_fd: int | None = None
     pty_fd: int | None = None
     try:
-        if spec.stdio is not None:  # (sudo.py: the caller's own stdin, stdout and stderr)
+        if spec.stdio is not None:  # sudo.py: the caller's own stdin, stdout and stderr
             fds["stdin"], fds["stdout"], fds["stderr"] = spec.stdio
         elif spec.pty_size is not None:
             master, slave = os.openpty()
@@ -168,9 +168,9 @@ async def start_child(spec: SpawnSpec, max_fd: int, on_fork: Callable[[int], Non
                 close_fd(fd)
         stage, _, rest = failure.decode(errors="replace").partition("\0")
         code, _, text = rest.partition("\0")
-        if not text and code.isdigit():  # (the compiled children send the errno alone)
+        if not text and code.isdigit():  # the compiled children send the errno alone
             text = os.strerror(int(code))
-        text = text[:1].lower() + text[1:]  # (strerror's words, as go_errno puts them)
+        text = text[:1].lower() + text[1:]  # strerror's words, as go_errno puts them
         usercmd = " ".join(spec.argv)
         if stage == "exec":
             detail = f"fork/exec {spec.argv[0]}: {text}"
@@ -194,7 +194,7 @@ def _spawn_in_one_step(
     env = []
     for k, v in spec.env.items():
         if not k or "=" in k:
-            raise ValueError("illegal environment variable name")  # (as os.posix_spawn says)
+            raise ValueError("illegal environment variable name")  # as os.posix_spawn says
         env.append(f"{k}={v}")
     return ext(
         spec.argv[0],

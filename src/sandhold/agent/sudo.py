@@ -42,7 +42,7 @@ class SudoServer:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.bind(ADDRESS)
-        except OSError as e:  # (another agent in this namespace: a test outside a sandbox)
+        except OSError as e:  # another agent in this namespace: a test outside a sandbox
             log.warning("sudo is not served: %s", e)
             sock.close()
             return
@@ -116,7 +116,7 @@ class SudoServer:
         finally:
             gone.cancel()
         code = os.waitstatus_to_exitcode(status)
-        return 128 - code if code < 0 else code  # (killed by a signal: as a shell says it)
+        return 128 - code if code < 0 else code  # killed by a signal: as a shell says it
 
 
 async def _receive(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:

@@ -41,7 +41,7 @@ class ServiceSupervisor:
             body = json.dumps({"env": {**env, **(svc.get("env") or {})}}).encode()
             try:
                 status = str(await _post(int(svc["port"]), str(svc["env_path"]), body))
-            except (TimeoutError, OSError, ValueError) as e:  # (ValueError: no status line)
+            except (TimeoutError, OSError, ValueError) as e:  # ValueError: no status line
                 status = f"{type(e).__name__}: {e}"
             if status != "204":
                 log.error("service %s did not take the sandbox's env: %s", svc.get("name"), status)

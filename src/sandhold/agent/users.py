@@ -159,7 +159,7 @@ def fs_identity(user: User) -> Iterator[None]:
     setfsuid, setfsgid = _fsid_calls()
     prev_gid = setfsgid(user.gid)
     prev_uid = setfsuid(user.uid)
-    try:  # (an invalid id changes nothing and reports the current one)
+    try:  # an invalid id changes nothing and reports the current one
         if setfsuid(INVALID_ID) != user.uid or setfsgid(INVALID_ID) != user.gid:
             raise UserError(f"cannot switch the filesystem identity to '{user.name}'")
         yield

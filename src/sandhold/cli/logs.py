@@ -73,7 +73,7 @@ def logs(
                 _print_line(entry, as_json)
             for entry in r.follow(directory, tails, flt, lines, new_components=not component):
                 _print_line(entry, as_json)
-        elif as_json or not console.is_terminal:  # (a table is for a person; a pipe gets lines)
+        elif as_json or not console.is_terminal:  # a table is for a person; a pipe gets lines
             for entry in found:
                 _print_line(entry, as_json)
         else:

@@ -53,7 +53,7 @@ class Progress:
         m = _LABEL.match(message)
         if m and m[1]:
             self.print(Text.assemble(message[len(m[1]) :], ("  CACHED", "blue")))
-        elif m and m[2] in ("ENV", "USER"):  # (no build sandbox: nothing runs)
+        elif m and m[2] in ("ENV", "USER"):  # no build sandbox: nothing runs
             self.print(Text(message))
         elif m:
             self.stop()
@@ -68,7 +68,7 @@ class Progress:
             self.print(Text(message, style="red" if level == "error" else "dim"))
 
     def print(self, text: Text) -> None:
-        self.out.print(text, soft_wrap=True)  # (one line each, whatever the width)
+        self.out.print(text, soft_wrap=True)  # one line each, whatever the width
 
     def stop(self) -> None:
         if self.status is not None:
@@ -104,7 +104,7 @@ def check_name(rt: Runtime, name: str, base: Template | None = None) -> None:
         raise Conflict(
             f"template {name!r} is a team's build (through the server); choose another name"
         )
-    if not owns_rootfs(rt, old):  # (one built on it keeps its layers: they are its too)
+    if not owns_rootfs(rt, old):  # one built on it keeps its layers: they are its too
         return
     users = sorted(
         {*dependents(rt, old), *([base.name] if base and base.rootfs == old.rootfs else [])}
@@ -183,7 +183,7 @@ def build_dockerfile(
         try:
             t0 = time.monotonic()
             tpl = Builder(rt, df.archives.__getitem__).build(req, log)
-            log.then = None  # (the command says so itself)
+            log.then = None  # the command says so itself
             log("info", f"built {name}: {len(tpl.layers)} layers in {time.monotonic() - t0:.1f} s")
             return tpl
         except SandholdError as e:

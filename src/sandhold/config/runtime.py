@@ -207,7 +207,7 @@ class RuntimeSettings(CreateLimits, Layer):
     @model_validator(mode="after")
     def _check_uids(self) -> RuntimeSettings:
         last = self.uid_base + 65536 * (self.uid_ranges + 1) - 1
-        if last > 0xFFFFFFFE:  # (uid_t is 32 bits; -1 means "no id")
+        if last > 0xFFFFFFFE:  # uid_t is 32 bits; -1 means "no id"
             raise ConfigError(
                 f"uid_base={self.uid_base} with uid_ranges={self.uid_ranges} reaches host id "
                 f"{last}, past 4294967294: lower uid_ranges"

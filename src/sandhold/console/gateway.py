@@ -49,7 +49,7 @@ def routes(gw: Gateway) -> list[Route]:
         if before is not None and (isinstance(before, bool) or not isinstance(before, int)):
             raise InvalidRequest("before must be the integer a previous page gave")
         page = await db(queries.timeline, gw.store, tenant, session, before, limit(body, 200))
-        if page is None:  # (another tenant's session too: its existence is not revealed)
+        if page is None:  # another tenant's session too: its existence is not revealed
             raise SessionNotFound(f"session {session!r} does not exist")
         return page
 

@@ -39,10 +39,10 @@ class AgentConnections:
             streams, watcher = idle.pop()
             self._count -= 1
             watcher.cancel()
-            await asyncio.wait({watcher})  # (its read ended: the reader is free again)
+            await asyncio.wait({watcher})  # its read ended: the reader is free again
             reader, writer = streams
             if not watcher.cancelled() or writer.is_closing() or reader.at_eof():
-                writer.close()  # (EOF, or bytes nobody asked for: not a clean connection)
+                writer.close()  # EOF, or bytes nobody asked for: not a clean connection
                 continue
             if not idle:
                 self._idle.pop(socket_path, None)
@@ -55,7 +55,7 @@ class AgentConnections:
         reader, writer = streams
         idle = self._idle.get(socket_path, [])
         if writer.is_closing() or reader.at_eof() or len(idle) >= PER_SOCKET:
-            writer.close()  # (and no entry made for it: a gone sandbox's would stay)
+            writer.close()  # and no entry made for it: a gone sandbox's would stay
             return
         self._idle[socket_path] = idle
         self._idle.move_to_end(socket_path)

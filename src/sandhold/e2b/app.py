@@ -67,7 +67,7 @@ class E2bApp:
         try:
             yield
         finally:
-            await asyncio.gather(*(prebuild.stop(p) for p in builds))  # (they log their failures)
+            await asyncio.gather(*(prebuild.stop(p) for p in builds))  # they log their failures
             self.data_plane.agents.close()
             await self.service.close()
             self.data_plane.file_audit.close()

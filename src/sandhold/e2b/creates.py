@@ -52,7 +52,7 @@ def create_request(
     requested = body.network.model_dump(exclude_none=True) if body.network else {}
     tenant = secrets_tenant(team, metadata.pop(SECRETS_SCOPE_KEY, None))
     policy = egress_policy(settings, tenant, body.allow_internet_access, requested)
-    if body.mcp is not None:  # (the SDK then runs mcp-gateway in it: sandhold.mcp_gateway)
+    if body.mcp is not None:  # the SDK then runs mcp-gateway in it: sandhold.mcp_gateway
         try:
             check_mcp(body.mcp)
         except ValueError as e:

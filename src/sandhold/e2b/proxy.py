@@ -208,7 +208,7 @@ class DataPlane:
         if target.sandbox_id is None:
             sbx = await self._by_signature(method, query)
         else:
-            # (on the loop: a thread's round trip was a tenth of a command's)
+            # on the loop: a thread's round trip was a tenth of a command's
             found = self.service.peek(target.sandbox_id) or await self.service.get(
                 target.sandbox_id
             )
@@ -261,7 +261,7 @@ class DataPlane:
             why = signature_error(sbx.life.access_token, method, query)
             if why is None:
                 return sbx
-            if why == EXPIRED:  # (its signature, then: only the time is wrong)
+            if why == EXPIRED:  # its signature, then: only the time is wrong
                 raise Unauthenticated(why)
         raise Unauthenticated("invalid signature")
 
@@ -272,7 +272,7 @@ class DataPlane:
         try:
             if port == ENVD_PORT:
                 reader, writer = await self.agents.checkout(path)
-            else:  # (a tunnel's connection is the tunnel's)
+            else:  # a tunnel's connection is the tunnel's
                 reader, writer = await asyncio.open_unix_connection(path, limit=READ_CHUNK)
         except OSError:
             raise gone(sbx.id) from None
@@ -376,7 +376,7 @@ class DataPlane:
                     if data:
                         await send({"type": "http.response.body", "body": data, "more_body": True})
                 elif isinstance(event, h11.EndOfMessage):
-                    rest = bytes(stream.buf) if stream else b""  # (a stream that ends whole: b"")
+                    rest = bytes(stream.buf) if stream else b""  # a stream that ends whole: b""
                     await send({"type": "http.response.body", "body": rest, "more_body": False})
                     return conn.our_state is h11.DONE and conn.their_state is h11.DONE
                 elif isinstance(event, h11.ConnectionClosed):

@@ -92,7 +92,7 @@ def routes(
             for j in builds.jobs.values()
             if j.team == team and j.template_id == tid and not j.started
         ]
-        if not jobs:  # (another team's template: not found either)
+        if not jobs:  # another team's template: not found either
             raise NotFound(f"template {tid} has no build of this team waiting for its files")
         job = jobs[-1]
         if builds.uploads.path(team, files_hash).exists():
@@ -176,7 +176,7 @@ def routes(
         names = builds.set_public(team, request.path_params["id"], body.public)
         if request.url.path.startswith("/v2/"):
             return JSONResponse(names)
-        return Response(status_code=200)  # (v1 answers with no body)
+        return Response(status_code=200)  # v1 answers with no body
 
     a = authed
     return [

@@ -101,4 +101,4 @@ class VolumeStore:
 
     def delete(self, volume: Volume) -> None:
         (self.records_dir / f"{volume.volumeID}.json").unlink(missing_ok=True)
-        safefs.remove_quietly(self.path(volume))  # (a volume's tree may be deep)
+        safefs.remove_quietly(self.path(volume))  # a volume's tree may be deep

@@ -300,7 +300,7 @@ class SandboxSessionManager(SessionsBase):
     async def _record_resume(
         self, row: SessionRow, before: ProviderSandbox | None, t0: float, cause: str
     ) -> None:
-        if before is not None:  # (else paused by someone else: when, unknown)
+        if before is not None:  # else paused by someone else: when, unknown
             await self.record_stop(row, before)
         await self.timeline.record(
             row.tenant_id,

@@ -216,7 +216,7 @@ class Tools:
                 call.reason = f"view: {ACCESS[tool]} {e.path} denied"
             if call.error is e:
                 raise
-            # (the provider's own failure keeps its cause; the sandbox's refusal is the message)
+            # the provider's own failure keeps its cause; the sandbox's refusal is the message
             raise call.error from (None if isinstance(e, EnvdError) else e)
         finally:
             if not call.recorded:

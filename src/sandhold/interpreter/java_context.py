@@ -40,7 +40,7 @@ class JavaContext(ProcessContext):
         self._pump(self.proc.stderr, self._on_jvm_stderr)
         await asyncio.wait_for(self._up.wait(), START_TIMEOUT_S)
 
-    def _on_jvm_stderr(self, data: bytes) -> None:  # (the JVM's own warnings)
+    def _on_jvm_stderr(self, data: bytes) -> None:  # the JVM's own warnings
         if self.job is not None:
             self.job.emit(outputs.stream("stderr", data.decode(errors="replace")))
 
@@ -62,7 +62,7 @@ class JavaContext(ProcessContext):
                 self.job.emit(outputs.error(*text[:3]))
 
     async def _interrupt(self) -> None:
-        self._signal_group(signal.SIGINT)  # (JShell's stop())
+        self._signal_group(signal.SIGINT)  # JShell's stop()
 
     def _after_stop(self) -> None:
         if self._done is not None:

@@ -77,7 +77,7 @@ class _Pending:
 
     def __init__(self, job: Job | None, displays_are_main: bool = False) -> None:
         self.job = job
-        self.displays_are_main = displays_are_main  # (IRkernel shows a cell's value so)
+        self.displays_are_main = displays_are_main  # IRkernel shows a cell's value so
         self.done = asyncio.Event()
         self.error: tuple[str, str] | None = None
 
@@ -160,7 +160,7 @@ class PythonContext(Context):
             ip=os.path.join(self._runtime_dir.name, "kernel"),
         )
         km.connection_file = os.path.join(self._runtime_dir.name, "kernel.json")
-        self.pending_env = {}  # (a new kernel starts with self.env)
+        self.pending_env = {}  # a new kernel starts with self.env
         self.km = km
         await km.start_kernel(cwd=self.cwd, env=self.kernel_env())
         kc = km.client()
@@ -241,7 +241,7 @@ class PythonContext(Context):
     async def _run(self, job: Job) -> None:
         if self.kc is None:  # restarted between our start check and now
             await self.ensure_started()
-        if self.pending_env:  # (the kernel's own MPLBACKEND stays: see kernel_env)
+        if self.pending_env:  # the kernel's own MPLBACKEND stays: see kernel_env
             changed = {k: v for k, v in self.pending_env.items() if k != "MPLBACKEND"}
             self.pending_env = {}
             if changed:

@@ -228,7 +228,7 @@ def prune_site_trees(cache_dir: Path, keep: Path, uid_base: int) -> list[str]:
     for d in cache_dir.iterdir():
         if d == keep or not d.is_dir():
             continue
-        if d.name.startswith(".site-"):  # (a build holds the lock: this one's is over)
+        if d.name.startswith(".site-"):  # a build holds the lock: this one's is over
             gone.append(d.name)
         elif d.name.startswith("site-"):
             try:
@@ -311,14 +311,14 @@ def build_code_interpreter_template(
         if not force and is_up_to_date(store, name):
             return store.get(name)
         t0 = time.monotonic()
-        staging_root = staging.make(store.root, BUILD)  # (swept if a crash cuts it short)
+        staging_root = staging.make(store.root, BUILD)  # swept if a crash cuts it short
         try:
             # A private store in the staging dir gives us the exact `base` skeleton without
             # exposing a half-built template in the real store.
             base = TemplateStore(staging_root, store.uid_base).build_base(name)
             rootfs = base.rootfs
             (rootfs / "opt" / "sandhold").mkdir(parents=True, exist_ok=True)
-            with _flock(cache_dir / ".lock"):  # (no build prunes the tree while it is read)
+            with _flock(cache_dir / ".lock"):  # no build prunes the tree while it is read
                 site = ensure_site_packages(cache_dir, store.uid_base)
                 _copy_tree(site, rootfs / SANDBOX_SITE.lstrip("/"))
                 _install_code(rootfs)

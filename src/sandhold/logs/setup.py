@@ -109,7 +109,7 @@ class JsonLinesFile(logging.handlers.RotatingFileHandler):
         return stream
 
     def emit(self, record: logging.LogRecord) -> None:
-        super().emit(record)  # (flushes)
+        super().emit(record)  # flushes
         if self._fsync_interval_s == 0:
             self._sync()
         else:
@@ -125,7 +125,7 @@ class JsonLinesFile(logging.handlers.RotatingFileHandler):
             try:
                 os.fsync(stream.fileno())
             except OSError:
-                pass  # (a full disk: the write itself reports it)
+                pass  # a full disk: the write itself reports it
         self._dirty = False
 
     def _syncer(self) -> None:

@@ -31,7 +31,7 @@ GITHUB = "github/"
 GITHUB_URL = "https://github.com/{owner}/{repo}"
 GITHUB_KEYS = ("run_cmd", "install_cmd", "envs")
 MAX_SERVERS = 32
-MAX_CONFIG_BYTES = 64 << 10  # (the SDK passes the config on a command line)
+MAX_CONFIG_BYTES = 64 << 10  # the SDK passes the config on a command line
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 GITHUB_RE = re.compile(r"github/([A-Za-z0-9_.-]{1,100})/([A-Za-z0-9_.-]{1,100})")
 PLACEHOLDER_RE = re.compile(r"\$\{config\.([A-Za-z0-9_.-]+)\}")
@@ -126,7 +126,7 @@ def resolve(
             continue
         try:
             specs.append(registered(name, path, value))
-        except (ValueError, OSError) as e:  # (UnicodeDecodeError is a ValueError)
+        except (ValueError, OSError) as e:  # UnicodeDecodeError is a ValueError
             errors.append(f"MCP server '{name}': {e}")
     return specs, errors
 

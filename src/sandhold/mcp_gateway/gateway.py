@@ -112,7 +112,7 @@ class Upstream:
                     self.client = c
                     self.ready.set()
                     await self.stop.wait()
-        except Exception as e:  # (ExceptionGroups of the transport's task group too)
+        except Exception as e:  # ExceptionGroups of the transport's task group too
             self.error = f"MCP server '{self.spec.name}' did not start: {_describe(e)}"
             with contextlib.suppress(OSError):
                 self.error += f" (stderr: {_tail(self.log.read_text(errors='replace'))})"
@@ -218,7 +218,7 @@ async def serve(
             if failed:
                 errors.append(f"the MCP endpoint on {host}:{port} did not start")
                 tg.cancel_scope.cancel()
-    if errors:  # (reported once every server started has stopped)
+    if errors:  # reported once every server started has stopped
         report(errors, 0)
 
 

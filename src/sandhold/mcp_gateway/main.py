@@ -74,7 +74,7 @@ def main(argv: list[str]) -> int:
         try:
             code = _daemon(write_end, specs, token, args.host, args.port)
         finally:
-            os._exit(code)  # (never back into the parent's code)
+            os._exit(code)  # never back into the parent's code
     os.close(write_end)
     with os.fdopen(read_end, "rb") as r:
         raw = r.read()

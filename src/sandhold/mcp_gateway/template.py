@@ -134,7 +134,7 @@ def ensure_lib(cache_dir: Path, uid_base: int, key: str) -> Path:
                 for rel in dist.files or []:
                     parts = Path(str(rel)).parts
                     if not parts or parts[0] == ".." or "__pycache__" in parts:
-                        continue  # (scripts outside site-packages; bytecode is rebuilt)
+                        continue  # scripts outside site-packages; bytecode is rebuilt
                     src = Path(str(dist.locate_file(rel)))
                     if src.is_file():
                         (tree / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -189,7 +189,7 @@ def build_mcp_gateway_template(store: TemplateStore, name: str = TEMPLATE_NAME) 
             return store.get(name)
         t0 = time.monotonic()
         lib = ensure_lib(store.root.parent / "cache" / "mcp-gateway", store.uid_base, key)
-        staging_root = staging.make(store.root, BUILD)  # (swept if a crash cuts it short)
+        staging_root = staging.make(store.root, BUILD)  # swept if a crash cuts it short
         try:
             # `base`'s skeleton, built in a private store: nothing half-built is ever visible.
             base = TemplateStore(staging_root, store.uid_base).build_base(name)
@@ -204,7 +204,7 @@ def build_mcp_gateway_template(store: TemplateStore, name: str = TEMPLATE_NAME) 
             command.chmod(0o755)
             registry = rootfs / SANDBOX_REGISTRY.lstrip("/")
             registry.mkdir(parents=True, mode=0o755)
-            for new in (target.parent, command, registry.parent, registry):  # (lib is shifted)
+            for new in (target.parent, command, registry.parent, registry):  # lib is shifted
                 _own(new, store.uid_base)
             tpl = Template(
                 name=name,

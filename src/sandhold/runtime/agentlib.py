@@ -14,10 +14,10 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-AGENT_SRC = Path(__file__).parents[1] / "agent"  # (sandhold.agent)
+AGENT_SRC = Path(__file__).parents[1] / "agent"  # sandhold.agent
 HELPER_SRC = AGENT_SRC / "spawn_helper.c"
 EXTENSION_SRC = AGENT_SRC / "native.c"
-CHILD_SRC = AGENT_SRC / "spawn_child.h"  # (included by both)
+CHILD_SRC = AGENT_SRC / "spawn_child.h"  # included by both
 # Where the headers of the Python that runs agents are, and its extension modules' suffix.
 PYTHON_PATHS = (
     "import sysconfig as s; print(s.get_paths()['include']); print(s.get_config_var('EXT_SUFFIX'))"

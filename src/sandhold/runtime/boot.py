@@ -102,7 +102,7 @@ def remount(host: Host, d: Path, info: SandboxInfo, binds: bool) -> None:
             mounts.mount_overlay(lower, layer / "upper", layer / "work", d / "root")
     if not mounts.is_mountpoint(d / HANDOFF):
         mounts.mount_tmpfs(d / HANDOFF, 64 << 10, 0o755)
-        if not _restore_handoff(d):  # (the host rebooted: so did it)
+        if not _restore_handoff(d):  # the host rebooted: so did it
             new_boot(d / HANDOFF, info.id, info.template)
     views = [line.split("\t")[1] for line in _lines(d / VIEW_LIST)]
     if binds and not all(mounts.is_mountpoint(Path(v)) for v in views):

@@ -29,7 +29,7 @@ from sandhold.runtime.images import BLOCK, BYTES_PER_INODE, MOUNT_OPTS, copy_spa
 from sandhold.runtime.spec import SandboxSpec
 from sandhold.runtime.templates.store import Template
 
-__all__ = ["MOUNT_OPTS", "DiskBudget", "Layer", "copy_sparse", "mount_image"]  # (bench/ uses them)
+__all__ = ["MOUNT_OPTS", "DiskBudget", "Layer", "copy_sparse", "mount_image"]  # bench/ uses them
 IMAGE = "disk.img"
 CACHE = "disk-images"  # under data_dir: formatted empty images, one per recent budget size
 MOUNT = "disk"

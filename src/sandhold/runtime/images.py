@@ -198,7 +198,7 @@ def mount_again(
         if not attached(record, image):
             mount_image(image, target, fstype, flags, opts, record)
             return True
-        try:  # (held open, it cannot detach, nor be reused for another image, while we look)
+        try:  # held open, it cannot detach, nor be reused for another image, while we look
             fd = os.open(device, os.O_RDONLY | os.O_CLOEXEC)
         except OSError as e:
             fd, err = -1, e.errno or 0
@@ -229,7 +229,7 @@ def copy_sparse(src: Path, dst: Path | int) -> None:
     try:
         with open(src, "rb") as fi:
             end = os.fstat(fi.fileno()).st_size
-            os.ftruncate(out, 0)  # (a descriptor's old content must not show through holes)
+            os.ftruncate(out, 0)  # a descriptor's old content must not show through holes
             os.ftruncate(out, end)
             pos = 0
             while pos < end:

@@ -208,7 +208,7 @@ def listen(path: Path) -> socket.socket:
     """The agent's socket, bound by host root: mode 0600 in a 0700 directory, never seen inside."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        sock.bind(str(path))  # (no umask games: other threads create files meanwhile)
+        sock.bind(str(path))  # no umask games: other threads create files meanwhile
         os.chmod(path, 0o600)
         sock.listen(1024)
     except BaseException:

@@ -58,7 +58,7 @@ class Pools:
 
     def fill(self, template: str) -> str:
         """Boot one sandbox into ``template``'s pool; returns its id."""
-        made = self.host.templates.get(template).created_at  # (a rebuild makes its pool stale)
+        made = self.host.templates.get(template).created_at  # a rebuild makes its pool stale
         extra: dict[str, object] = {POOL_KEY: template, BUILT: made}
         info = self.sandboxes.create({"template": template}, extra=extra)
         with self._lock:
@@ -75,7 +75,7 @@ class Pools:
         if spec.network.mode != "none" or spec.workspace_id or spec.workspace_dir or spec.mounts:
             return None
         if spec.limits.disk_mb != self._disk_mb.get(template.name):
-            return None  # (a pooled sandbox's layer is the template's budget)
+            return None  # a pooled sandbox's layer is the template's budget
         while True:
             with self._lock:
                 queue = self._ready.get(template.name)

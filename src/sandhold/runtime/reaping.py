@@ -36,7 +36,7 @@ def ending(pid: int) -> bool:
     of its pid namespace: calls sent then were refused though it looked alive."""
     try:
         fields = read_proc(f"/proc/{pid}/stat").rpartition(b")")[2].split()
-    except (FileNotFoundError, ProcessLookupError):  # (a read as it is reaped: ESRCH)
+    except (FileNotFoundError, ProcessLookupError):  # a read as it is reaped: ESRCH
         return True
     return fields[0] in (b"Z", b"X") or bool(int(fields[6]) & PF_EXITING)
 

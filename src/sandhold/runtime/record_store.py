@@ -53,7 +53,7 @@ class RecordStore:
     def load(self, d: Path) -> SandboxInfo:
         """The record in ``d``, parsed and validated once per version of its file (a listing
         loads every record)."""
-        path = f"{d}/state.json"  # (str: a listing loads every record; pathlib's joins cost)
+        path = f"{d}/state.json"  # str: a listing loads every record; pathlib's joins cost
         version = version_of(os.stat(path))
         cached = self._cache.get(d.name)
         if cached is None or cached[0] != version:
@@ -66,7 +66,7 @@ class RecordStore:
         path = info.dir / "state.json"
         raw = info.to_json()
         atomic_write(path, json.dumps(raw))
-        # (cached as a load reads it: the next request's ``peek`` finds it)
+        # cached as a load reads it: the next request's ``peek`` finds it
         self._cache[info.id] = (version_of(os.stat(path)), SandboxInfo.from_json(raw, info.dir))
 
     def cached(self, sandbox_id: str) -> SandboxInfo | None:

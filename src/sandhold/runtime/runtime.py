@@ -82,7 +82,7 @@ class Runtime:
             wsdisk=self.wsdisk,
             egress=self.egress,
             agent_lib=AgentLib(root / "agentlib"),
-            cgroup_group=s.cgroup_group,  # (a hash of the settings: once)
+            cgroup_group=s.cgroup_group,  # a hash of the settings: once
         )
         self.warm = WarmStarts(self.host, self)
         self.pools = Pools(self.host, self)

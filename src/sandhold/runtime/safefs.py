@@ -114,7 +114,7 @@ class Root:
         flags = os.O_WRONLY | os.O_APPEND
         try:
             fd = self._regular(path, flags)
-        except FileNotFoundError:  # (O_EXCL: a dangling link there is refused, not followed)
+        except FileNotFoundError:  # O_EXCL: a dangling link there is refused, not followed
             try:
                 fd = self.open(path, flags | os.O_CREAT | os.O_EXCL)
             except FileExistsError:
@@ -129,7 +129,7 @@ class Root:
         parts = _parts(path)
         try:
             for i, part in enumerate(parts):
-                try:  # (looked up from the top each time: a link resolves as the sandbox sees it)
+                try:  # looked up from the top each time: a link resolves as the sandbox sees it
                     nxt = self.open("/".join(parts[: i + 1]), os.O_RDONLY | os.O_DIRECTORY)
                 except FileNotFoundError:
                     try:
@@ -154,7 +154,7 @@ class Root:
     def chown(self, path: str, uid: int, gid: int) -> None:
         fd = self.open(path, os.O_PATH)
         try:
-            os.chown(f"/proc/self/fd/{fd}", uid, gid)  # (the very file: its link is magic)
+            os.chown(f"/proc/self/fd/{fd}", uid, gid)  # the very file: its link is magic
         finally:
             os.close(fd)
 
@@ -239,7 +239,7 @@ def _parts(path: str) -> list[str]:
 
 
 # -- walking and removing, one directory open at a time -----------------------------------------
-Visit = Callable[[int, str, os.stat_result], None]  # (its directory's fd, name, lstat)
+Visit = Callable[[int, str, os.stat_result], None]  # its directory's fd, name, lstat
 
 
 def walk(top: Path, visit: Visit) -> None:
@@ -261,7 +261,7 @@ def tree_size(path: Path) -> int:
 
     try:
         walk(path, add)
-    except OSError:  # (gone, or changed while it was walked: what was counted)
+    except OSError:  # gone, or changed while it was walked: what was counted
         pass
     return total
 
@@ -304,7 +304,7 @@ def _dirs(
     yields (parent's fd, name) of each subdirectory once everything in it was visited; with
     ``one_fs``, a directory on another filesystem than ``top`` is an error."""
     fd = os.open(top, DIR_FLAGS)
-    stack: list[tuple[tuple[int, int], list[str], str]] = []  # (its id, subdirs left, name)
+    stack: list[tuple[tuple[int, int], list[str], str]] = []  # its id, subdirs left, name
     try:
         here, todo = _ident(fd), _scan(fd, visit)
         while True:
@@ -312,7 +312,7 @@ def _dirs(
                 name = todo.pop()
                 try:
                     child = os.open(name, DIR_FLAGS, dir_fd=fd)
-                except OSError as e:  # (gone, or no longer a directory, since it was listed)
+                except OSError as e:  # gone, or no longer a directory, since it was listed
                     if e.errno in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR):
                         continue
                     raise

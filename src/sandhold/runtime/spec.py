@@ -131,7 +131,7 @@ class FileView(BaseModel):
     @field_validator("read", "write")
     @classmethod
     def _roots(cls, v: list[str]) -> list[str]:
-        for root in v:  # (how many, and how long: sandhold.service.limits)
+        for root in v:  # how many, and how long: sandhold.service.limits
             if not isinstance(root, str) or not root.startswith("/") or "\0" in root:
                 raise ValueError(f"file view root {root!r} must be an absolute path")
             if any(part == ".." for part in root.split("/")) or posixpath.normpath(root) != root:

@@ -12,7 +12,7 @@ import sys
 
 ADDRESS = "\0sandhold-sudo"
 USAGE = "usage: sudo [-u user] [-E] [-i | -s] [-n] [-H] [--] [command [args...]]"
-# (-n, -H, -S, -k: nothing to do without a password; HOME is always the target user's)
+# -n, -H, -S, -k: nothing to do without a password; HOME is always the target user's
 IGNORED = (
     "-n",
     "--non-interactive",

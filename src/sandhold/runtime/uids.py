@@ -124,7 +124,7 @@ class UidPool:
 
         def shift(dir_fd: int | None, name: str, st: os.stat_result) -> None:
             uid, gid = shifted(st.st_uid), shifted(st.st_gid)
-            if (uid, gid) != (st.st_uid, st.st_gid):  # (clears setuid/setgid bits: left so)
+            if (uid, gid) != (st.st_uid, st.st_gid):  # clears setuid/setgid bits: left so
                 with contextlib.suppress(FileNotFoundError):
                     os.chown(name, uid, gid, dir_fd=dir_fd, follow_symlinks=False)
 

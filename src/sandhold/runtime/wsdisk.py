@@ -230,7 +230,7 @@ class WorkspaceDisk:
         images.mount_image(fd, mnt, b"ext4", MOUNT_FLAGS, MOUNT_OPTS, d / DEVICE)
         # The workspace's root is the filesystem's: no lost+found of host root in it (mkfs and
         # e2fsck make one; e2fsck makes it again should it ever need it).
-        with contextlib.suppress(OSError):  # (not empty: leave it)
+        with contextlib.suppress(OSError):  # not empty: leave it
             os.rmdir(mnt / "lost+found")
         st = os.stat(mnt)
         if (st.st_uid, st.st_gid) != (self.owner, self.owner):
@@ -371,7 +371,7 @@ def _lock_free(image: Path) -> bool:
     except BlockingIOError:
         return False
     finally:
-        os.close(fd)  # (and the lock with it)
+        os.close(fd)  # and the lock with it
 
 
 def _unlink_if(path: Path, fd: int) -> None:

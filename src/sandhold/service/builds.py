@@ -157,7 +157,7 @@ class Builds:
             return found.name, Defaults(found.cpu, found.memory_mb)
         if NAME_RE.match(ref) and self.rt.templates.exists(ref):
             t = self.rt.templates.get(ref)
-            if not may_use(t, team):  # (an image another team pulled: as its private builds)
+            if not may_use(t, team):  # an image another team pulled: as its private builds
                 raise TemplateNotFound(f"template {ref!r} not found")
             return ref, Defaults(t.cpu, t.memory_mb)
         if ":" in ref:  # name:tag of no build of the team's
@@ -190,12 +190,12 @@ class Builds:
         for t in tags:
             if not TAG.match(t):
                 raise InvalidRequest(f"invalid tag {t!r}")
-        store = self.rt.templates  # (another team's image: not even its name is told)
+        store = self.rt.templates  # another team's image: not even its name is told
         if store.exists(name) and store.get(name).owner is None and may_use(store.get(name), team):
             raise Conflict(f"template {name!r} is built in; choose another name")
         all_tags = sorted({tag or DEFAULT_TAG, *tags})
         job = Job(team, name, template_id(team, name), str(uuid.uuid4()), all_tags, cpu, memory_mb)
-        now = time.time()  # (a finished build's status is kept an hour: the SDK polls it)
+        now = time.time()  # a finished build's status is kept an hour: the SDK polls it
         for done in [j for j in self.jobs.values() if j.finished and now - j.finished > 3600]:
             del self.jobs[done.build_id]
         self.jobs[job.build_id] = job
@@ -230,7 +230,7 @@ class Builds:
                     f"step {i + 1} (COPY {step.args[0]}): its files ({hashed}) were not uploaded"
                 )
         base = self._base(job.team, body)
-        job.started = True  # (a second start meanwhile is refused)
+        job.started = True  # a second start meanwhile is refused
         try:
             await self.offload.run(self.uploads.check, job.team, steps)
         except BaseException:
@@ -273,8 +273,8 @@ class Builds:
             return "base"
         if not isinstance(image, str):
             raise InvalidRequest("fromImage must be an image reference")
-        ref = oci.parse_reference(qualified(self.rt.host, image))  # (400: one that does not parse)
-        registry_access.check_allowed(self.rt.settings, ref.domain)  # (before any traffic)
+        ref = oci.parse_reference(qualified(self.rt.host, image))  # 400: one that does not parse
+        registry_access.check_allowed(self.rt.settings, ref.domain)  # before any traffic
         registry = body.get("fromImageRegistry") or {}
         if not isinstance(registry, dict) or registry.get("type", "registry") != "registry":
             kind = registry.get("type") if isinstance(registry, dict) else registry
@@ -310,7 +310,7 @@ class Builds:
             finally:
                 emit.close()
             self._tag(job.team, job.template_id, req.name, job.tags)
-            await self.offload.run(self.prune)  # (the build its tags moved off, if unused)
+            await self.offload.run(self.prune)  # the build its tags moved off, if unused
             job.emit("info", f"Build finished in {time.monotonic() - t0:.1f} s")
             job.status, job.finished = "ready", time.time()
 
@@ -433,7 +433,7 @@ class Builds:
         for t in builds:
             t.tags = []
             self.rt.templates.update(t)
-        gone = {t.template_id for t in builds}  # (and its failed builds' statuses with it)
+        gone = {t.template_id for t in builds}  # and its failed builds' statuses with it
         for job in [j for j in self.jobs.values() if j.template_id in gone and j.finished]:
             del self.jobs[job.build_id]
         self.prune()

@@ -37,7 +37,7 @@ class Pooler:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._failed_at: dict[str, float] = {}
-        self._last_create = 0.0  # (monotonic)
+        self._last_create = 0.0  # monotonic
 
     async def start(self) -> None:
         stale = await self.offload.run(self.pools.drain)

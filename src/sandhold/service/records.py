@@ -50,7 +50,7 @@ class CreateSandbox:
     file_view: dict[str, list[str]] = field(default_factory=dict)  # runtime FileView
     network: NetworkPolicy = field(default_factory=NetworkPolicy)
     public_traffic: bool = False  # ports other than envd's reachable without the traffic token
-    idempotency: tuple[str, str] | None = None  # (key, digest of the request)
+    idempotency: tuple[str, str] | None = None  # key, digest of the request
     surface: dict[str, Any] = field(default_factory=dict)  # a surface's own echo, kept as is
 
 

@@ -99,14 +99,14 @@ class SandboxService:
         await self.offload.run(self.runtime.open)
         await self.offload.run(self.runtime.templates.get, "base")
         await self.offload.run(self.runtime.agent_lib)
-        await self.offload.run(kill_leftovers, self.runtime)  # (builds never outlive their server)
+        await self.offload.run(kill_leftovers, self.runtime)  # builds never outlive their server
         await self.offload.run(self.builds.prune)
         st = os.statvfs(self.settings.data_dir)
         self.disk_total = st.f_blocks * st.f_frsize
         self.samples.disk_total = self.disk_total
         for job in self.jobs:
             job.start()
-        if self.jobs:  # (the pools are upkeep too: left alone with timers=False)
+        if self.jobs:  # the pools are upkeep too: left alone with timers=False
             await self.pooler.start()
         return self
 
@@ -276,9 +276,9 @@ class SandboxService:
             info = await start_snapshot(self, snap, spec, extra)
         else:
             info = await self.offload.run(self.runtime.create, spec, extra)
-            if self.jobs:  # (no upkeep with timers=False: no checkpoints, no refills)
+            if self.jobs:  # no upkeep with timers=False: no checkpoints, no refills
                 if info.started_from != "warm":
-                    self.warmer.kick()  # (a template that starts warm, without its checkpoint?)
+                    self.warmer.kick()  # a template that starts warm, without its checkpoint?
                 self.pooler.kick()
         self.prom.created(info, time.perf_counter() - t0)
         return Sandbox(info, life)

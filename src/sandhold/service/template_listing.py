@@ -106,8 +106,8 @@ def with_builds(
     limit = MAX_BUILDS_PAGE if limit is None else limit
     if not 1 <= limit <= MAX_BUILDS_PAGE:
         raise InvalidRequest(f"limit must be between 1 and {MAX_BUILDS_PAGE}")
-    stored = [t for t in _visible(builds, team) if _key(t) == tid]  # (the store read once)
-    # (a build that succeeded is one of the stored; the others are jobs of the last hour)
+    stored = [t for t in _visible(builds, team) if _key(t) == tid]  # the store read once
+    # a build that succeeded is one of the stored; the others are jobs of the last hour
     pending = [
         j
         for j in builds.jobs.values()

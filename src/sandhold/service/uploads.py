@@ -69,7 +69,7 @@ class Uploads:
             label = f"step {i + 1} (COPY {step.args[0]} {step.args[1]})"
             try:
                 f = path.open("rb")
-            except FileNotFoundError:  # (removed meanwhile: by a failed check of the same)
+            except FileNotFoundError:  # removed meanwhile: by a failed check of the same
                 raise InvalidRequest(
                     f"{label}: its files ({step.files_hash}) were not uploaded"
                 ) from None
@@ -82,7 +82,7 @@ class Uploads:
                             f"the archive's files hash to {got}, not to "
                             "the files hash the build names"
                         )
-                    if got != step.files_hash:  # (the JS SDK's: directory sizes in it)
+                    if got != step.files_hash:  # the JS SDK's: directory sizes in it
                         log.info(
                             "%s: a claim not recomputable (directories), taken on the "
                             "archive's digest %s",
@@ -92,13 +92,13 @@ class Uploads:
                 except InvalidRequest as e:
                     with contextlib.suppress(OSError):
                         if os.stat(path).st_ino == os.fstat(f.fileno()).st_ino:
-                            path.unlink()  # (the one read, not one uploaded since)
+                            path.unlink()  # the one read, not one uploaded since
                     raise InvalidRequest(
                         f"{label}: its uploaded files ({step.files_hash}) "
                         f"are refused: {e.message}; the upload was "
                         "removed"
                     ) from None
-            os.utime(path)  # (used: kept another week)
+            os.utime(path)  # used: kept another week
 
     def prune(self) -> None:
         week = time.time() - KEEP_S

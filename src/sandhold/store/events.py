@@ -21,7 +21,7 @@ class EventQueries:
     db: sessionmaker[OrmSession]
 
     def hot(self) -> contextlib.AbstractContextManager[Connection]:
-        raise NotImplementedError  # (Store's)
+        raise NotImplementedError  # Store's
 
     # -- deliverables ---------------------------------------------------------------------------
     def add_deliverable(self, **fields: Any) -> Deliverable:

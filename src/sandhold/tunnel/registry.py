@@ -161,7 +161,7 @@ class Registry:
     def delete(self, tunnel_id: str) -> None:
         check_tunnel_id(tunnel_id)
         with self.store.db.begin() as db:
-            # (the cascade is explicit: SQLite enforces foreign keys, but not every store does)
+            # the cascade is explicit: SQLite enforces foreign keys, but not every store does
             db.execute(delete(TunnelConnector).where(TunnelConnector.tunnel_id == tunnel_id))
             db.execute(delete(TunnelRequest).where(TunnelRequest.tunnel_id == tunnel_id))
             n = db.execute(delete(Tunnel).where(Tunnel.id == tunnel_id)).rowcount  # type: ignore[attr-defined]

@@ -98,7 +98,7 @@ class Relay:
         with self.store.engine.begin() as conn:
             # what a replica that died left behind
             conn.execute(delete(REQUESTS).where(REQUESTS.c.expires_at < row["created_at"] - 600))
-            # (two replicas counting at once may overshoot by a request each: still bounded)
+            # two replicas counting at once may overshoot by a request each: still bounded
             held = conn.execute(
                 select(func.count())
                 .select_from(REQUESTS)
@@ -182,7 +182,7 @@ class Relay:
             .where(REQUESTS.c.tunnel_id == tunnel_id, REQUESTS.c.state == "pending")
             .limit(1)
         )
-        if channels is not None:  # ([]: none of them)
+        if channels is not None:  # []: none of them
             q = q.where(REQUESTS.c.channel.in_(channels))
         with self.store.engine.connect() as conn:
             return conn.execute(q).first() is not None

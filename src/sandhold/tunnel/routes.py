@@ -224,7 +224,7 @@ class TunnelRoutes:
             self.tunnels.registry.create,
             tenant_id,
             check_name(body.get("name")),
-            "" if body.get("description") is None else body["description"],  # (a str: checked)
+            "" if body.get("description") is None else body["description"],  # a str: checked
         )
         return JSONResponse({**info.public(), "token": token}, status_code=201)
 

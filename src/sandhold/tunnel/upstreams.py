@@ -275,7 +275,7 @@ class StdioUpstream:
         method, rid = message.get("method"), message.get("id")
         ok = {"Content-Type": ["application/json"]}
         if "id" not in message:
-            if method != "notifications/initialized":  # (sent once, at start)
+            if method != "notifications/initialized":  # sent once, at start
                 with contextlib.suppress(Exception):
                     await self._send(message)
             return {"resp_type": "notify_ack", "resp_code": 202, "resp_headers": {}}

@@ -206,7 +206,7 @@ class SandboxTools:
             "SANDHOLD_ROOT": root,
             "SANDHOLD_VIEW": ":".join(READ_ROOTS),
         }
-        # (-I: neither the working directory nor PYTHON* variables steer what it imports)
+        # -I: neither the working directory nor PYTHON* variables steer what it imports
         result = await self._call(
             kind,
             "run_command",

@@ -282,7 +282,7 @@ class E2bProvider(Provider):
         r = await self._call(
             "POST", f"/sandboxes/{sandbox_id}/timeout", json={"timeout": timeout_s}
         )
-        raise_for(r, "set_timeout", 204, 404)  # (gone: nothing to extend)
+        raise_for(r, "set_timeout", 204, 404)  # gone: nothing to extend
 
     async def update_network(self, sandbox_id: str, tenant: str, network: EgressPolicy) -> None:
         wire = _egress(network)

@@ -181,7 +181,7 @@ class LocalProvider(Provider):
         except SandboxNotFound:
             await self._forget(sandbox_id)
             return False
-        await self._forget(sandbox_id)  # (not when a condition refused it: it may be in use)
+        await self._forget(sandbox_id)  # not when a condition refused it: it may be in use
         return True
 
     @contextlib.asynccontextmanager

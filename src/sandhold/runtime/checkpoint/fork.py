@@ -102,7 +102,7 @@ def start(
     try:
         host_uid = prepare_root(host, d, spec, template, layer_image=taken / disk.IMAGE)
         process_tree.copy_images(taken / process_tree.IMAGES, d / process_tree.IMAGES)
-        new_boot(d / process_tree.HANDOFF, sandbox_id, template_name)  # (a new sandbox: its boot)
+        new_boot(d / process_tree.HANDOFF, sandbox_id, template_name)  # a new sandbox: its boot
         if config is not None:
             (d / "run" / "agent.json").write_text(json.dumps(config))
         procs = host.cgroup(sandbox_id).procs_files()

@@ -122,7 +122,7 @@ def handoff(
                         fds.append(config_fd)
                     conn.sendmsg([b"x"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
                     conn.settimeout(timeout)
-                    ack = conn.recv(1)  # (nothing: an agent from before acknowledgements)
+                    ack = conn.recv(1)  # nothing: an agent from before acknowledgements
                     if ack == b"0" or (config_fd is not None and ack != b"1"):
                         raise CheckpointFailed("the agent could not take its new configuration")
                     return

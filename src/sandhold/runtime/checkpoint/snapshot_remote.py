@@ -122,7 +122,7 @@ class S3Remote:
                     Body=seal_bytes(self.ring, name, body),
                 )
         except BaseException:
-            self._remove([self._meta_key(snapshot_id), *done])  # (a put may land and still fail)
+            self._remove([self._meta_key(snapshot_id), *done])  # a put may land and still fail
             raise
 
     def _upload(self, name: str, records: Iterator[bytes]) -> None:

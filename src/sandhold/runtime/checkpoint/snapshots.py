@@ -195,7 +195,7 @@ class SnapshotStore:
                 fcntl.flock(fd, fcntl.LOCK_SH)
                 if not (snap.dir / META).exists():
                     continue
-                os.utime(fd)  # (least recently used goes first)
+                os.utime(fd)  # least recently used goes first
                 yield
                 return
             finally:

@@ -136,12 +136,12 @@ def cold_boot(host: Host, d: Path, info: SandboxInfo) -> None:
     """Boot a sandbox paused without its memory over its files (under its lock)."""
     assert info.host_uid is not None
     cg = host.cgroup(info.id)
-    if not cg.exists():  # (the host rebooted)
+    if not cg.exists():  # the host rebooted
         limits = info.spec.limits
         cg.create(limits.memory_mb, limits.cpu, limits.pids)
     elif cg.freezer_state() != "THAWED":
         cg.thaw()
-    remount(host, d, info, binds=False)  # (the boot binds them)
+    remount(host, d, info, binds=False)  # the boot binds them
     proc, init_pid, _workspace, _spec = boot(
         host, d, info.spec, host.templates.get(info.template), info.host_uid
     )
@@ -153,7 +153,7 @@ def restore(host: Host, d: Path, info: SandboxInfo) -> None:
     """Bring a suspended sandbox back (called under its lock); updates ``info``."""
     criu = criu_path(host)
     cg = host.cgroup(info.id)
-    if not cg.exists():  # (the host rebooted)
+    if not cg.exists():  # the host rebooted
         limits = info.spec.limits
         cg.create(limits.memory_mb, limits.cpu, limits.pids)
     if cg.freezer_state() != "THAWED":

@@ -55,7 +55,7 @@ class WarmStarts:
         self.host = host
         self.sandboxes = sandboxes  # to boot the sandbox a checkpoint is taken of
         self.root = host.settings.data_dir / WARM
-        self._keys: dict[tuple[str, float], str] = {}  # (CRIU and the agent: fixed while we run)
+        self._keys: dict[tuple[str, float], str] = {}  # CRIU and the agent: fixed while we run
 
     def key(self, template: Template) -> str:
         """What a checkpoint of ``template`` depends on."""
@@ -102,7 +102,7 @@ class WarmStarts:
         none, it cannot serve this create, or restoring failed (then nothing of it is left)."""
         on = self.host.settings.warm_templates and self.host.disk.enforced
         if not template.warm or not on:
-            return None  # (a checkpoint's layer is a disk image)
+            return None  # a checkpoint's layer is a disk image
         d = self.available(template)
         if d is None:
             return None

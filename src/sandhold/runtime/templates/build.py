@@ -49,7 +49,7 @@ STEP_TIMEOUT_S = 3600.0
 MAX_OUTPUT = 1 << 20  # of a failing step, kept for the error (its log has all of it)
 
 log = logging.getLogger(__name__)
-Log = Callable[[str, str], None]  # (level, message)
+Log = Callable[[str, str], None]  # level, message
 
 
 @dataclass
@@ -131,7 +131,7 @@ class Builder:
             step.check(i)
         with self.layers.building():
             tpl = self._build(req, emit)
-        self.layers.collect(self.host.templates)  # (what a replaced template used alone)
+        self.layers.collect(self.host.templates)  # what a replaced template used alone
         return tpl
 
     def _build(self, req: BuildRequest, emit: Log) -> Template:
@@ -154,7 +154,7 @@ class Builder:
                 state.workdir,
                 sorted(state.env.items()),
             ]
-            if step.digest is not None:  # (what the layer holds: the bytes, not the claim)
+            if step.digest is not None:  # what the layer holds: the bytes, not the claim
                 parts.append(["content", step.digest])
             key = _hash(parts)
             forced = forced or step.force
@@ -209,7 +209,7 @@ class Builder:
                     "ready_cmd": req.ready_cmd or "true",
                 }
             )
-            tpl.warm = True  # (E2B hands out its sandboxes with the start command serving)
+            tpl.warm = True  # E2B hands out its sandboxes with the start command serving
         for k, v in req.meta.items():
             setattr(tpl, k, v)
         return self.host.templates.add(tpl)
@@ -231,7 +231,7 @@ class Builder:
         info = self.sandboxes.create(build_spec(self.host, base), {BUILD_KEY: key}, template=stack)
         self._active = info.id
         try:
-            self._check_cancelled()  # (cancelled while it was made: cancel() did not see it)
+            self._check_cancelled()  # cancelled while it was made: cancel() did not see it
             if step.type == "RUN":
                 user = step.args[1] if len(step.args) > 1 and step.args[1] else state.user
                 self._exec(info, ["/bin/bash", "-c", step.args[0]], user, state, emit)
@@ -247,11 +247,11 @@ class Builder:
             layer = info.dir / disk.MOUNT if info.spec.limits.disk_mb is not None else info.dir
             self.layers.commit(key, layer / "upper")
         except Exception:
-            self._check_cancelled()  # (what the kill made the step fail with is not its error)
+            self._check_cancelled()  # what the kill made the step fail with is not its error
             raise
         finally:
             self._active = None
-            with contextlib.suppress(NotFound):  # (cancel() may have killed it)
+            with contextlib.suppress(NotFound):  # cancel() may have killed it
                 self.sandboxes.kill(info.id)
 
     def _exec(
@@ -284,7 +284,7 @@ class Builder:
         archive = self.upload(step.files_hash)
         data = archive.read_bytes()
         if step.digest is not None and hashlib.sha256(data).hexdigest() != step.digest:
-            # (uploaded again since the build started: the layer's key names the bytes checked)
+            # uploaded again since the build started: the layer's key names the bytes checked
             raise TemplateBuildFailed(
                 f"COPY {step.args[0]}: its files were uploaded again "
                 "while the build ran; start the build again"

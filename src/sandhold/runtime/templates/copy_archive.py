@@ -54,7 +54,7 @@ class Bounds:
 
     @classmethod
     def for_disk(cls, disk_mb: int, max_depth: int) -> Bounds:
-        # (entries: ext4's bytes per inode, as many as a disk of the budget holds)
+        # entries: ext4's bytes per inode, as many as a disk of the budget holds
         return cls(disk_mb << 20, max(1, (disk_mb << 20) // BYTES_PER_INODE), max_depth)
 
 
@@ -139,7 +139,7 @@ def _entry(i: int, m: tarfile.TarInfo, seen: dict[str, _Entry], bounds: Bounds) 
         return _Entry(i, m.name, stat.S_IFDIR | perm, None, None)
     if m.issym():
         return _Entry(i, m.name, stat.S_IFLNK | perm, len(_utf8(m.linkname)), None, m.linkname)
-    if m.islnk():  # (the SDK stats the file: its target's)
+    if m.islnk():  # the SDK stats the file: its target's
         to = seen.get(m.linkname)
         if to is None or to.content is None:
             raise InvalidRequest(
@@ -161,7 +161,7 @@ class _Iter:
         f.seek(0)
         magic = f.read(6)
         f.seek(0)
-        # (each closed by close(): a decompressor over the upload, which its owner closes)
+        # each closed by close(): a decompressor over the upload, which its owner closes
         inner: _Readable = f
         if magic[:2] == b"\x1f\x8b":
             inner = gzip.GzipFile(fileobj=f, mode="rb")
@@ -205,7 +205,7 @@ class _Iter:
             m = self.tar.next()
         except _BAD as e:
             raise InvalidRequest(f"the archive cannot be read: {e}") from None
-        cast(Any, self.tar).members.clear()  # (tarfile keeps every member: not on the host)
+        cast(Any, self.tar).members.clear()  # tarfile keeps every member: not on the host
         if m is None:
             raise StopIteration
         self.index += 1
@@ -243,7 +243,7 @@ class _Bounded:
             offset += self.pos
         elif whence != io.SEEK_SET or offset < self.pos:
             raise io.UnsupportedOperation("the archive is read forward only")
-        while self.pos < offset:  # (skipped data is decompressed, and counted)
+        while self.pos < offset:  # skipped data is decompressed, and counted
             if not self.read(min(offset - self.pos, CHUNK)):
                 break
         return self.pos

@@ -96,7 +96,7 @@ def _lines(text: str) -> list[tuple[int, str]]:
         if not out and not buf and (m := re.match(r"#\s*escape\s*=\s*(\S)", s)) and m[1] != "\\":
             raise InvalidRequest(f"line {n}: only '\\' is supported as the escape character")
         if not s or s.startswith("#"):
-            continue  # (inside a continuation too, as Docker does)
+            continue  # inside a continuation too, as Docker does
         start = start if buf else n
         buf.append(re.sub(r"\\[ \t]*$", "", raw))
         if buf[-1] == raw:
@@ -165,7 +165,7 @@ class _Parser:
         self.entrypoint: str | list[str] | None = None
 
     def vars(self) -> dict[str, str]:
-        return {**self.args, **self.env}  # (an ENV overrides an ARG of the same name)
+        return {**self.args, **self.env}  # an ENV overrides an ARG of the same name
 
     def instruction(self, line: str) -> None:
         name, rest = [*re.split(r"\s+", line, maxsplit=1), ""][:2]
@@ -316,9 +316,9 @@ class _Parser:
                     tar.add(real, arcname=rel, recursive=False, filter=_anonymous)
         assert self.out is not None
         self.out.archives[files_hash] = archive
-        # (no --chown: root's, as in Docker; an E2B COPY without a user is the current user's)
+        # no --chown: root's, as in Docker; an E2B COPY without a user is the current user's
         self.step("COPY", [" ".join(patterns), dest, owner or "root", mode], files_hash)
-        if group and group != owner:  # (the COPY step gives the user's own group)
+        if group and group != owner:  # the COPY step gives the user's own group
             self.step("RUN", [_chgrp(group, dest, matched, entries), "root"])
 
     def sources(self, what: str, srcs: list[str]) -> tuple[list[str], list[str], dict[str, str]]:
@@ -351,7 +351,7 @@ class _Parser:
         return patterns, matched, entries
 
 
-_KEPT = (stat.S_IFREG, stat.S_IFDIR, stat.S_IFLNK)  # (no devices, fifos, sockets)
+_KEPT = (stat.S_IFREG, stat.S_IFDIR, stat.S_IFLNK)  # no devices, fifos, sockets
 
 
 def _anonymous(info: tarfile.TarInfo) -> tarfile.TarInfo:
@@ -384,7 +384,7 @@ def _chgrp(group: str, dest: str, matched: list[str], entries: dict[str, str]) -
         if not os.path.isdir(entries[m]):
             names.add(posixpath.basename(m))
             continue
-        parent = "" if m == "." else m  # (a directory's entries go into dest, not it)
+        parent = "" if m == "." else m  # a directory's entries go into dest, not it
         names |= {
             posixpath.basename(r)
             for r in entries

@@ -104,7 +104,7 @@ def from_image(
             name = image_name(oci.resolve(full, store.root, **opts))
             repo = {oci.parse_reference(k).name for k, v in known.items() if v == name}
             if store.exists(name) and (r.name in repo or may_use(store.get(name), team)):
-                known[full] = name  # (fetched by digest from the same repository: its layers)
+                known[full] = name  # fetched by digest from the same repository: its layers
                 _write_refs(store.root, known)
                 return _grant(host, store.get(name), team, shared)
         staging = make_staging(store.root, PULL)
@@ -169,7 +169,7 @@ def _user(image_user: str, rootfs: Path) -> str:
     if not name.isdigit():
         return name or "root"
     uid = int(name)
-    try:  # (as the sandbox sees it: the image's etc/passwd may be a link to anywhere)
+    try:  # as the sandbox sees it: the image's etc/passwd may be a link to anywhere
         with safefs.Root(rootfs) as root:
             lines = root.read_text("etc/passwd").splitlines()
     except (OSError, InvalidRequest):
@@ -179,7 +179,7 @@ def _user(image_user: str, rootfs: Path) -> str:
         if len(fields) > 2 and fields[2] == str(uid) and fields[0]:
             return fields[0]
     if uid == SANDBOX_USER_UID:
-        return "user"  # (templates.py adds it)
+        return "user"  # templates.py adds it
     if uid:
         log.warning("image user %s is not in its /etc/passwd: its processes run as root", name)
     return "root"

@@ -81,7 +81,7 @@ def _number(raw: bytes) -> int:
     """A numeric header field: octal text, or GNU's base-256 (high bit of the first byte)."""
     if raw and raw[0] & 0x80:
         value = int.from_bytes(bytes([raw[0] & 0x7F]) + raw[1:], "big")
-        if raw[0] & 0x40:  # (negative)
+        if raw[0] & 0x40:  # negative
             raise refused("a tar header has a negative number")
         return value
     text = raw.replace(b"\0", b" ").strip()
@@ -180,7 +180,7 @@ def _scan_tar(s: _Stream) -> None:
     while True:
         block = s.exact(BLOCK)
         if not block or block == bytes(BLOCK):
-            return  # (the end; Go refuses data after a lone zero block, so nothing hides there)
+            return  # the end; Go refuses data after a lone zero block, so nothing hides there
         if not _checksum_ok(block):
             raise refused("a layer holds a tar header with a bad checksum")
         kind = block[156:157]
@@ -194,11 +194,11 @@ def _scan_tar(s: _Stream) -> None:
             s.count(size)
             data = s.exact(size)
             s.skip(-size % BLOCK)
-            if kind == b"x":  # (Go keeps the last one only: so does umoci)
+            if kind == b"x":  # Go keeps the last one only: so does umoci
                 pax = _pax(data)
             elif kind == b"L":
                 long_name = data.split(b"\0", 1)[0].decode(errors="replace")
-            elif kind == b"g":  # (Go returns it as an entry: what came before it is dropped)
+            elif kind == b"g":  # Go returns it as an entry: what came before it is dropped
                 pax, long_name = {}, None
             continue
         if kind == b"S" or any(k.startswith("GNU.sparse.") for k in pax):

@@ -90,7 +90,7 @@ class LayerStore:
                 continue
             safefs.remove_quietly(d)
             removed += 1
-        staging.sweep(self.root, [NEW])  # (what a crash cut short)
+        staging.sweep(self.root, [NEW])  # what a crash cut short
         if removed:
             log.info("collected %d unused template layers", removed)
         return removed

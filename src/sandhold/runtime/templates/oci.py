@@ -73,7 +73,7 @@ _TAG = re.compile(r"[\w][\w.-]{0,127}")
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 MiB = 1 << 20
 INODE_RATIO = 16 << 10  # ext4's bytes per inode: a budget's worth of files
-DEFAULT_BOUNDS = Bounds(10240 * MiB, 10240 * MiB // INODE_RATIO, 256)  # (the settings' defaults)
+DEFAULT_BOUNDS = Bounds(10240 * MiB, 10240 * MiB // INODE_RATIO, 256)  # the settings' defaults
 
 
 def bounds(disk_mb: int, max_depth: int) -> Bounds:
@@ -215,7 +215,7 @@ class _Puller:
         for kind, needles in kinds:
             if any(n in low for n in needles):
                 return f"{kind}: {detail}"
-        log.warning("pulling %s: %s", self.ref, detail)  # (the operator's to read)
+        log.warning("pulling %s: %s", self.ref, detail)  # the operator's to read
         return unreachable(self.host)
 
 
@@ -441,7 +441,7 @@ def pull(
         config = _read_config(p, work / LAYOUT, digest, arch)
         try:
             scan(_layers(work / LAYOUT), limits)
-        except TemplateBuildFailed as e:  # (a bound, or what is wrong with the layers)
+        except TemplateBuildFailed as e:  # a bound, or what is wrong with the layers
             raise TemplateBuildFailed(f"image {p.ref} {e.message}") from None
         except (OSError, ValueError, LookupError, TypeError, AttributeError) as e:
             raise TemplateBuildFailed(f"pulling {p.ref}: {e}") from None
@@ -450,7 +450,7 @@ def pull(
         if os.geteuid() != 0:
             unpack.insert(3, "--rootless")
         p.run("unpacking the layers", unpack, registry=False)
-        if deepest(rootfs, limits.depth) > limits.depth:  # (through its symlinks)
+        if deepest(rootfs, limits.depth) > limits.depth:  # through its symlinks
             raise _too_big(p.ref, limits, "depth")
         config.devices = drop_devices(rootfs)
         rootfs.rename(dest)

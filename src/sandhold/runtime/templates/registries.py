@@ -38,7 +38,7 @@ class Registries:
         if self.pip_index:
             out["PIP_INDEX_URL"] = self.pip_index
         if extra := [u for u in self.pip_extra if u.startswith(("http://", "https://"))]:
-            out["PIP_EXTRA_INDEX_URL"] = " ".join(extra)  # (a file:// index is the host's)
+            out["PIP_EXTRA_INDEX_URL"] = " ".join(extra)  # a file:// index is the host's
         if self.npm_registry:
             out["NPM_CONFIG_REGISTRY"] = self.npm_registry
         return out

@@ -74,12 +74,12 @@ def check_addresses(settings: Settings, domain: str | None) -> None:
         return
     host, port = _split(domain)
     if parse_ip(host) is not None:
-        return  # (an address the operator wrote)
+        return  # an address the operator wrote
     try:
         infos = socket.getaddrinfo(host, port or 443, type=socket.SOCK_STREAM)
     except (OSError, UnicodeError):
         raise TemplateBuildFailed(oci.unreachable(domain)) from None
-    from sandhold.egress.daemon import host_addresses  # (the daemon module is heavy)
+    from sandhold.egress.daemon import host_addresses  # the daemon module is heavy
 
     guard = Guard(settings.template_image_open_cidrs, host_addresses())
     for info in infos:

@@ -51,7 +51,7 @@ BUILD_CAPS = [
 ]
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 BASE_BIN = "/opt/sandhold/bin"  # commands of `base`'s own (after the host's, on its PATH)
-SUDO_CLIENT = Path(__file__).parents[1] / "sudo_client.py"  # (sandhold.runtime)
+SUDO_CLIENT = Path(__file__).parents[1] / "sudo_client.py"  # sandhold.runtime
 
 # Host /etc entries that are safe and useful inside a sandbox built on the host's /usr.
 HOST_ETC_ENTRIES = (
@@ -223,7 +223,7 @@ class TemplateStore:
         self.root = root
         self.uid_base = uid_base
         self.root.mkdir(parents=True, exist_ok=True)
-        staging.sweep(self.root, STAGING)  # (what work cut short by a crash left)
+        staging.sweep(self.root, STAGING)  # what work cut short by a crash left
 
     def _dir(self, name: str) -> Path:
         return self.root / name
@@ -253,7 +253,7 @@ class TemplateStore:
             elif name in BUILTIN_TEMPLATES:
                 return self.build_builtin(name)
             else:
-                # (a team's own builds are not named: they are no one else's business)
+                # a team's own builds are not named: they are no one else's business
                 shared = {t.name for t in self.list() if t.owner is None}
                 known = ", ".join(sorted(shared | set(BUILTIN_TEMPLATES)))
                 raise TemplateNotFound(f"template {name!r} does not exist (known: {known})")
@@ -359,7 +359,7 @@ class TemplateStore:
             sudo = rootfs / BASE_BIN.lstrip("/") / "sudo"
             sudo.write_text("#!/usr/bin/python3 -I\n" + SUDO_CLIENT.read_text())
             sudo.chmod(0o755)
-            # (login shells, the SDK's `commands.run`, take PATH from /etc/profile)
+            # login shells, the SDK's `commands.run`, take PATH from /etc/profile
             (rootfs / "etc/profile.d").mkdir(exist_ok=True)
             (rootfs / "etc/profile.d/sandhold.sh").write_text(
                 f'case ":$PATH:" in *:{BASE_BIN}:*) ;; *) PATH="$PATH:{BASE_BIN}" ;; esac\n'
@@ -417,7 +417,7 @@ class TemplateStore:
         if not NAME_RE.match(name):
             raise InvalidRequest(f"template name {name!r} is not valid")
         if not fields.get("agent_kit"):
-            with safefs.Root(source) as root:  # (as the sandbox will see it: links in the root)
+            with safefs.Root(source) as root:  # as the sandbox will see it: links in the root
                 if root.kind("usr/bin") != stat.S_IFDIR:
                     raise InvalidRequest(
                         f"{source} does not look like a root filesystem (no usr/bin)"
@@ -435,7 +435,7 @@ class TemplateStore:
                 source.rename(rootfs)
             rootfs_owners.add_users(rootfs)
             for point in root_mount_points(bool(fields.get("agent_kit"))):
-                safefs.make_dirs(rootfs, point, 0o755, 0)  # (bwrap would follow links there)
+                safefs.make_dirs(rootfs, point, 0o755, 0)  # bwrap would follow links there
             rootfs_owners.shift_ownership(rootfs, self.uid_base, refuse_privileged)
             tpl = Template(
                 name=name,
