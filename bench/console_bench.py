@@ -45,7 +45,8 @@ from sandhold.store.db import Store
 from sandhold.store.models import Session
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.gateway.conftest import (
+from tests.gateway.postgres import Postgres
+from tests.support.gateway_server import (
     ADMIN_KEY,
     OTHER_KEY,
     TENANT_KEY,
@@ -54,7 +55,6 @@ from tests.gateway.conftest import (
     gateway_env,
     scratch_dir,
 )
-from tests.gateway.postgres import Postgres
 
 CHROMIUM = "/usr/bin/chromium"
 # the last fetch of an API call as the page saw it (Resource Timing: request to last byte)

@@ -5,7 +5,7 @@ that differ only in their last step; create latency of a sandbox of the built te
     .venv/bin/python bench/template_bench.py [--n 3] [--creates 10] [--steps auto|pip|offline] \\
         [--out bench/results/templates.json]
 
-Each round starts its own ``sandhold serve`` (tests/e2b/conftest.py) on a fresh data dir under
+Each round starts its own ``sandhold serve`` (tests/support/e2b_server.py) on a fresh data dir under
 /var/tmp with the default ``template_build_allow_out``: pip in a build step reaches this machine's
 configured index through the egress proxy. Steps ``pip``: ``pip_install`` of three small
 pure-Python packages the base (the host's /usr) lacks, then a ``run_cmd`` importing them. If pip's
@@ -35,7 +35,7 @@ os.environ["NO_PROXY"] = "127.0.0.1,localhost"  # the server is on loopback
 
 from e2b import Sandbox, Template
 from e2b.exceptions import BuildException
-from tests.e2b.conftest import KEY_A, Server, new_server
+from tests.support.e2b_server import KEY_A, Server, new_server
 
 from benchstats import summary, write_result
 

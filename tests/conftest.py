@@ -1,22 +1,33 @@
-"""Fixtures shared by every layer's tests: a real runtime on a throw-away data dir."""
+"""Fixtures shared by every layer's tests: a real runtime on a throw-away data dir, stores, real
+gateways over real providers (tests/gateway, tests/console)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from sandhold.config import Settings
 from sandhold.runtime import cgroups
-from sandhold.runtime.runtime import Runtime, SandboxInfo
-from sandhold.runtime.spec import SandboxSpec
+from sandhold.runtime.runtime import Runtime
 from sandhold.store.db import Store
 from tests.gateway.postgres import Postgres
+from tests.support.e2b_server import Server, new_server
+from tests.support.gateway_server import (
+    Gateway,
+    destroy_runtime_dir,
+    gateway_env,
+    kill_tagged,
+    scratch_dir,
+)
+from tests.support.sandboxes import SandboxFactory
 
 if os.geteuid() != 0:
     pytest.exit("the test suite creates namespaces, cgroups and mounts: run it as root", 2)
@@ -44,26 +55,6 @@ def runtime(settings: Settings) -> Runtime:
     rt = Runtime(settings).open()
     rt.templates.get("base")  # build once, up front
     return rt
-
-
-class SandboxFactory:
-    """Creates sandboxes for one test and kills whatever is left of them afterwards."""
-
-    def __init__(self, runtime: Runtime) -> None:
-        self.runtime = runtime
-        self.created: list[str] = []
-
-    async def __call__(self, **spec: object) -> SandboxInfo:
-        info = self.runtime.create(SandboxSpec.model_validate(spec))
-        self.created.append(info.id)
-        return info
-
-    async def cleanup(self) -> None:
-        for sid in self.created:
-            try:
-                self.runtime.kill(sid)
-            except Exception:
-                pass
 
 
 @pytest.fixture
@@ -109,3 +100,60 @@ def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
 
     with running_registry(tmp_path_factory.mktemp("registry")) as reg:
         yield reg
+
+
+# -- Real gateways (`sandhold gateway serve` processes) for tests/gateway and tests/console, over
+# real providers: the runtime in the gateway's process (``local``) or a real `sandhold serve`
+# reached over HTTP (``e2b``, the session's ``e2b_server``).
+
+
+@pytest.fixture(scope="session")
+def workspace_root() -> Iterator[Path]:
+    """Every test gateway keeps workspaces under one root, which the e2b server may bind."""
+    root = scratch_dir("sandhold-gw-ws-")
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def e2b_server(tmp_path_factory: pytest.TempPathFactory, workspace_root: Path) -> Iterator[Server]:
+    srv = new_server(
+        tmp_path_factory.mktemp("gw-e2b"),
+        host_mount_roots=json.dumps([str(workspace_root)]),
+        lifecycle_interval_s="0.2",
+        prebuild_templates="[]",
+    )
+    srv.start()
+    yield srv
+    srv.destroy()
+
+
+@pytest.fixture
+def make_gateway(
+    request: pytest.FixtureRequest, tmp_path: Path, workspace_root: Path
+) -> Iterator[Callable[..., Gateway]]:
+    """Start gateways for one test (provider ``local`` or ``e2b``); at the end stop them and
+    kill every sandbox they created."""
+    made: list[tuple[Gateway, str, Server | None]] = []
+
+    def make(provider: str = "local", server: Server | None = None, **extra: Any) -> Gateway:
+        if provider == "e2b" and server is None:
+            server = request.getfixturevalue("e2b_server")
+        data_dir = scratch_dir("sandhold-gw-")
+        name = f"t{uuid.uuid4().hex[:10]}"
+        extra.setdefault("gateway_workspace_root", workspace_root / name)
+        env = gateway_env(data_dir, provider, server, name, **extra)
+        gw = Gateway(data_dir, env, tmp_path / f"gateway-{name}.log")
+        gw.server = server
+        made.append((gw, name, server))
+        gw.start()
+        return gw
+
+    yield make
+    problems: list[str] = []
+    for gw, name, server in made:
+        gw.close()
+        if server is not None:
+            kill_tagged(server, name)
+        problems += destroy_runtime_dir(gw.data_dir)
+    assert not problems, problems

@@ -163,7 +163,7 @@ def test_serving_imports_none_of_the_heavy_modules(tmp_path: Path) -> None:
 async def test_an_idle_agent_has_not_mapped_ctypes() -> None:
     """A C module shows in the process's mappings once imported: an agent that has served
     requests but needed no libc call (no file operation as another user) has no _ctypes."""
-    from tests.agent.conftest import start_agent
+    from tests.support.agent import start_agent
 
     async with start_agent() as a:
         for _ in range(3):
@@ -177,8 +177,8 @@ async def test_an_agent_that_ran_commands_as_a_user_has_not_mapped_ctypes(tmp_pa
     """From a copy built as the runtime builds it: commands and their cwd checks as another
     user go through the agent's extension (native.c), not ctypes (~1 MiB of every agent)."""
     from sandhold.runtime.runtime import Runtime
-    from tests.agent.conftest import start_agent
     from tests.agent.helpers import run
+    from tests.support.agent import start_agent
 
     lib = Runtime(Settings(data_dir=tmp_path)).agent_lib()
     assert list(lib.glob("sandhold/agent/_native*.so")), "the extension did not build"

@@ -11,8 +11,8 @@ import time
 
 import httpx
 
-from tests.agent.conftest import start_agent
 from tests.agent.helpers import command, gone, ok, open_stream, run
+from tests.support.agent import start_agent
 
 
 async def test_socket_is_private(agent):

@@ -1,4 +1,5 @@
-"""A real browser for the console's tests: Playwright driving Debian's Chromium, headless."""
+"""A real browser for the console's tests: Playwright driving Debian's Chromium, headless (the
+gateways they drive: ``make_gateway`` of tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,6 @@ from collections.abc import Iterator
 
 import pytest
 from playwright.sync_api import Browser, sync_playwright
-
-from tests.gateway.conftest import make_gateway, workspace_root  # noqa: F401  (gateway fixtures)
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 

@@ -9,7 +9,6 @@ import subprocess
 import sys
 from collections.abc import Callable
 
-from tests.gateway.conftest import e2b_server  # noqa: F401  (a fixture)
 from tests.support.e2b_server import KEY_A, Server
 from tests.support.gateway_server import ADMIN_KEY, OTHER_KEY, TENANT_KEY, Gateway
 
@@ -69,7 +68,7 @@ def test_top_once_against_a_gateway(make_gateway: Callable[..., Gateway]) -> Non
     assert bad.returncode != 0 and "unauthorized" in bad.stderr, bad.stderr
 
 
-def test_top_once_against_a_server(e2b_server: Server) -> None:  # noqa: F811
+def test_top_once_against_a_server(e2b_server: Server) -> None:
     run = top("--server", e2b_server.url, "--key", KEY_A)
     assert run.returncode == 0, run.stderr
     assert "Live sandboxes (" in run.stdout and "team" in run.stdout

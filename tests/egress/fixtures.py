@@ -16,8 +16,8 @@ from sandhold.config import Settings
 from sandhold.egress.secrets import SecretStore, open_store
 from sandhold.runtime import cgroups, mounts
 from sandhold.runtime.runtime import Runtime, SandboxInfo
-from tests.conftest import SandboxFactory
 from tests.egress.internet import Internet
+from tests.support.sandboxes import SandboxFactory
 
 SECRET = "sk-test-Zq8vX3nR6yL1pW4t"  # what the tenant stores; sandboxes must never see it
 TENANT = "acme"

@@ -10,8 +10,8 @@ import httpx
 from sandhold.config import Settings
 from sandhold.interpreter.template import build_code_interpreter_template
 from sandhold.runtime.templates.store import TemplateStore
-from tests.interpreter.conftest import CACHE_DIR
 from tests.support.gateway_server import Gateway, tool
+from tests.support.interpreter import CACHE_DIR
 
 KEY = "interp-tenant-key-0123456789"
 

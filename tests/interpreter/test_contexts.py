@@ -10,7 +10,7 @@ import pytest
 from e2b import NotFoundException, SandboxException, TimeoutException
 from e2b_code_interpreter import AsyncSandbox, Sandbox
 
-from tests.interpreter.conftest import API_KEY, InterpreterServer
+from tests.support.interpreter import API_KEY, InterpreterServer
 
 
 def test_default_contexts_exist(sbx: Sandbox) -> None:

@@ -9,7 +9,7 @@ import httpx
 import pytest
 from e2b_code_interpreter import Sandbox
 
-from tests.interpreter.conftest import InterpreterServer
+from tests.support.interpreter import InterpreterServer
 
 
 @pytest.fixture

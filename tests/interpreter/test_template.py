@@ -20,7 +20,7 @@ from sandhold.interpreter.template import (
     prune_site_trees,
 )
 from sandhold.runtime.templates.store import TemplateStore
-from tests.interpreter.conftest import CACHE_DIR, InterpreterServer
+from tests.support.interpreter import CACHE_DIR, InterpreterServer
 
 
 def store_of(interp: InterpreterServer) -> TemplateStore:

@@ -12,7 +12,7 @@ import pytest
 from sandhold.config import Settings
 from sandhold.runtime.checkpoint.criu import criu_status
 from sandhold.runtime.runtime import Runtime
-from tests.interpreter.conftest import InterpreterServer, SandboxFactory
+from tests.support.interpreter import InterpreterServer, SandboxFactory
 
 
 @pytest.fixture(scope="module")

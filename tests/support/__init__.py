@@ -1,6 +1,15 @@
-"""Helpers shared by the tests of several packages (conftest files hold fixtures only).
+"""Helpers of the tests, shared by a package's test modules and its fixtures or by several
+packages (conftest files hold fixtures only, and nothing imports from them).
 
+- ``agent.py``: the agent as a real process, as a sandbox starts it (``start_agent``,
+  ``AgentHandle``)
 - ``e2b_server.py``: a real `sandhold serve` process (``new_server``, ``Server``, the teams' keys)
 - ``gateway_server.py``: a real `sandhold gateway serve` process (``Gateway``), its keys, ``tool``
 - ``http.py``: raw HTTP requests over a socket, for what an HTTP client would not send
+- ``interpreter.py``: `sandhold serve` with the code-interpreter template
+  (``InterpreterServer``, ``CACHE_DIR``, ``API_KEY``)
+- ``sandboxes.py``: sandboxes of the runtime in the tests' process (``SandboxFactory``)
+- ``tunnel.py``: the tunnel tests' private network (``World``), ``create_tunnel``, ``stop``
+- ``worker.py``: `sandhold worker` processes (``Worker``), ``sandbox_of``, ``text_of``,
+  ``workspace``
 """

@@ -12,7 +12,8 @@ from pathlib import Path
 import httpx
 
 from tests.gateway.postgres import Postgres
-from tests.tunnel.conftest import MCP_PORT, REPO, TENANT_KEY, World, create_tunnel, stop
+from tests.support.gateway_server import TENANT_KEY
+from tests.support.tunnel import MCP_PORT, REPO, World, create_tunnel, stop
 
 
 def doctor(world: World, config: Path, in_ns: bool = False) -> subprocess.CompletedProcess[str]:

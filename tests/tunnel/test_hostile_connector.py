@@ -21,15 +21,16 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from sandhold.gateway.tool_args import DESCRIPTIONS, MODELS
-from tests.support.gateway_server import Gateway, destroy_runtime_dir, gateway_env, scratch_dir
-from tests.tunnel.conftest import (
+from tests.support.gateway_server import (
     OTHER_KEY,
     TENANT_KEY,
-    TUNNEL_SETTINGS,
-    admin,
-    create_tunnel,
-    wait_until,
+    Gateway,
+    destroy_runtime_dir,
+    gateway_env,
+    scratch_dir,
+    wait_for,
 )
+from tests.support.tunnel import TUNNEL_SETTINGS, admin, create_tunnel
 
 MAX_PENDING = 4
 MAX_POLLS = 3
@@ -230,7 +231,7 @@ def test_requests_in_flight_are_bounded_per_tunnel(gw: Gateway) -> None:
 
         with ThreadPoolExecutor(MAX_PENDING) as pool:
             calls = [pool.submit(hold, i) for i in range(MAX_PENDING)]
-            wait_until(lambda: len(held) == MAX_PENDING)
+            wait_for(lambda: len(held) == MAX_PENDING)
             for i in range(3):  # the tunnel is full: refused, nothing queued
                 r = hold(100 + i)
                 assert r.status_code == 429 and r.json()["code"] == "quota_exceeded", r.text
@@ -242,11 +243,11 @@ def test_requests_in_flight_are_bounded_per_tunnel(gw: Gateway) -> None:
                 assert r.status_code == 200, r.text
             assert [c.result().status_code for c in calls] == [200] * MAX_PENDING
         assert rows(gw, tunnel["id"]) == []
-        wait_until(lambda: fc.taken)  # (the thread still serves)
+        wait_for(lambda: fc.taken)  # (the thread still serves)
         held.clear()
         with ThreadPoolExecutor(1) as pool:
             again = pool.submit(hold, 200)
-            wait_until(lambda: held)
+            wait_for(lambda: held)
             fc.respond(held[0], result(held[0]["jsonrpc"]["id"], {"content": []}))
             assert again.result().status_code == 200
 
@@ -300,11 +301,11 @@ def test_a_stalled_connector_does_not_hold_up_the_tool_listing(gw: Gateway) -> N
     with FakeConnector(gw, tunnel, answer) as fc, rest(gw) as c:
         first = listed(c)
         assert "run_command" in first and "stall__t" not in first
-        wait_until(lambda: lists)  # taken, and not answered: the listing did not wait for it
+        wait_for(lambda: lists)  # taken, and not answered: the listing did not wait for it
         stalled.clear()
         r = fc.respond(lists[0], result(lists[0]["jsonrpc"]["id"], {"tools": [TOOL]}))
         assert r.status_code == 200, r.text  # the fetch went on after the listing answered
-        wait_until(lambda: "stall__t" in listed(c))
+        wait_for(lambda: "stall__t" in listed(c))
         stalled.set()
         during: list[bool] = []
 
@@ -312,7 +313,7 @@ def test_a_stalled_connector_does_not_hold_up_the_tool_listing(gw: Gateway) -> N
             during.append("stall__t" in listed(c))
             return len(lists) == 2
 
-        wait_until(asked_again)  # (the listing is kept gateway_tunnel_tools_ttl_s, 1 s here)
+        wait_for(asked_again)  # (the listing is kept gateway_tunnel_tools_ttl_s, 1 s here)
         assert during and all(during)
         assert "stall__t" in listed(c)  # the new list is not answered: the last one is served
 
@@ -323,7 +324,7 @@ def test_a_channel_filter_hands_out_only_those_channels(gw: Gateway) -> None:
     tunnel = create_tunnel(gw, "acme", "picky")
     with FakeConnector(gw, tunnel, mcp_server([TOOL]), serve=False) as fc:
         wait = in_background(lambda: post(gw, "/v1/sessions/picky/tools/picky__t"))
-        wait_until(lambda: ("initialize", "pending") in rows(gw, tunnel["id"]))
+        wait_for(lambda: ("initialize", "pending") in rows(gw, tunnel["id"]))
         assert fc.poll(300, channel="other") == []
         assert ("initialize", "pending") in rows(gw, tunnel["id"])  # still there for main
         fc.serve_until(wait.finished)  # type: ignore[attr-defined]
@@ -341,7 +342,7 @@ def test_a_token_cannot_answer_another_tunnels_request(gw: Gateway) -> None:
         FakeConnector(gw, theirs, mcp_server([TOOL], held.append)) as victim,
     ):
         wait = in_background(lambda: post(gw, "/v1/sessions/th/tools/theirs__t", OTHER_KEY))
-        wait_until(lambda: held)
+        wait_for(lambda: held)
         cmd = held[0]
         forged = result(cmd["jsonrpc"]["id"], {"content": [{"type": "text", "text": "forged"}]})
         r = attacker.respond(cmd, forged)

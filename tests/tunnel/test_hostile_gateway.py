@@ -24,8 +24,8 @@ from starlette.routing import Route
 from sandhold.tunnel.connector import Connector
 from sandhold.tunnel.connector_config import ConnectorConfig, UpstreamConfig
 from sandhold.tunnel.upstreams import StdioUpstream
+from tests.support.tunnel import REPO
 from tests.thread_server import ThreadServer
-from tests.tunnel.conftest import REPO
 
 TUNNEL_ID = "tunnel_" + "ab" * 16
 TOKEN = f"sht_{uuid.uuid4().hex}"

@@ -20,16 +20,8 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from sandhold.gateway.tool_args import DESCRIPTIONS
-from tests.tunnel.conftest import (
-    MCP_PORT,
-    OTHER_KEY,
-    TENANT_KEY,
-    World,
-    admin,
-    create_tunnel,
-    stop,
-    wait_until,
-)
+from tests.support.gateway_server import OTHER_KEY, TENANT_KEY, wait_for
+from tests.support.tunnel import MCP_PORT, World, admin, create_tunnel, stop
 
 
 @pytest.fixture(scope="module")
@@ -204,7 +196,7 @@ def test_killed_connector_fails_the_call_then_a_restarted_one_serves(
 
     caller = threading.Thread(target=slow_call)
     caller.start()
-    wait_until(lambda: _delivered(gw))  # the connector took it: it runs upstream now
+    wait_for(lambda: _delivered(gw))  # the connector took it: it runs upstream now
     assert world.connector is not None
     stop(world.connector, signal.SIGKILL)
     caller.join(60)
@@ -212,7 +204,7 @@ def test_killed_connector_fails_the_call_then_a_restarted_one_serves(
     r = result["r"]
     assert r.status_code == 503 and "stopped polling" in r.json()["message"], r.text
     # no connector now: the next call fails at once, clearly
-    wait_until(lambda: call(gw, "tun-kill", "corp__lookup", key="k").status_code == 503)
+    wait_for(lambda: call(gw, "tun-kill", "corp__lookup", key="k").status_code == 503)
     r = call(gw, "tun-kill", "corp__lookup", key="k")
     assert "is down" in r.json()["message"]
     world.connector = world.start_connector(config)

@@ -1,14 +1,11 @@
-"""A real gateway (local provider, real sandboxes), the stand-in control plane, and `sandhold
-worker` processes between them."""
+"""Fixtures of the worker tests: a real gateway (local provider, real sandboxes), the stand-in
+control plane, and `sandhold worker` processes between them (tests/support/worker.py)."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
-import signal
-import subprocess
-import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,12 +18,9 @@ from tests.support.gateway_server import (
     destroy_runtime_dir,
     gateway_env,
     scratch_dir,
-    wait_for,
 )
+from tests.support.worker import POLICY, Worker
 from tests.worker.control_plane import ControlPlane
-
-# Sandboxes stay up for the whole module: recovery must find the session's own sandbox.
-POLICY = {"keep_alive_s": 300, "retention_s": 600, "max_command_timeout_s": 200}
 
 
 @pytest.fixture(scope="module")
@@ -51,36 +45,6 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
 def control_plane() -> Iterator[ControlPlane]:
     with ControlPlane() as cp:
         yield cp
-
-
-class Worker:
-    """One `sandhold worker` process."""
-
-    def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
-        self.log = log
-        with open(log, "ab") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "sandhold.cli", "worker", *args], env=env,
-                stdout=out, stderr=subprocess.STDOUT,
-            )  # fmt: skip
-
-    def signal(self, sig: int) -> None:
-        self.proc.send_signal(sig)
-
-    def wait(self, timeout: float = 60) -> int:
-        return self.proc.wait(timeout)
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 @pytest.fixture
@@ -112,24 +76,3 @@ def start_worker(
     yield start
     for w in started:
         w.stop()
-
-
-def sandbox_of(gateway: Gateway, session_id: str) -> str | None:
-    """The session's sandbox as the gateway records it."""
-    with gateway.client() as c:
-        rows = c.get("/v1/sessions").json()
-    return next((r["sandbox_id"] for r in rows if r["session_id"] == session_id), None)
-
-
-def text_of(result: dict[str, object]) -> str:
-    """The text of a tool result event's content blocks."""
-    blocks = result["content"]
-    assert isinstance(blocks, list)
-    return "\n".join(str(b["text"]) for b in blocks if b["type"] == "text")
-
-
-def workspace(gateway: Gateway, session_id: str) -> Path:
-    return gateway.workspaces / "acme" / session_id
-
-
-__all__ = ["sandbox_of", "text_of", "wait_for", "workspace"]

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.worker.conftest import Worker
+from tests.support.worker import Worker
 from tests.worker.control_plane import ControlPlane
 
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tests.support.gateway_server import TENANT_KEY, Gateway, wait_for
-from tests.worker.conftest import Worker, text_of, workspace
+from tests.support.worker import Worker, text_of, workspace
 from tests.worker.control_plane import ControlPlane
 
 POSTED_LIMIT = 100 * 1024 + 200  # what any one result may carry back, and its notice

@@ -9,7 +9,7 @@ import signal
 from collections.abc import Callable
 
 from tests.support.gateway_server import Gateway, wait_for
-from tests.worker.conftest import Worker, sandbox_of, text_of, workspace
+from tests.support.worker import Worker, sandbox_of, text_of, workspace
 from tests.worker.control_plane import ControlPlane
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tests.support.gateway_server import TENANT_KEY, Gateway, wait_for
-from tests.worker.conftest import Worker, sandbox_of, text_of, workspace
+from tests.support.worker import Worker, sandbox_of, text_of, workspace
 from tests.worker.control_plane import ControlPlane
 
 
