@@ -236,3 +236,12 @@ def test_the_import_graph_has_no_circles() -> None:
     handed its parts, never its parent."""
     found = circles(import_graph())
     assert not found, f"import circles: {found}"
+
+
+def test_no_test_imports_a_conftest() -> None:
+    """Conftest files hold fixtures; helpers shared between tests live in tests/support."""
+    root = SRC.parents[1]
+    bad = [f"{p.relative_to(root)} imports {m}" for d in ("tests", "bench")
+           for p in sorted((root / d).rglob("*.py")) for m in imported(p)
+           if m.endswith("conftest")]  # fmt: skip
+    assert not bad, bad
