@@ -60,8 +60,13 @@ def public(info: ValueInfo) -> dict[str, Any]:
     }
 
 
-def routes(settings: Settings, authed: Callable[[Any], Any]) -> list[Route]:
-    async def listed(request: Request, team: str) -> Response:
+class SecretRoutes:
+    """E2B's secrets endpoints for a team, over the server's secret values."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    async def listed(self, request: Request, team: str) -> Response:
         q = request.query_params
         try:
             limit, start = int(q.get("limit") or MAX_PAGE), int(q.get("nextToken") or 0)
@@ -69,38 +74,43 @@ def routes(settings: Settings, authed: Callable[[Any], Any]) -> list[Route]:
             raise InvalidRequest("limit and nextToken must be integers") from None
         if not 1 <= limit <= MAX_PAGE or start < 0:
             raise InvalidRequest(f"limit must be between 1 and {MAX_PAGE}")
-        every = values_of(settings).list(team)
+        every = values_of(self.settings).list(team)
         page = every[start : start + limit]
         more = {"X-Next-Token": str(start + limit)} if start + limit < len(every) else {}
         return JSONResponse([public(s) for s in page], headers=more)
 
-    async def create(request: Request, team: str) -> Response:
+    async def create(self, request: Request, team: str) -> Response:
         body = models.parse(
-            NewSecret, await http_edge.read_body(request, settings.server_max_body_bytes)
+            NewSecret, await http_edge.read_body(request, self.settings.server_max_body_bytes)
         )
-        info = values_of(settings).create(team, body.name, body.value, body.metadata)
+        info = values_of(self.settings).create(team, body.name, body.value, body.metadata)
         return JSONResponse(public(info), status_code=201)
 
-    async def get(request: Request, team: str) -> Response:
-        return JSONResponse(public(values_of(settings).get(team, request.path_params["id"])))
+    async def get(self, request: Request, team: str) -> Response:
+        return JSONResponse(public(values_of(self.settings).get(team, request.path_params["id"])))
 
-    async def update(request: Request, team: str) -> Response:
+    async def update(self, request: Request, team: str) -> Response:
         body = models.parse(
-            SecretUpdate, await http_edge.read_body(request, settings.server_max_body_bytes)
+            SecretUpdate, await http_edge.read_body(request, self.settings.server_max_body_bytes)
         )
-        info = values_of(settings).update(
+        info = values_of(self.settings).update(
             team, request.path_params["id"], body.value, body.metadata
         )
         return JSONResponse(public(info))
 
-    async def delete(request: Request, team: str) -> Response:
-        values_of(settings).delete(team, request.path_params["id"])
+    async def delete(self, request: Request, team: str) -> Response:
+        values_of(self.settings).delete(team, request.path_params["id"])
         return Response(status_code=204)
 
-    return [
-        Route("/secrets", authed(listed), methods=["GET"]),
-        Route("/secrets", authed(create), methods=["POST"]),
-        Route("/secrets/{id}", authed(get), methods=["GET"]),
-        Route("/secrets/{id}", authed(update), methods=["POST"]),
-        Route("/secrets/{id}", authed(delete), methods=["DELETE"]),
-    ]
+    def routes(self, authed: Callable[[Any], Any]) -> list[Route]:
+        return [
+            Route("/secrets", authed(self.listed), methods=["GET"]),
+            Route("/secrets", authed(self.create), methods=["POST"]),
+            Route("/secrets/{id}", authed(self.get), methods=["GET"]),
+            Route("/secrets/{id}", authed(self.update), methods=["POST"]),
+            Route("/secrets/{id}", authed(self.delete), methods=["DELETE"]),
+        ]
+
+
+def routes(settings: Settings, authed: Callable[[Any], Any]) -> list[Route]:
+    return SecretRoutes(settings).routes(authed)

@@ -61,23 +61,29 @@ class TagsBody(models.Body):
     tags: list[str]
 
 
-def routes(
-    builds: Builds, authed: Callable[[Handler], Any], max_upload: int, max_body: int
-) -> list[Route]:
-    async def body_of(request: Request) -> bytes:
-        return await http_edge.read_body(request, max_body)
+class TemplateRoutes:
+    """E2B's template endpoints (builds, uploads, tags, listings) for a team, over the
+    service's builds."""
 
-    async def request_build(request: Request, team: str) -> Response:
-        body = models.parse(BuildRequestBody, await body_of(request))
+    def __init__(self, builds: Builds, max_upload: int, max_body: int) -> None:
+        self.builds = builds
+        self.max_upload = max_upload
+        self.max_body = max_body
+
+    async def body_of(self, request: Request) -> bytes:
+        return await http_edge.read_body(request, self.max_body)
+
+    async def request_build(self, request: Request, team: str) -> Response:
+        body = models.parse(BuildRequestBody, await self.body_of(request))
         ref = body.name or body.alias
         if not ref:
             raise InvalidRequest("name is required")
-        job = builds.request(team, ref, body.tags or [], body.cpuCount, body.memoryMB)
+        job = self.builds.request(team, ref, body.tags or [], body.cpuCount, body.memoryMB)
         return JSONResponse(
             {
                 "templateID": job.template_id,
                 "buildID": job.build_id,
-                "public": builds.is_public(team, job.template_id),
+                "public": self.builds.is_public(team, job.template_id),
                 "names": [job.name],
                 "tags": job.tags,
                 "aliases": [job.name],
@@ -85,17 +91,17 @@ def routes(
             status_code=202,
         )
 
-    async def file_link(request: Request, team: str) -> Response:
+    async def file_link(self, request: Request, team: str) -> Response:
         tid, files_hash = request.path_params["id"], request.path_params["hash"]
         jobs = [
             j
-            for j in builds.jobs.values()
+            for j in self.builds.jobs.values()
             if j.team == team and j.template_id == tid and not j.started
         ]
         if not jobs:  # another team's template: not found either
             raise NotFound(f"template {tid} has no build of this team waiting for its files")
         job = jobs[-1]
-        if builds.uploads.path(team, files_hash).exists():
+        if self.builds.uploads.path(team, files_hash).exists():
             return JSONResponse({"present": True}, status_code=201)
         url = (
             f"{str(request.base_url).rstrip('/')}/templates/{quote(tid)}/files/{files_hash}"
@@ -103,9 +109,9 @@ def routes(
         )
         return JSONResponse({"present": False, "url": url}, status_code=201)
 
-    async def upload(request: Request) -> Response:
+    async def upload(self, request: Request) -> Response:
         tid, files_hash = request.path_params["id"], request.path_params["hash"]
-        job = builds.jobs.get(request.query_params.get("build", ""))
+        job = self.builds.jobs.get(request.query_params.get("build", ""))
         token = request.query_params.get("token", "")
         if (
             job is None
@@ -113,56 +119,56 @@ def routes(
             or not hmac.compare_digest(job.upload_token.encode(), token.encode())
         ):
             raise Forbidden("invalid upload link")
-        await builds.uploads.save(job.team, files_hash, request.stream(), max_upload)
+        await self.builds.uploads.save(job.team, files_hash, request.stream(), self.max_upload)
         return Response(status_code=200)
 
-    async def start_build(request: Request, team: str) -> Response:
-        job = builds.job(team, request.path_params["id"], request.path_params["build"])
+    async def start_build(self, request: Request, team: str) -> Response:
+        job = self.builds.job(team, request.path_params["id"], request.path_params["build"])
         try:
-            body = json.loads(await body_of(request) or b"{}")
+            body = json.loads(await self.body_of(request) or b"{}")
         except ValueError:
             raise InvalidRequest("the body must be JSON") from None
         if not isinstance(body, dict):
             raise InvalidRequest("the body must be a JSON object")
-        await builds.start(job, body)
+        await self.builds.start(job, body)
         return Response(status_code=202)
 
-    async def build_status(request: Request, team: str) -> Response:
-        job = builds.job(team, request.path_params["id"], request.path_params["build"])
+    async def build_status(self, request: Request, team: str) -> Response:
+        job = self.builds.job(team, request.path_params["id"], request.path_params["build"])
         try:
             offset = int(request.query_params.get("logsOffset") or 0)
         except ValueError:
             raise InvalidRequest("logsOffset must be an integer") from None
-        return JSONResponse(builds.status(job, max(offset, 0)))
+        return JSONResponse(self.builds.status(job, max(offset, 0)))
 
-    async def alias(request: Request, team: str) -> Response:
-        return JSONResponse(builds.alias(team, request.path_params["alias"]))
+    async def alias(self, request: Request, team: str) -> Response:
+        return JSONResponse(self.builds.alias(team, request.path_params["alias"]))
 
-    async def assign_tags(request: Request, team: str) -> Response:
-        body = models.parse(TagsBody, await body_of(request))
+    async def assign_tags(self, request: Request, team: str) -> Response:
+        body = models.parse(TagsBody, await self.body_of(request))
         if not body.target:
             raise InvalidRequest("target is required")
-        return JSONResponse(builds.assign(team, body.target, body.tags), status_code=201)
+        return JSONResponse(self.builds.assign(team, body.target, body.tags), status_code=201)
 
-    async def remove_tags(request: Request, team: str) -> Response:
-        body = models.parse(TagsBody, await body_of(request))
+    async def remove_tags(self, request: Request, team: str) -> Response:
+        body = models.parse(TagsBody, await self.body_of(request))
         if not body.name:
             raise InvalidRequest("name is required")
-        builds.remove_tags(team, body.name, body.tags)
+        self.builds.remove_tags(team, body.name, body.tags)
         return Response(status_code=204)
 
-    async def list_tags(request: Request, team: str) -> Response:
-        return JSONResponse(builds.tags(team, request.path_params["id"]))
+    async def list_tags(self, request: Request, team: str) -> Response:
+        return JSONResponse(self.builds.tags(team, request.path_params["id"]))
 
-    async def listed(request: Request, team: str) -> Response:
-        return JSONResponse(template_listing.listed(builds, team))
+    async def listed(self, request: Request, team: str) -> Response:
+        return JSONResponse(template_listing.listed(self.builds, team))
 
-    async def defaults(request: Request, team: str) -> Response:
-        return JSONResponse(template_listing.listed(builds, team, defaults_only=True))
+    async def defaults(self, request: Request, team: str) -> Response:
+        return JSONResponse(template_listing.listed(self.builds, team, defaults_only=True))
 
-    async def with_builds(request: Request, team: str) -> Response:
+    async def with_builds(self, request: Request, team: str) -> Response:
         body, next_token = template_listing.with_builds(
-            builds,
+            self.builds,
             team,
             request.path_params["id"],
             models.int_param(request, "limit"),
@@ -171,27 +177,34 @@ def routes(
         headers = {"X-Next-Token": next_token} if next_token else None
         return JSONResponse(body, headers=headers)
 
-    async def update(request: Request, team: str) -> Response:
-        body = models.parse(UpdateBody, await body_of(request))
-        names = builds.set_public(team, request.path_params["id"], body.public)
+    async def update(self, request: Request, team: str) -> Response:
+        body = models.parse(UpdateBody, await self.body_of(request))
+        names = self.builds.set_public(team, request.path_params["id"], body.public)
         if request.url.path.startswith("/v2/"):
             return JSONResponse(names)
         return Response(status_code=200)  # v1 answers with no body
 
-    a = authed
-    return [
-        Route("/templates", a(listed), methods=["GET"]),
-        Route("/default-templates", a(defaults), methods=["GET"]),
-        Route("/v3/templates", a(request_build), methods=["POST"]),
-        Route("/templates/aliases/{alias}", a(alias), methods=["GET"]),
-        Route("/templates/tags", a(assign_tags), methods=["POST"]),
-        Route("/templates/tags", a(remove_tags), methods=["DELETE"]),
-        Route("/templates/{id}/files/{hash}", a(file_link), methods=["GET"]),
-        Route("/templates/{id}/files/{hash}", upload, methods=["PUT"]),
-        Route("/v2/templates/{id}/builds/{build}", a(start_build), methods=["POST"]),
-        Route("/templates/{id}/builds/{build}/status", a(build_status), methods=["GET"]),
-        Route("/templates/{id}/tags", a(list_tags), methods=["GET"]),
-        Route("/templates/{id}", a(with_builds), methods=["GET"]),
-        Route("/templates/{id}", a(update), methods=["PATCH"]),
-        Route("/v2/templates/{id}", a(update), methods=["PATCH"]),
-    ]
+    def routes(self, authed: Callable[[Any], Any]) -> list[Route]:
+        a = authed
+        return [
+            Route("/templates", a(self.listed), methods=["GET"]),
+            Route("/default-templates", a(self.defaults), methods=["GET"]),
+            Route("/v3/templates", a(self.request_build), methods=["POST"]),
+            Route("/templates/aliases/{alias}", a(self.alias), methods=["GET"]),
+            Route("/templates/tags", a(self.assign_tags), methods=["POST"]),
+            Route("/templates/tags", a(self.remove_tags), methods=["DELETE"]),
+            Route("/templates/{id}/files/{hash}", a(self.file_link), methods=["GET"]),
+            Route("/templates/{id}/files/{hash}", self.upload, methods=["PUT"]),
+            Route("/v2/templates/{id}/builds/{build}", a(self.start_build), methods=["POST"]),
+            Route("/templates/{id}/builds/{build}/status", a(self.build_status), methods=["GET"]),
+            Route("/templates/{id}/tags", a(self.list_tags), methods=["GET"]),
+            Route("/templates/{id}", a(self.with_builds), methods=["GET"]),
+            Route("/templates/{id}", a(self.update), methods=["PATCH"]),
+            Route("/v2/templates/{id}", a(self.update), methods=["PATCH"]),
+        ]
+
+
+def routes(
+    builds: Builds, authed: Callable[[Handler], Any], max_upload: int, max_body: int
+) -> list[Route]:
+    return TemplateRoutes(builds, max_upload, max_body).routes(authed)
