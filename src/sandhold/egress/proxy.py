@@ -88,10 +88,7 @@ async def _connect(c: Connection, conn: h11.Connection, target: str, started: fl
 
 
 def _refuse(c: Connection, e: EgressRefused, req: h11.Request | None, started: float) -> None:
-    try:
-        c.writer.write(reply(e))
-    except (ConnectionError, RuntimeError):
-        pass
+    """Record the refusal, then answer it: the audit has it before the sandbox sees it."""
     method = req.method.decode() if req else None
     host = path = None
     port = None
@@ -118,6 +115,10 @@ def _refuse(c: Connection, e: EgressRefused, req: h11.Request | None, started: f
         reason=e.message,
         duration_ms=round((time.monotonic() - started) * 1e3, 2),
     )
+    try:
+        c.writer.write(reply(e))
+    except (ConnectionError, RuntimeError):
+        pass
 
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
