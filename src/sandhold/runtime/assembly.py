@@ -80,7 +80,7 @@ def prepare_root(
     layer = host.disk.prepare(d, spec, layer_image)  # its own filesystem, of the budget
     if layer_image is not None:
         host.uids.shift_tree(layer.upper.parent, host_uid)  # another range wrote it
-    with host.uids.lower(template.lowers(), host_uid) as lower:
+    with host.uids.lower(template.lowers(), host_uid, d) as lower:
         mounts.mount_overlay(lower, layer.upper, layer.work, d / "root")
     run_dir = d / "run"
     run_dir.mkdir(mode=0o700)

@@ -98,7 +98,7 @@ def remount(host: Host, d: Path, info: SandboxInfo, binds: bool) -> None:
     if not mounts.is_mountpoint(d / "root"):
         layer = d / disk.MOUNT if info.spec.limits.disk_mb is not None else d
         template = host.templates.get(info.template)
-        with host.uids.lower(template.lowers(), info.host_uid) as lower:
+        with host.uids.lower(template.lowers(), info.host_uid, d) as lower:
             mounts.mount_overlay(lower, layer / "upper", layer / "work", d / "root")
     if not mounts.is_mountpoint(d / HANDOFF):
         mounts.mount_tmpfs(d / HANDOFF, 64 << 10, 0o755)

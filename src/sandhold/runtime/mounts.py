@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from sandhold.errors import InvalidRequest
@@ -29,7 +30,7 @@ def check(rc: int, what: str) -> None:
         raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
-def mount_overlay(lowers: list[Path | int], upper: Path, work: Path, target: Path) -> None:
+def mount_overlay(lowers: Sequence[Path | int], upper: Path, work: Path, target: Path) -> None:
     """Mount the copy-on-write root at ``target``. ``lowers`` are the template's directories,
     the topmost first (its layers, then its root), or descriptors of (idmapped) mounts of them."""
     for d in (upper, work, target):

@@ -134,22 +134,36 @@ class UidPool:
 
     # -- what a sandbox in range ``base`` sees of canonical trees --------------------------------
     @contextlib.contextmanager
-    def lower(self, dirs: list[Path], base: int) -> Iterator[list[Path | int]]:
+    def lower(self, dirs: list[Path], base: int, at: Path) -> Iterator[list[Path]]:
         """The template's directories (its layers, then its root) as the sandbox's overlay
-        takes them: idmapped mounts' descriptors (open while the context lasts; the overlay
-        keeps its own references)."""
+        takes them: idmapped views of them, attached under ``at`` (the sandbox's directory)
+        while the context lasts. Attached, not detached: kernels before about 6.15 refuse a
+        detached mount as an overlay layer ("failed to clone lowerpath"); the overlay keeps
+        its own references, so the views are unmounted once it is made."""
         if base == self.canonical:
             yield list(dirs)
             return
-        fds: list[Path | int] = []
+        views = at / LOWER_VIEWS
+        views.mkdir(mode=0o700, exist_ok=True)
+        attached: list[Path] = []
         try:
-            for d in dirs:
-                fds.append(idmap.clone(d, self.userns.get(self.canonical, base)))
-            yield fds
+            for i, d in enumerate(dirs):
+                fd = idmap.clone(d, self.userns.get(self.canonical, base))
+                try:
+                    target = views / str(i)
+                    target.mkdir(exist_ok=True)
+                    idmap.attach(fd, target)
+                    attached.append(target)
+                finally:
+                    os.close(fd)
+            yield attached
         finally:
-            for fd in fds:
-                assert isinstance(fd, int)
-                os.close(fd)
+            for target in attached:
+                mounts.umount(target)
+                with contextlib.suppress(OSError):
+                    target.rmdir()
+            with contextlib.suppress(OSError):
+                views.rmdir()
 
     def writable(self, d: Path, source: Path, base: int, mountpoint: str) -> Path:
         """What to bind for a writable canonical tree (a workspace, a volume): an idmapped view
@@ -198,4 +212,5 @@ class UidPool:
 
 VIEWS = "views"  # idmapped mounts of writable trees, under the sandbox's directory
 VIEW_LIST = "views.list"  # "<path inside>\t<view>" per line
+LOWER_VIEWS = "lowers"  # a create's idmapped views of the template, for its overlay only
 SHIFTED = "shifted"  # trees given to the sandbox's range by chown, one path per line
