@@ -39,7 +39,6 @@ from benchstats import smaps_kib, summary, write_result
 from e2b_bench import API_KEY, start_server
 from sandhold.config import Settings
 from sandhold.runtime import cgroups
-from sandhold.runtime.cgroups import CgroupSet
 from sandhold.runtime.runtime import Runtime
 
 LIVE_TIMEOUT_S = 4 * 3600  # the live sandboxes must outlast the run
@@ -119,7 +118,7 @@ def memory(group: str, baseline_used_kib: int, server_pid: int) -> dict[str, obj
     pids: list[int] = []
     charged = 0
     for name in names:
-        cg = CgroupSet(name, group)
+        cg = cgroups.group(name, group)
         pids += cg.pids()
         charged += cg.usage().get("memory_bytes", 0)
     k = smaps_kib(pids)

@@ -47,7 +47,7 @@ from sandhold.interpreter.template import (
     TEMPLATE_NAME,
     build_code_interpreter_template,
 )
-from sandhold.runtime.cgroups import CgroupSet
+from sandhold.runtime import cgroups
 from sandhold.runtime.checkpoint.criu import criu_status
 from sandhold.runtime.client import AgentClient
 from sandhold.runtime.runtime import Runtime
@@ -236,7 +236,7 @@ async def one_sandbox(rt: Runtime, iterations: int, mode: str) -> dict[str, obje
                 raise RuntimeError(f"client failed: {r.stderr.decode()[-2000:]}")
             out = json.loads(r.stdout)
             await asyncio.sleep(2.0)  # let the interpreter go idle before measuring memory
-            pids = CgroupSet(info.id, rt.settings.cgroup_group).pids()
+            pids = cgroups.group(info.id, rt.settings.cgroup_group).pids()
             return {
                 "create_ms": (created - t0) * 1000,
                 "first_result_ms": (out["first_result_at"] - t0) * 1000,

@@ -26,7 +26,6 @@ from pathlib import Path
 from benchstats import pct, pss_kib, summary, write_result
 from sandhold.config import Settings
 from sandhold.runtime import cgroups, disk
-from sandhold.runtime.cgroups import CgroupSet
 from sandhold.runtime.client import AgentClient
 from sandhold.runtime.runtime import Runtime
 
@@ -205,12 +204,14 @@ async def main() -> dict[str, object]:
                 break
         elapsed = time.perf_counter() - t
         await asyncio.sleep(2)
-        per = [pss_kib(CgroupSet(s, settings.cgroup_group).pids()) / 1024 for s in ids[:50]]
+        per = [pss_kib(cgroups.group(s, settings.cgroup_group).pids()) / 1024 for s in ids[:50]]
         alive = 0
         for s in ids:
             async with AgentClient(rt.get(s).agent_socket, timeout=30) as c:
                 alive += await c.health()
-        mem_total = sum(CgroupSet(s, settings.cgroup_group).usage()["memory_bytes"] for s in ids)
+        mem_total = sum(
+            cgroups.group(s, settings.cgroup_group).usage()["memory_bytes"] for s in ids
+        )
         result["idle"] = {
             "requested": args.idle,
             "created": len(ids),

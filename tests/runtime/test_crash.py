@@ -31,10 +31,9 @@ from tests.support.e2b_server import KEY_A, Server, new_server
 
 
 def _cgroup_names(group: str) -> set[str]:
-    """Groups under ``group`` in every hierarchy mounted here (v1 controllers and v2)."""
+    """Groups under ``group`` in every hierarchy the backend uses (v1 controllers and v2)."""
     names = set()
-    for hierarchy in cgroups.CGROUP_ROOT.iterdir():
-        parent = hierarchy / group
+    for parent in cgroups.group_dirs(group, ""):
         if parent.is_dir():
             names |= {p.name for p in parent.iterdir() if p.is_dir()}
     return names

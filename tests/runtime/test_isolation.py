@@ -7,7 +7,6 @@ import socket
 import threading
 from pathlib import Path
 
-from sandhold.runtime.cgroups import CgroupSet
 from tests.runtime.helpers import py, sh
 
 
@@ -132,8 +131,7 @@ async def test_root_inside_is_nobody_on_the_host(make_sandbox, runtime):
     assert base > runtime.uid_base
     assert f"0 {base:10d}      65536" in r.text  # the map sends sandbox uid 0 to its range
     # Seen from the host, no process of the sandbox, root's sleep included, is host root.
-    host_uids = {os.stat(f"/proc/{pid}").st_uid
-                 for pid in CgroupSet(sbx.id, runtime.settings.cgroup_group).pids()}  # fmt: skip
+    host_uids = {os.stat(f"/proc/{pid}").st_uid for pid in runtime.cgroup(sbx.id).pids()}
     assert host_uids <= {base, base + 1000}, host_uids
     r = await sh(
         sbx, "id -u; id -un; echo $HOME; touch /workspace/by-user; touch /root/x; echo rc=$?"

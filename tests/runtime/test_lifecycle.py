@@ -15,14 +15,13 @@ from pathlib import Path
 import pytest
 
 from sandhold.errors import Conflict, InvalidRequest, SandboxNotFound, TemplateNotFound
-from sandhold.runtime import reaping
-from sandhold.runtime.cgroups import CgroupSet
+from sandhold.runtime import cgroups, reaping
 from sandhold.runtime.runtime import Runtime
 from tests.runtime.helpers import sh
 
 
 def _cpu_ns(runtime: Runtime, sid: str) -> int:
-    return CgroupSet(sid, runtime.settings.cgroup_group).usage()["cpu_ns"]
+    return cgroups.group(sid, runtime.settings.cgroup_group).usage()["cpu_ns"]
 
 
 async def test_pause_stops_cpu_and_resume_continues_the_same_process(make_sandbox, runtime):
@@ -78,7 +77,7 @@ async def test_workspace_outlives_the_sandbox(make_sandbox, runtime):
 async def test_kill_removes_everything(make_sandbox, runtime):
     sbx = await make_sandbox(workspace_id="killme")
     await sh(sbx, "sleep 1000 & sleep 1000 & echo started")
-    cg = CgroupSet(sbx.id, runtime.settings.cgroup_group)
+    cg = cgroups.group(sbx.id, runtime.settings.cgroup_group)
     pids = cg.pids()
     assert len(pids) >= 4
     runtime.kill(sbx.id)

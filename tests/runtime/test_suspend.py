@@ -125,7 +125,7 @@ async def test_a_dump_that_fails_leaves_the_sandbox_as_it_was(make_sandbox, runt
         subprocess.run(["umount", str(images)], check=True)
     got = runtime.get(info.id)
     assert got.state == "paused" and got.suspended is None
-    assert runtime.cgroup(info.id).freezer_state() == "FROZEN"  # still paused in the freezer
+    assert runtime.cgroup(info.id).frozen()  # still paused in the freezer
     runtime.resume(info.id)
     n0, secret = await _state(info)
     time.sleep(0.1)

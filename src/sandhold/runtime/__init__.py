@@ -10,7 +10,10 @@ Modules:
   sandboxes run
 - ``assembly.py``: A sandbox's directory claimed, its root prepared, and every trace of it removed
 - ``boot.py``: Booting a sandbox's process tree over a prepared root (assembly.prepare_root)
-- ``cgroups.py``: Per-sandbox cgroups
+- ``cgroup_files.py``: What both cgroup backends share: the files, the ``Group`` interface
+- ``cgroup_v1.py``: The cgroup v1 backend, for hybrid hosts
+- ``cgroup_v2.py``: The cgroup v2 backend: the unified hierarchy, a delegated subtree
+- ``cgroups.py``: Per-sandbox cgroups on either kind of host: the backend chosen once
 - ``client.py``: A client of one sandbox on this host, over its agent's unix socket
 - ``disk.py``: A disk budget per sandbox, enforced by the kernel
 - ``doctor.py``: `sandhold doctor`: what the runtime needs from this host, checked for real, with

@@ -1,4 +1,4 @@
-"""Per-sandbox cgroups.
+"""The cgroup v1 backend, for hybrid hosts (like the machines this project is built on).
 
 Limits live in cgroup v1 (memory, cpu, cpuacct, pids, freezer) because on these hosts the v2
 hierarchy carries no resource controllers. A v2 group is added when the unified hierarchy is
@@ -15,33 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandhold.errors import HostUnsupported
+from sandhold.runtime.cgroup_files import CGROUP_ROOT, CPU_PERIOD_US, Group, read, read_proc, write
 
-CGROUP_ROOT = Path("/sys/fs/cgroup")
 V1_CONTROLLERS = ("memory", "cpu", "cpuacct", "pids", "freezer")
 V2_ROOT = CGROUP_ROOT / "unified"
-CPU_PERIOD_US = 100_000
-
-
-def _write(path: Path, value: str) -> None:
-    with open(path, "w") as f:
-        f.write(value)
-
-
-def _read(path: Path) -> str:
-    return read_proc(str(path)).decode()
-
-
-def read_proc(path: str) -> bytes:
-    """A small file of /proc or /sys, unbuffered: a listing reads two for every sandbox, and
-    ``open()``'s file object costs several times the read itself."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        data = b""
-        while chunk := os.read(fd, 65536):
-            data += chunk
-        return data
-    finally:
-        os.close(fd)
+_read, _write = read, write
 
 
 def missing_controllers() -> list[str]:
@@ -53,7 +31,7 @@ def has_v2_kill() -> bool:
 
 
 @dataclass(frozen=True)
-class CgroupSet:
+class V1Group(Group):
     """The cgroups of one sandbox, addressed by its id (the same name in every hierarchy)."""
 
     name: str
@@ -120,6 +98,12 @@ class CgroupSet:
     # -- freezer ----------------------------------------------------------------------------
     def freezer_state(self) -> str:
         return _read(self.v1("freezer") / "freezer.state").strip()
+
+    def frozen(self) -> bool:
+        return self.freezer_state() == "FROZEN"
+
+    def freezer_dir(self) -> Path:
+        return self.v1("freezer")
 
     def _set_freezer(self, want: str, timeout: float = 5.0) -> None:
         path = self.v1("freezer") / "freezer.state"
@@ -191,6 +175,18 @@ class CgroupSet:
             "oom_kills": int(oom.get("oom_kill", "0")),
             "pids": int(_read(self.v1("pids") / "pids.current")),
         }
+
+    def oom_kills(self) -> int:
+        """OOM kills inside the sandbox (KeyError or OSError: the group is gone)."""
+        text = read_proc(f"{self.v1('memory')}/memory.oom_control")
+        at = text.find(b"oom_kill ")
+        return int(text[at + 9 :].split(None, 1)[0]) if at >= 0 else 0
+
+
+def group_dirs(parent: str, name: str) -> list[Path]:
+    """The group ``name`` in every hierarchy it may have been made in, v1 and v2."""
+    roots = [CGROUP_ROOT / c for c in V1_CONTROLLERS] + [V2_ROOT]
+    return [r / parent / name for r in roots]
 
 
 def list_names(parent: str) -> list[str]:

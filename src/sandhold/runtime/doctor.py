@@ -9,7 +9,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandhold.runtime import cgroups, idmap
+from sandhold.runtime import cgroup_v1, cgroup_v2, cgroups, idmap
+from sandhold.runtime.cgroup_files import read
 from sandhold.runtime.checkpoint import criu
 from sandhold.runtime.idmap import ID_RANGE
 
@@ -44,25 +45,40 @@ def _bwrap() -> Check:
     return Check("bubblewrap", True, out)
 
 
-def _cgroups_v1() -> Check:
-    missing = cgroups.missing_controllers()
-    return Check(
-        "cgroup v1 controllers",
-        not missing,
-        "memory cpu cpuacct pids freezer" if not missing else f"missing: {' '.join(missing)}",
-        "mount the v1 hierarchies (e.g. boot with systemd.unified_cgroup_hierarchy=0)",
-    )
-
-
-def _cgroup_kill() -> Check:
-    ok = cgroups.has_v2_kill()
-    return Check(
-        "cgroup v2 cgroup.kill",
-        ok,
-        "unified hierarchy mounted" if ok else "absent",
-        "optional: freeze+SIGKILL on v1 is used instead",
-        required=False,
-    )
+def _cgroups() -> list[Check]:
+    """Which backend this host gets and why; what it needs there."""
+    backend = Check("cgroup backend", True, f"{cgroups.kind()}: {cgroups.why()}")
+    if cgroups.kind() == "v2":
+        root = cgroup_v2.own_root()
+        available = set(read(root / "cgroup.controllers").split())
+        missing = [c for c in cgroup_v2.CONTROLLERS if c not in available]
+        return [
+            backend,
+            Check(
+                "cgroup v2 controllers",
+                not missing,
+                " ".join(cgroup_v2.CONTROLLERS) if not missing else f"missing: {' '.join(missing)}",
+                "delegate them to the server's cgroup (systemd: Delegate=yes, deploy/systemd)",
+            ),
+        ]
+    missing = cgroup_v1.missing_controllers()
+    kill = cgroup_v1.has_v2_kill()
+    return [
+        backend,
+        Check(
+            "cgroup v1 controllers",
+            not missing,
+            "memory cpu cpuacct pids freezer" if not missing else f"missing: {' '.join(missing)}",
+            "mount the v1 hierarchies, or boot with the unified hierarchy only (v2)",
+        ),
+        Check(
+            "cgroup v2 cgroup.kill",
+            kill,
+            "unified hierarchy mounted" if kill else "absent",
+            "optional: freeze+SIGKILL on v1 is used instead",
+            required=False,
+        ),
+    ]
 
 
 def _filesystem(name: str, fix: str) -> Check:
@@ -165,8 +181,7 @@ def run_checks(uid_base: int, uid_ranges: int, criu_path: Path) -> list[Check]:
         _root(),
         _userns(),
         _bwrap(),
-        _cgroups_v1(),
-        _cgroup_kill(),
+        *_cgroups(),
         _filesystem("overlay", "enable CONFIG_OVERLAY_FS"),
         _seccomp(),
         _python(),

@@ -11,8 +11,9 @@ from typing import Protocol
 
 from sandhold.config import Settings
 from sandhold.egress.control import EgressControl
+from sandhold.runtime import cgroups
 from sandhold.runtime.agentlib import AgentLib
-from sandhold.runtime.cgroups import CgroupSet
+from sandhold.runtime.cgroup_files import Group
 from sandhold.runtime.disk import DiskBudget
 from sandhold.runtime.record_store import RecordStore
 from sandhold.runtime.records import SandboxInfo
@@ -65,8 +66,8 @@ class Host:
     def workspaces_dir(self) -> Path:
         return self.settings.data_dir / "workspaces"
 
-    def cgroup(self, sandbox_id: str) -> CgroupSet:
-        return CgroupSet(sandbox_id, self.cgroup_group)
+    def cgroup(self, sandbox_id: str) -> Group:
+        return cgroups.group(sandbox_id, self.cgroup_group)
 
 
 class Sandboxes(Protocol):

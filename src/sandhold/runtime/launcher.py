@@ -28,7 +28,7 @@ from pathlib import Path
 
 from sandhold.errors import HostUnsupported, SandboxStartFailed
 from sandhold.runtime import safefs
-from sandhold.runtime.cgroups import CgroupSet
+from sandhold.runtime.cgroup_files import Group
 from sandhold.runtime.idmap import ID_RANGE
 from sandhold.runtime.seccomp import filter_fd
 
@@ -247,7 +247,7 @@ def protect_from_oom(pid: int) -> bool:
 
 
 def spawn(
-    launch: Launch, cgroups: CgroupSet, host_uid: int, ready_w: int, log_path: Path
+    launch: Launch, cgroups: Group, host_uid: int, ready_w: int, log_path: Path
 ) -> tuple[subprocess.Popen[bytes], int]:
     """Start the sandbox; returns bwrap's Popen and the host pid of the sandbox's init (its
     agent). ``launch.run_dir`` holds ``agent.json`` and gets the agent's socket."""

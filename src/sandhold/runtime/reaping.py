@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from sandhold.errors import SandboxStartFailed
-from sandhold.runtime.cgroups import read_proc
+from sandhold.runtime.cgroup_files import read_proc
 
 PR_SET_CHILD_SUBREAPER = 36
 

@@ -105,26 +105,22 @@ def _try_lock(d: Path) -> Iterator[bool | None]:
 # -- debris ---------------------------------------------------------------------------------------
 
 
-def _cgroup_dirs(parent: str, name: str) -> list[Path]:
-    """The group ``name`` in every hierarchy it may have been made in, v1 and v2."""
-    roots = [cgroups.CGROUP_ROOT / c for c in cgroups.V1_CONTROLLERS] + [cgroups.V2_ROOT]
-    return [r / parent / name for r in roots]
-
-
 def cgroup_names(parent: str) -> set[str]:
     """Groups under ``parent`` in any hierarchy (a create can die between two mkdirs)."""
     names: set[str] = set()
-    for d in _cgroup_dirs(parent, ""):
+    for d in cgroups.group_dirs(parent, ""):
         with contextlib.suppress(FileNotFoundError, NotADirectoryError):
             names |= {p.name for p in d.iterdir() if p.is_dir()}
     return names
 
 
-def _cgroup_pids(dirs: list[Path]) -> set[int]:
+def cgroup_pids(dirs: list[Path]) -> set[int]:
+    """The pids in the groups that this process can see. A PID namespace (a pod's) lists the
+    tasks it cannot see as 0, and signalling pid 0 would kill our own process group."""
     pids: set[int] = set()
     for d in dirs:
         with contextlib.suppress(FileNotFoundError):
-            pids |= {int(p) for p in (d / "cgroup.procs").read_text().split()}
+            pids |= {p for p in map(int, (d / "cgroup.procs").read_text().split()) if p > 0}
     return pids
 
 
@@ -166,19 +162,18 @@ def _kill_once(host: Host, name: str, dirs: list[Path], prefixes: tuple[str, ...
     """SIGKILL every process of the sandbox, in its cgroups or not, until none is left."""
     killed: set[int] = set()
     deadline = time.monotonic() + KILL_TIMEOUT_S
-    while pids := _cgroup_pids(dirs) | _strays(prefixes):
+    while pids := cgroup_pids(dirs) | _strays(prefixes):
         if time.monotonic() > deadline:
             raise TimeoutError(f"processes of sandbox {name} survived SIGKILL: {sorted(pids)}")
         cg = host.cgroup(name)
-        if cg.v1("freezer").is_dir() and cg.v1("pids").is_dir():
+        with contextlib.suppress(OSError, TimeoutError):  # a group made only in part
             cg.kill_all()  # cgroup.kill, or freeze-kill-thaw: nothing forks away meanwhile
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        freezer = dirs[cgroups.V1_CONTROLLERS.index("freezer")] / "freezer.state"
-        with contextlib.suppress(FileNotFoundError):
-            if freezer.read_text().strip() != "THAWED":
-                freezer.write_text("THAWED")  # SIGKILL is only delivered to thawed tasks
+        with contextlib.suppress(OSError, TimeoutError):
+            if cg.frozen():
+                cg.thaw()  # SIGKILL is only delivered to thawed tasks (v1)
         killed |= pids
         time.sleep(0.002)
     return killed
@@ -194,7 +189,7 @@ def _rmdirs(dirs: list[Path]) -> bool:
             except FileNotFoundError:
                 break
             except OSError:
-                if _cgroup_pids([g]):
+                if cgroup_pids([g]):
                     return False
                 time.sleep(0.005)  # a dying task can keep the group busy for a moment
     return True
@@ -204,7 +199,7 @@ def _kill(host: Host, name: str, d: Path | None) -> None:
     """Kill every process of sandbox ``name`` and remove its cgroups from every hierarchy. A
     shell that was started before a crash joins the groups when it gets the CPU: kill again
     until the groups are gone."""
-    dirs = _cgroup_dirs(host.settings.cgroup_group, name)
+    dirs = cgroups.group_dirs(host.settings.cgroup_group, name)
     prefixes = tuple(f"{p}/" for p in ([d] if d else []) + dirs)
     killed: set[int] = set()
     try:
@@ -234,7 +229,7 @@ def _mark_paused(host: Host, sandbox_id: str) -> None:
     try:
         with host.records.locked(sandbox_id) as d:
             info = host.records.load(d)
-            if info.state == "running" and host.cgroup(sandbox_id).freezer_state() == "FROZEN":
+            if info.state == "running" and host.cgroup(sandbox_id).frozen():
                 info.state = "paused"
                 host.records.save(info)
     except SandboxNotFound:
@@ -258,7 +253,7 @@ def _attach(host: Host, d: Path, report: Report) -> None:
             return
     report.sandboxes += 1
     with contextlib.suppress(FileNotFoundError):
-        if info.state == "running" and host.cgroup(info.id).freezer_state() == "FROZEN":
+        if info.state == "running" and host.cgroup(info.id).frozen():
             _mark_paused(host, info.id)
 
 
@@ -320,7 +315,7 @@ def reconcile(host: Host) -> Report:
                 log.error("egress daemon unavailable: %s", e)
         known = {d.name for d in host.sandboxes_dir.iterdir()}
         for name in sorted(groups - known):
-            if not any(g.exists() for g in _cgroup_dirs(group, name)):
+            if not any(g.exists() for g in cgroups.group_dirs(group, name)):
                 continue  # a sandbox removed above
             try:
                 _kill(host, name, None)

@@ -29,7 +29,7 @@ from sandhold.runtime import assembly, ksm, liveness, mounts
 from sandhold.runtime import reconcile as reconciling
 from sandhold.runtime.agentlib import AgentLib
 from sandhold.runtime.boot import boot
-from sandhold.runtime.cgroups import CgroupSet
+from sandhold.runtime.cgroup_files import Group
 from sandhold.runtime.checkpoint import fork as forking
 from sandhold.runtime.checkpoint import suspend
 from sandhold.runtime.checkpoint.warm import WarmStarts, wait_ready
@@ -109,7 +109,7 @@ class Runtime:
         return self
 
     # -- helpers ------------------------------------------------------------------------------
-    def cgroup(self, sandbox_id: str) -> CgroupSet:
+    def cgroup(self, sandbox_id: str) -> Group:
         return self.host.cgroup(sandbox_id)
 
     @property

@@ -37,7 +37,7 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_late
 from prometheus_client.registry import Collector as BaseCollector
 
 from sandhold.audit import egress_dir
-from sandhold.runtime.cgroups import CgroupSet
+from sandhold.runtime import cgroups
 from sandhold.runtime.pool import POOL_KEY
 from sandhold.service.metrics import Failures, suspend_gauge
 from sandhold.service.pooler import pool_metrics
@@ -140,14 +140,10 @@ class OomKills:
     def read(self, sandbox_ids: Iterable[str]) -> int:
         now: dict[str, int] = {}
         for sid in sandbox_ids:
-            path = CgroupSet(sid, self.group).v1("memory") / "memory.oom_control"
             try:
-                with open(path, "rb") as f:
-                    text = f.read()
-            except OSError:
+                now[sid] = cgroups.group(sid, self.group).oom_kills()
+            except (OSError, KeyError, ValueError):
                 continue
-            at = text.find(b"oom_kill ")
-            now[sid] = int(text[at + 9 :].split(None, 1)[0]) if at >= 0 else 0
         with self._lock:
             self._gone += sum(n for sid, n in self._last.items() if sid not in now)
             self._last = now

@@ -73,7 +73,7 @@ def checkpoint_in_place(host: Host, info: SandboxInfo, into: Path, memory: bool 
             images.copy_sparse(d / disk.IMAGE, into / disk.IMAGE)
             if criu is not None:
                 process_tree.dump(
-                    criu, d, info.init_pid, into / process_tree.IMAGES, freezer=cg.v1("freezer")
+                    criu, d, info.init_pid, into / process_tree.IMAGES, freezer=cg.freezer_dir()
                 )
         finally:
             if info.state == "running":

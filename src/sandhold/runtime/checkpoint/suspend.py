@@ -139,7 +139,7 @@ def cold_boot(host: Host, d: Path, info: SandboxInfo) -> None:
     if not cg.exists():  # the host rebooted
         limits = info.spec.limits
         cg.create(limits.memory_mb, limits.cpu, limits.pids)
-    elif cg.freezer_state() != "THAWED":
+    elif cg.frozen():
         cg.thaw()
     remount(host, d, info, binds=False)  # the boot binds them
     proc, init_pid, _workspace, _spec = boot(
@@ -156,7 +156,7 @@ def restore(host: Host, d: Path, info: SandboxInfo) -> None:
     if not cg.exists():  # the host rebooted
         limits = info.spec.limits
         cg.create(limits.memory_mb, limits.cpu, limits.pids)
-    if cg.freezer_state() != "THAWED":
+    if cg.frozen():
         cg.thaw()  # whatever froze it: what joins a frozen group stops there
     remount(host, d, info, binds=True)
     procs = cg.procs_files()

@@ -1,0 +1,193 @@
+"""The cgroup v2 backend: hosts that mount the unified hierarchy only (Debian 11 and later,
+Ubuntu 22.04 and later, RHEL 9, every systemd >= 258 host, every Kubernetes node).
+
+The server writes only inside its own cgroup, the subtree it was handed: by systemd (a unit
+with ``Delegate=yes``, deploy/systemd) or by a container with a private cgroup namespace (there
+its own group shows as ``/``). Below a host's root, a group with processes cannot enable
+controllers for its children ("no internal processes"), so the server's processes move first to
+a leaf of their own (``SERVER_LEAF``); then ``memory``, ``pids`` and ``cpu`` are enabled below
+its group and below each data dir's parent group, and a sandbox is ``<own>/<parent>/<id>``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from sandhold.errors import HostUnsupported
+from sandhold.runtime.cgroup_files import CGROUP_ROOT, CPU_PERIOD_US, Group, read, read_proc, write
+
+CONTROLLERS = ("memory", "pids", "cpu")
+SERVER_LEAF = "sandhold-server"
+
+
+@functools.cache
+def own_root() -> Path:
+    """The cgroup this process was given (its delegated subtree), read once: after the move to
+    the leaf, ``/proc/self/cgroup`` names the leaf."""
+    path = "/"
+    for line in read_proc("/proc/self/cgroup").decode().splitlines():
+        if line.startswith("0::"):
+            path = line[3:].strip()
+    d = CGROUP_ROOT / path.lstrip("/")
+    return d.parent if d.name == SERVER_LEAF else d
+
+
+def is_host_root(d: Path) -> bool:
+    """The host's root group, the one exempt from "no internal processes" (it has no
+    ``cgroup.freeze``; a namespace's root, a real group below, has one)."""
+    return not (d / "cgroup.freeze").exists()
+
+
+def enable(d: Path) -> None:
+    """The controllers a sandbox needs, enabled for the children of ``d``."""
+    enabled = read(d / "cgroup.subtree_control").split()
+    if all(c in enabled for c in CONTROLLERS):
+        return
+    available = read(d / "cgroup.controllers").split()
+    missing = [c for c in CONTROLLERS if c not in available]
+    if missing:
+        raise HostUnsupported(
+            f"cgroup v2 controllers {' '.join(missing)} are not delegated to {d} (under "
+            "systemd, run the server in a unit with Delegate=yes: deploy/systemd)"
+        )
+    write(d / "cgroup.subtree_control", " ".join(f"+{c}" for c in CONTROLLERS))
+
+
+def delegate(root: Path) -> None:
+    """Make the server's own group a parent of groups: below a host's root, move its processes
+    (every process of the unit or container) into the leaf first. Idempotent."""
+    if not is_host_root(root) and read(root / "cgroup.procs").split():
+        leaf = root / SERVER_LEAF
+        leaf.mkdir(exist_ok=True)
+        for pid in read(root / "cgroup.procs").split():
+            if int(pid) > 0:  # 0: a task of another PID namespace, which we cannot move
+                with contextlib.suppress(ProcessLookupError, OSError):
+                    write(leaf / "cgroup.procs", pid)
+    enable(root)
+
+
+def _wait_events(d: Path, key: str, want: str, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while f"{key} {want}" not in read(d / "cgroup.events").splitlines():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{d} did not reach {key} {want}")
+        time.sleep(0.0005)
+
+
+@dataclass(frozen=True)
+class V2Group(Group):
+    name: str
+    parent: str
+
+    @property
+    def dir(self) -> Path:
+        return own_root() / self.parent / self.name
+
+    def dirs(self) -> list[Path]:
+        return [self.dir]
+
+    def create(self, memory_mb: int, cpu: float, pids: int) -> None:
+        root = own_root()
+        parent = root / self.parent
+        if not parent.is_dir():
+            delegate(root)
+            parent.mkdir(exist_ok=True)
+        enable(parent)
+        d = self.dir
+        d.mkdir(exist_ok=True)
+        write(d / "memory.max", str(memory_mb << 20))
+        if (d / "memory.swap.max").exists():
+            write(d / "memory.swap.max", "0")  # never swaps the host to death, as v1's memsw
+        write(d / "cpu.max", f"{int(cpu * CPU_PERIOD_US)} {CPU_PERIOD_US}")
+        write(d / "pids.max", str(pids))
+
+    def add(self, pid: int) -> None:
+        write(self.dir / "cgroup.procs", str(pid))
+
+    def procs_files(self) -> list[str]:
+        return [str(self.dir / "cgroup.procs")]
+
+    def pids(self) -> list[int]:
+        try:
+            text = read_proc(f"{own_root()}/{self.parent}/{self.name}/cgroup.procs")
+        except FileNotFoundError:
+            return []
+        return [p for p in map(int, text.split()) if p > 0]
+
+    def exists(self) -> bool:
+        return self.dir.is_dir()
+
+    def freeze(self) -> None:
+        write(self.dir / "cgroup.freeze", "1")
+        _wait_events(self.dir, "frozen", "1")
+
+    def thaw(self) -> None:
+        write(self.dir / "cgroup.freeze", "0")
+        _wait_events(self.dir, "frozen", "0")
+
+    def frozen(self) -> bool:
+        return read(self.dir / "cgroup.freeze").strip() == "1"
+
+    def freezer_dir(self) -> Path:
+        return self.dir
+
+    def kill_all(self, timeout: float = 10.0) -> None:
+        """``cgroup.kill``: the whole tree at once, frozen or not, even one that forks."""
+        d = self.dir
+        if not d.is_dir():
+            return
+        deadline = time.monotonic() + timeout
+        while "populated 1" in read(d / "cgroup.events").splitlines():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"processes of sandbox {self.name} survived cgroup.kill")
+            write(d / "cgroup.kill", "1")  # again: a process may have joined meanwhile
+            time.sleep(0.001)
+
+    def remove(self) -> None:
+        for _ in range(200):
+            try:
+                self.dir.rmdir()
+                return
+            except FileNotFoundError:
+                return
+            except OSError:
+                time.sleep(0.005)  # a dying task can keep the group busy for a moment
+
+    def usage(self) -> dict[str, int]:
+        d = self.dir
+        cpu = dict(line.split() for line in read(d / "cpu.stat").splitlines())
+        mem = dict(line.split() for line in read(d / "memory.stat").splitlines())
+        limit = read(d / "memory.max").strip()
+        return {
+            "cpu_ns": int(cpu["usage_usec"]) * 1000,
+            "memory_bytes": int(read(d / "memory.current")),
+            "memory_cache_bytes": int(mem.get("file", "0")),
+            "memory_rss_bytes": int(mem.get("anon", "0")),
+            "memory_limit_bytes": int(limit) if limit.isdigit() else 0,
+            "oom_kills": self.oom_kills(),
+            "pids": int(read(d / "pids.current")),
+        }
+
+    def oom_kills(self) -> int:
+        events = dict(line.split() for line in read(self.dir / "memory.events").splitlines())
+        return int(events.get("oom_kill", "0"))
+
+
+def group_dirs(parent: str, name: str) -> list[Path]:
+    return [own_root() / parent / name]
+
+
+def list_names(parent: str) -> list[str]:
+    d = own_root() / parent
+    if not d.is_dir():
+        return []
+    return sorted(p.name for p in d.iterdir() if p.is_dir())
+
+
+def remove_parent(parent: str) -> None:
+    with contextlib.suppress(FileNotFoundError, OSError):
+        (own_root() / parent).rmdir()
