@@ -10,11 +10,13 @@ cd "$(dirname "$0")/.."
 APT_PACKAGES=(bubblewrap util-linux e2fsprogs libseccomp2 python3 python3-pip python3-venv socat nftables debootstrap postgresql
               ca-certificates curl procps iproute2 skopeo umoci docker-registry prometheus
               r-base-core r-cran-irkernel node-typescript openjdk-17-jdk-headless gcc libc6-dev
-              python3-dev chromium)
+              python3-dev chromium qemu-system-x86 busybox-static kmod)
               # (r-base-core to openjdk: the interpreter's R, TypeScript and Java contexts;
               # gcc and libc6-dev: the agent's static spawn helper; python3-dev: its one-step
               # spawn (agent/native.c, an extension of /usr/bin/python3);
-              # chromium: the console's browser tests, driven by Playwright from the venv)
+              # chromium: the console's browser tests, driven by Playwright from the venv;
+              # qemu-system-x86, busybox-static, kmod: the cgroup v2 guest of tests/guest, a
+              # stock Debian kernel booted under QEMU: tests/support/guest.py)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

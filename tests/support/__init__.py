@@ -5,6 +5,8 @@ packages (conftest files hold fixtures only, and nothing imports from them).
   ``AgentHandle``)
 - ``e2b_server.py``: a real `sandhold serve` process (``new_server``, ``Server``, the teams' keys)
 - ``gateway_server.py``: a real `sandhold gateway serve` process (``Gateway``), its keys, ``tool``
+- ``guest.py``: a cgroup-v2-only stock kernel under QEMU, running a command on this machine's
+  root (``run``, ``kit``)
 - ``http.py``: raw HTTP requests over a socket, for what an HTTP client would not send
 - ``interpreter.py``: `sandhold serve` with the code-interpreter template
   (``InterpreterServer``, ``CACHE_DIR``, ``API_KEY``)
