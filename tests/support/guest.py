@@ -4,8 +4,9 @@ This machine's controllers are held by cgroup v1 and its ``/dev/kvm`` runs no st
 guest is Debian's stock kernel (``linux-image-amd64`` from the machine's own apt sources, unpacked
 with ``dpkg -x``, not installed) under ``qemu-system-x86_64 -M microvm`` with TCG, booted with
 ``cgroup_no_v1=all``. Its root is this machine's root shared read-only over virtio-9p under a tmpfs
-overlay (the guest writes in RAM), ``/tmp`` is an ext4 scratch disk (idmapped mounts need a real
-filesystem), and a second 9p share carries the command and its output. It has no network device:
+overlay (the guest writes in RAM), an ext4 scratch disk holds ``/var/tmp`` and ``TMPDIR``
+(idmapped mounts need a real filesystem; this machine's ``/tmp`` stays visible, a checkout there
+included), and a second 9p share carries the command and its output. It has no network device:
 loopback only. The kernel and the initramfs are built once and cached (``CACHE``), keyed by the
 kernel package and the init script.
 """
@@ -28,8 +29,8 @@ CACHE = Path(os.environ.get("SANDHOLD_GUEST_CACHE", "/var/cache/sandhold/guest")
 # The modules the initramfs loads before the root is up (with their dependencies).
 EARLY_MODULES = ("virtio_mmio", "9p", "9pnet_virtio", "overlay", "virtio_blk", "ext4", "loop")
 
-# PID 1 of the initramfs: mount the shared root under a tmpfs overlay, the scratch disk on /tmp,
-# the exchange share on /mnt/guest, then hand over to the command's script on the real root.
+# PID 1 of the initramfs: mount the shared root under a tmpfs overlay, the scratch disk on
+# /mnt/scratch, the exchange share on /mnt/guest, then hand over to the command's script.
 INIT = r"""#!/bin/busybox sh
 /bin/busybox --install -s /bin
 mount -t proc proc /proc
@@ -47,8 +48,10 @@ mount -t tmpfs -o mode=0755 tmpfs /newroot/run
 mkdir -p /newroot/mnt/guest
 mount -t 9p -o trans=virtio,version=9p2000.L,access=client,msize=262144 guest /newroot/mnt/guest \
   || fail "no exchange share"
-mount -t ext4 /dev/vda /newroot/tmp || fail "no scratch disk"
-chmod 1777 /newroot/tmp
+mkdir -p /newroot/mnt/scratch
+mount -t ext4 /dev/vda /newroot/mnt/scratch || fail "no scratch disk"
+mkdir -p /newroot/mnt/scratch/tmp /newroot/mnt/scratch/var-tmp
+chmod 1777 /newroot/mnt/scratch/tmp /newroot/mnt/scratch/var-tmp
 mount --move /dev /newroot/dev
 mount --move /proc /newroot/proc
 mount --move /sys /newroot/sys
@@ -59,12 +62,13 @@ exec switch_root /newroot /bin/sh /mnt/guest/init.sh
 # output and status kept in the exchange share, then power off (PID 1 must not exit).
 SCRIPT = """#!/bin/sh
 mount -t cgroup2 -o nsdelegate cgroup2 /sys/fs/cgroup
-mkdir -p /dev/pts /dev/shm /tmp/var-tmp
+mkdir -p /dev/pts /dev/shm
 mount -t devpts -o newinstance,ptmxmode=0666 devpts /dev/pts
 mount -t tmpfs -o mode=1777 tmpfs /dev/shm
-mount --bind /tmp/var-tmp /var/tmp
+mount --bind /mnt/scratch/var-tmp /var/tmp
 ip link set lo up
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8
+export TMPDIR=/mnt/scratch/tmp
 {env}
 cd {cwd}
 ( {command} ) > /mnt/guest/output 2>&1 < /dev/null
