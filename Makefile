@@ -3,15 +3,19 @@ VENV := .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: install run test lint format typecheck bench clean
+.PHONY: install install-test run test lint format typecheck bench clean
 
+# What serving needs; install-test adds the tools only the tests use (scripts/install.sh).
 install:
 	@scripts/install.sh
+
+install-test:
+	@scripts/install.sh --test
 
 run: install
 	$(BIN)/sandhold demo
 
-test: install
+test: install-test
 	$(BIN)/pytest -n 2 --dist loadfile -q $(PYTEST_ARGS)
 
 lint: install

@@ -4,19 +4,23 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# e2fsprogs: mkfs.ext4 formats the sandboxes' disk images (docs/runtime.md, "Disk budget")
-# skopeo, umoci: OCI image pulls (runtime/templates/oci.py); docker-registry: a registry for its tests only
-# prometheus: a real Prometheus server scraping `sandhold serve` in tests/e2b/test_metrics.py only
-APT_PACKAGES=(bubblewrap util-linux e2fsprogs libseccomp2 python3 python3-pip python3-venv socat nftables debootstrap postgresql
-              ca-certificates curl procps iproute2 skopeo umoci docker-registry prometheus
-              r-base-core r-cran-irkernel node-typescript openjdk-17-jdk-headless gcc libc6-dev
-              python3-dev chromium qemu-system-x86 busybox-static kmod)
-              # (r-base-core to openjdk: the interpreter's R, TypeScript and Java contexts;
-              # gcc and libc6-dev: the agent's static spawn helper; python3-dev: its one-step
-              # spawn (agent/native.c, an extension of /usr/bin/python3);
-              # chromium: the console's browser tests, driven by Playwright from the venv;
-              # qemu-system-x86, busybox-static, kmod: the cgroup v2 guest of tests/guest, a
-              # stock Debian kernel booted under QEMU: tests/support/guest.py)
+# What serving needs:
+# e2fsprogs: mkfs.ext4 formats the sandboxes' disk images (docs/runtime.md, "Disk budget");
+# skopeo, umoci: OCI image pulls (runtime/templates/oci.py); r-base-core to openjdk: the
+# interpreter's R, TypeScript and Java contexts; gcc and libc6-dev: the agent's static spawn
+# helper; python3-dev: its one-step spawn (agent/native.c, an extension of /usr/bin/python3)
+APT_PACKAGES=(bubblewrap util-linux e2fsprogs libseccomp2 python3 python3-pip python3-venv nftables
+              debootstrap ca-certificates curl procps iproute2 skopeo umoci r-base-core
+              r-cran-irkernel node-typescript openjdk-17-jdk-headless gcc libc6-dev python3-dev)
+# What only the tests need (`scripts/install.sh --test`, as `make test` runs it):
+# postgresql: the gateway's store on PostgreSQL; docker-registry: a registry for the image
+# tests; prometheus: a real Prometheus scraping `sandhold serve` (tests/e2b/test_metrics.py);
+# chromium: the console's browser tests, driven by Playwright from the venv; qemu-system-x86,
+# busybox-static, kmod: the cgroup v2 guest of tests/guest (tests/support/guest.py)
+TEST_PACKAGES=(postgresql docker-registry prometheus chromium qemu-system-x86 busybox-static kmod)
+if [[ ${1:-} == --test ]]; then
+  APT_PACKAGES+=("${TEST_PACKAGES[@]}")
+fi
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
