@@ -67,6 +67,9 @@ mount -t devpts -o newinstance,ptmxmode=0666 devpts /dev/pts
 mount -t tmpfs -o mode=1777 tmpfs /dev/shm
 mount --bind /mnt/scratch/var-tmp /var/tmp
 ip link set lo up
+# The kernel's own modules, for what it loads on demand (CRIU's socket diagnostics, nf_tables)
+mkdir -p /lib/modules/$(uname -r)
+mount --bind {modules} /lib/modules/$(uname -r)
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8
 export TMPDIR=/mnt/scratch/tmp
 {env}
@@ -84,6 +87,7 @@ class Kit:
     kernel: Path
     initrd: Path
     release: str  # the kernel's uname -r
+    modules: Path  # its /lib/modules/<release>, bound there in the guest
 
 
 @dataclass(frozen=True)
@@ -117,7 +121,8 @@ def kit() -> Kit:
         if not (d / "initrd.gz").exists():
             _build(package, d)
     release = package.removeprefix("linux-image-")
-    return Kit(d / "root" / "boot" / f"vmlinuz-{release}", d / "initrd.gz", release)
+    boot, modules = d / "root" / "boot", d / "root" / "lib" / "modules" / release
+    return Kit(boot / f"vmlinuz-{release}", d / "initrd.gz", release, modules)
 
 
 def _build(package: str, d: Path) -> None:
@@ -190,7 +195,8 @@ def run(
     k = kit()
     with _exchange() as ex:
         exports = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in (env or {}).items())
-        script = SCRIPT.format(env=exports, cwd=shlex.quote(str(cwd)), command=command)
+        script = SCRIPT.format(env=exports, cwd=shlex.quote(str(cwd)), command=command,
+                               modules=shlex.quote(str(k.modules)))  # fmt: skip
         (ex / "init.sh").write_text(script)
         scratch = ex / "scratch.img"
         with open(scratch, "wb") as f:
