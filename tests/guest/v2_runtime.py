@@ -17,6 +17,7 @@ import pytest
 
 from sandhold.runtime import cgroup_v2, cgroups
 from tests.runtime.helpers import sh
+from tests.support.e2b_server import new_server
 
 pytestmark = pytest.mark.skipif(cgroups.kind() != "v2", reason="runs in the cgroup v2 guest")
 
@@ -131,3 +132,27 @@ def test_a_server_in_a_pid_namespace_never_signals_what_it_cannot_see(runtime):
         outside.kill()
         outside.wait()
         group.remove()
+
+
+def test_the_official_sdk_on_a_cgroup_v2_host(tmp_path):
+    """A short tour through the official e2b SDK against `sandhold serve` on this kernel:
+    create, run, files, pause (frozen in cgroup v2), resume through connect, kill."""
+    from e2b import Sandbox, SandboxState
+
+    srv = new_server(tmp_path)
+    srv.start()
+    try:
+        sbx = Sandbox.create(timeout=600, **srv.sdk())
+        assert sbx.commands.run("cat /proc/self/cgroup").stdout.strip() == "0::/"
+        sbx.files.write("/home/user/kept.txt", "kept")
+        assert sbx.pause() is True
+        assert sbx.get_info().state == SandboxState.PAUSED
+        record = srv.runtime().get(sbx.sandbox_id)
+        assert srv.runtime().cgroup(record.id).frozen()
+        back = Sandbox.connect(sbx.sandbox_id, timeout=600, **srv.sdk())
+        assert back.files.read("/home/user/kept.txt") == "kept"
+        assert back.commands.run("echo back").stdout.strip() == "back"
+        assert back.kill() is True
+        assert not srv.runtime().cgroup(record.id).exists()
+    finally:
+        srv.destroy()
