@@ -156,3 +156,17 @@ def test_the_official_sdk_on_a_cgroup_v2_host(tmp_path):
         assert not srv.runtime().cgroup(record.id).exists()
     finally:
         srv.destroy()
+
+
+async def test_a_read_from_another_pid_namespace_changes_nothing(make_sandbox, runtime):
+    """v2's own signal: the group is judged by ``populated`` in cgroup.events from a namespace
+    whose pids are not the record's."""
+    sbx = await make_sandbox()
+    probe = (
+        "from sandhold.config import Settings; from sandhold.runtime.runtime import Runtime; "
+        f"print(Runtime(Settings(data_dir='{runtime.settings.data_dir}')).get('{sbx.id}').state)"
+    )
+    r = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", probe],
+                       capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert (r.returncode, r.stdout.strip()) == (0, "running"), r.stderr
+    assert runtime.get(sbx.id).state == "running"

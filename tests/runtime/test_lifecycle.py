@@ -247,3 +247,20 @@ def test_a_pid_1_ending_its_namespace_is_ending_until_it_is_gone(tmp_path):
                 break
             except OSError:
                 time.sleep(0.01)
+
+
+async def test_a_read_from_another_pid_namespace_leaves_a_sandbox_running(make_sandbox, runtime):
+    """Seen from another PID namespace (`sandhold sandbox ls` outside a pod's, or inside one),
+    the record's pids are not the reader's: the sandbox is judged by its group holding any
+    process, and the read changes nothing. It marked every running sandbox failed before."""
+    sbx = await make_sandbox()
+    probe = (
+        "from sandhold.config import Settings; from sandhold.runtime.runtime import Runtime; "
+        f"print(Runtime(Settings(data_dir='{runtime.settings.data_dir}')).get('{sbx.id}').state)"
+    )
+    r = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", probe],
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "running"
+    assert runtime.get(sbx.id).state == "running"
+    assert (await sh(sbx, "echo alive")).text.strip() == "alive"

@@ -63,6 +63,10 @@ class Group(ABC):
     def exists(self) -> bool: ...
 
     @abstractmethod
+    def populated(self) -> bool:
+        """Whether any process is in it, seen from any PID namespace."""
+
+    @abstractmethod
     def freeze(self) -> None:
         """Freeze every task, and return once they are frozen."""
 

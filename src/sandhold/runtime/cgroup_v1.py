@@ -92,6 +92,12 @@ class V1Group(Group):
             return []
         return [int(p) for p in text.split()]
 
+    def populated(self) -> bool:
+        try:  # counted whatever the namespace: cgroup.procs omits another namespace's tasks
+            return int(read_proc(f"{self.v1('pids')}/pids.current")) > 0
+        except FileNotFoundError:
+            return False
+
     def exists(self) -> bool:
         return self.v1("pids").is_dir()
 

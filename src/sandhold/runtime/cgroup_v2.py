@@ -121,6 +121,12 @@ class V2Group(Group):
     def exists(self) -> bool:
         return self.dir.is_dir()
 
+    def populated(self) -> bool:
+        try:
+            return "populated 1" in read(self.dir / "cgroup.events").splitlines()
+        except FileNotFoundError:
+            return False
+
     def freeze(self) -> None:
         write(self.dir / "cgroup.freeze", "1")
         _wait_events(self.dir, "frozen", "1")

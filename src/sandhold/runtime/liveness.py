@@ -9,7 +9,7 @@ from contextlib import suppress
 
 from sandhold.errors import SandboxNotFound
 from sandhold.runtime.host import Host
-from sandhold.runtime.reaping import ending
+from sandhold.runtime.reaping import ending, pid_namespace
 from sandhold.runtime.records import SandboxInfo
 
 log = logging.getLogger(__name__)
@@ -20,6 +20,10 @@ def alive(host: Host, info: SandboxInfo) -> bool:
     wrap and are reused): its pid among the cgroup's, not ending. Not any process of the
     cgroup: bwrap outlives a killed agent by a moment, and a call then reached a dead one."""
     host.children.poll(info.id)
+    if info.pid_ns is not None and info.pid_ns != pid_namespace():
+        # Its pids are numbers of another namespace (a reader outside the server's, or one in
+        # a pod): it lives while its group holds any process. A read must not mark it failed.
+        return host.cgroup(info.id).populated()
     return info.init_pid in host.cgroup(info.id).pids() and not ending(info.init_pid)
 
 

@@ -4,6 +4,7 @@ sandbox's pid 1 (whose parent, bwrap, dies with it) is re-parented to us and rea
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import select
 import time
@@ -90,3 +91,9 @@ def wait_ready(fd: int, timeout: float, log_path: Path) -> None:
     if not data.startswith(b"ready"):
         logtail = log_path.read_text(errors="replace")[-2000:]
         raise SandboxStartFailed(f"the sandbox agent failed to start: {logtail.strip()}")
+
+
+@functools.cache
+def pid_namespace() -> str:
+    """This process's PID namespace (``pid:[inode]``): the one the pids it reads belong to."""
+    return os.readlink("/proc/self/ns/pid")

@@ -44,6 +44,8 @@ class SandboxInfo:
     suspended: str | None = None  # "disk": paused with no process, its memory image kept
     # "warm": its template's checkpoint, "pool": booted ahead, "fork", "snapshot"
     started_from: str | None = None
+    # The PID namespace its pids are numbers of (older records: unknown, taken as the reader's)
+    pid_ns: str | None = None
 
     @property
     def agent_socket(self) -> Path:
@@ -70,6 +72,7 @@ class SandboxInfo:
             "host_uid": self.host_uid,
             "suspended": self.suspended,
             "started_from": self.started_from,
+            "pid_ns": self.pid_ns,
         }
 
     @classmethod
@@ -92,6 +95,7 @@ class SandboxInfo:
             host_uid=d.get("host_uid"),  # type: ignore[arg-type]
             suspended=d.get("suspended"),  # type: ignore[arg-type]
             started_from=d.get("started_from"),  # type: ignore[arg-type]
+            pid_ns=d.get("pid_ns"),  # type: ignore[arg-type]
         )
 
 

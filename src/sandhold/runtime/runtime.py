@@ -36,7 +36,7 @@ from sandhold.runtime.checkpoint.warm import WarmStarts, wait_ready
 from sandhold.runtime.disk import DiskBudget
 from sandhold.runtime.host import Host
 from sandhold.runtime.pool import Pools
-from sandhold.runtime.reaping import become_subreaper
+from sandhold.runtime.reaping import become_subreaper, pid_namespace
 from sandhold.runtime.record_store import RecordStore
 from sandhold.runtime.records import (
     SandboxInfo,
@@ -172,6 +172,7 @@ class Runtime:
                 workspace=workspace,
                 extra=dict(extra or {}),
                 host_uid=host_uid,
+                pid_ns=pid_namespace(),
             )
             self.records.save(info)
             self.host.children.add(sandbox_id, proc)

@@ -29,6 +29,7 @@ from sandhold.runtime.checkpoint import process_tree
 from sandhold.runtime.checkpoint.suspend import criu_path, hand_back
 from sandhold.runtime.host import Host
 from sandhold.runtime.launcher import new_boot
+from sandhold.runtime.reaping import pid_namespace
 from sandhold.runtime.records import SandboxInfo, new_sandbox_id
 from sandhold.runtime.spec import SandboxSpec
 
@@ -121,6 +122,7 @@ def start(
             extra=dict(extra),
             host_uid=host_uid,
             started_from=started_from,
+            pid_ns=pid_namespace(),
         )
         host.records.save(info)
         safefs.remove_quietly(d / process_tree.IMAGES)

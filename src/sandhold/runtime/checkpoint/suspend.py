@@ -25,7 +25,7 @@ from sandhold.runtime.checkpoint import process_tree
 from sandhold.runtime.checkpoint.criu import FIX, criu_status
 from sandhold.runtime.host import Host
 from sandhold.runtime.launcher import listen
-from sandhold.runtime.reaping import reap_init
+from sandhold.runtime.reaping import pid_namespace, reap_init
 from sandhold.runtime.records import SandboxInfo
 
 log = logging.getLogger(__name__)
@@ -147,6 +147,7 @@ def cold_boot(host: Host, d: Path, info: SandboxInfo) -> None:
     )
     host.children.add(info.id, proc)
     info.pid, info.init_pid, info.suspended = proc.pid, init_pid, None
+    info.pid_ns = pid_namespace()
 
 
 def restore(host: Host, d: Path, info: SandboxInfo) -> None:
@@ -168,6 +169,7 @@ def restore(host: Host, d: Path, info: SandboxInfo) -> None:
         cg.kill_all()  # nothing half-restored stays; the image does
         raise
     info.pid = info.init_pid = pid
+    info.pid_ns = pid_namespace()
     info.suspended = None
     safefs.remove_quietly(d / process_tree.IMAGES)
 
