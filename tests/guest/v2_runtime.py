@@ -5,6 +5,7 @@ so nothing here asserts a time."""
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import signal
 import subprocess
@@ -170,3 +171,50 @@ async def test_a_read_from_another_pid_namespace_changes_nothing(make_sandbox, r
                        capture_output=True, text=True, timeout=600)  # fmt: skip
     assert (r.returncode, r.stdout.strip()) == (0, "running"), r.stderr
     assert runtime.get(sbx.id).state == "running"
+
+
+def test_a_server_in_a_private_cgroup_namespace_manages_its_own_group():
+    """The container shape (a privileged pod with a private cgroup namespace): the server's own
+    group shows as ``/``, and it is a group below the host's root, so the server moves itself to
+    a leaf first; its sandboxes land in the pod's group, seen from the host."""
+    pod = cgroups.CGROUP_ROOT / "sandhold-test-pod"
+    pod.mkdir()
+    (cgroups.CGROUP_ROOT / "cgroup.subtree_control").write_text("+memory +pids +cpu")
+    data_dir = Path(tempfile.mkdtemp(prefix="sandhold-pod-", dir="/var/tmp"))
+    script = textwrap.dedent(f"""
+        from pathlib import Path
+        from sandhold.config import Settings
+        from sandhold.runtime.runtime import Runtime
+        print(Path("/proc/self/cgroup").read_text().strip())
+        rt = Runtime(Settings(data_dir=Path("{data_dir}"))).open()
+        info = rt.create({{}})
+        print(Path("/proc/self/cgroup").read_text().strip())
+        print(rt.cgroup(info.id).dirs()[0], info.id)
+        rt.kill(info.id)
+    """)
+    remount = "umount -l /sys/fs/cgroup && mount -t cgroup2 cgroup2 /sys/fs/cgroup"
+    inner = f"{remount} && exec {sys.executable} -c {shlex.quote(script)}"
+    outer = (f"echo $$ > {pod}/cgroup.procs && exec unshare --cgroup --mount "
+             f"--propagation private sh -c {shlex.quote(inner)}")  # fmt: skip
+    try:
+        r = subprocess.run(["sh", "-c", outer], capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr
+        before, after, seen = r.stdout.splitlines()
+        assert before == "0::/"  # its own group is the root it sees
+        assert after == f"0::/{cgroup_v2.SERVER_LEAF}"
+        inside, sandbox_id = seen.split()
+        assert inside == f"/sys/fs/cgroup/{runtime_group(data_dir)}/{sandbox_id}"
+        assert (pod / cgroup_v2.SERVER_LEAF).is_dir()  # the host sees it all below the pod
+        assert "memory" in (pod / "cgroup.subtree_control").read_text().split()
+    finally:
+        for d in sorted(pod.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+            if d.is_dir():
+                d.rmdir()
+        pod.rmdir()
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def runtime_group(data_dir: Path) -> str:
+    from sandhold.config import Settings
+
+    return Settings(data_dir=data_dir).cgroup_group
