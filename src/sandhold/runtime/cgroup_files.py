@@ -4,6 +4,7 @@ of one sandbox's cgroups that everything above the cgroup layer uses."""
 from __future__ import annotations
 
 import os
+import time
 from abc import ABC, abstractmethod
 from pathlib import Path
 
@@ -31,6 +32,18 @@ def read_proc(path: str) -> bytes:
         return data
     finally:
         os.close(fd)
+
+
+def remove_group(d: Path) -> None:
+    """Remove an empty group, waiting out a dying task that keeps it busy for a moment."""
+    for _ in range(200):
+        try:
+            d.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.005)
 
 
 class Group(ABC):

@@ -15,11 +15,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandhold.errors import HostUnsupported
-from sandhold.runtime.cgroup_files import CGROUP_ROOT, CPU_PERIOD_US, Group, read, read_proc, write
+from sandhold.runtime.cgroup_files import (
+    CGROUP_ROOT,
+    CPU_PERIOD_US,
+    Group,
+    read,
+    read_proc,
+    remove_group,
+    write,
+)
 
 V1_CONTROLLERS = ("memory", "cpu", "cpuacct", "pids", "freezer")
 V2_ROOT = CGROUP_ROOT / "unified"
-_read, _write = read, write
 
 
 def missing_controllers() -> list[str]:
@@ -65,13 +72,13 @@ class V1Group(Group):
         # pool.py) writes memsw first, one lowered writes it last.
         files = ["memory.limit_in_bytes"]
         if (mem / "memory.memsw.limit_in_bytes").exists():
-            raising = limit > int(_read(mem / "memory.limit_in_bytes") or 0)
+            raising = limit > int(read(mem / "memory.limit_in_bytes") or 0)
             files.insert(0 if raising else 1, "memory.memsw.limit_in_bytes")
         for name in files:
-            _write(mem / name, str(limit))
-        _write(self.v1("cpu") / "cpu.cfs_period_us", str(CPU_PERIOD_US))
-        _write(self.v1("cpu") / "cpu.cfs_quota_us", str(int(cpu * CPU_PERIOD_US)))
-        _write(self.v1("pids") / "pids.max", str(pids))
+            write(mem / name, str(limit))
+        write(self.v1("cpu") / "cpu.cfs_period_us", str(CPU_PERIOD_US))
+        write(self.v1("cpu") / "cpu.cfs_quota_us", str(int(cpu * CPU_PERIOD_US)))
+        write(self.v1("pids") / "pids.max", str(pids))
 
     def add(self, pid: int) -> None:
         """Move a process (0: the caller) into every group of the sandbox."""
@@ -103,7 +110,7 @@ class V1Group(Group):
 
     # -- freezer ----------------------------------------------------------------------------
     def freezer_state(self) -> str:
-        return _read(self.v1("freezer") / "freezer.state").strip()
+        return read(self.v1("freezer") / "freezer.state").strip()
 
     def frozen(self) -> bool:
         return self.freezer_state() == "FROZEN"
@@ -114,11 +121,11 @@ class V1Group(Group):
     def _set_freezer(self, want: str, timeout: float = 5.0) -> None:
         path = self.v1("freezer") / "freezer.state"
         deadline = time.monotonic() + timeout
-        _write(path, want)
-        while _read(path).strip() != want:
+        write(path, want)
+        while read(path).strip() != want:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"freezer did not reach {want}")
-            _write(path, want)
+            write(path, want)
             time.sleep(0.0005)
 
     def freeze(self) -> None:
@@ -134,7 +141,7 @@ class V1Group(Group):
             return
         deadline = time.monotonic() + timeout
         if self.v2.is_dir() and (self.v2 / "cgroup.kill").exists():
-            _write(self.v2 / "cgroup.kill", "1")
+            write(self.v2 / "cgroup.kill", "1")
         else:
             # v1 fallback: freeze so nothing forks while we signal, kill, then thaw to let them die.
             self.freeze()
@@ -158,28 +165,21 @@ class V1Group(Group):
 
     def remove(self) -> None:
         for d in self.dirs():
-            for _ in range(200):
-                try:
-                    d.rmdir()
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError:
-                    time.sleep(0.005)  # a dying task can keep the group busy for a moment
+            remove_group(d)
 
     # -- usage ------------------------------------------------------------------------------
     def usage(self) -> dict[str, int]:
         mem = self.v1("memory")
-        stat = dict(line.split() for line in _read(mem / "memory.stat").splitlines())
-        oom = dict(line.split() for line in _read(mem / "memory.oom_control").splitlines())
+        stat = dict(line.split() for line in read(mem / "memory.stat").splitlines())
+        oom = dict(line.split() for line in read(mem / "memory.oom_control").splitlines())
         return {
-            "cpu_ns": int(_read(self.v1("cpuacct") / "cpuacct.usage")),
-            "memory_bytes": int(_read(mem / "memory.usage_in_bytes")),
+            "cpu_ns": int(read(self.v1("cpuacct") / "cpuacct.usage")),
+            "memory_bytes": int(read(mem / "memory.usage_in_bytes")),
             "memory_cache_bytes": int(stat.get("total_cache", stat.get("cache", "0"))),
             "memory_rss_bytes": int(stat.get("total_rss", stat.get("rss", "0"))),
-            "memory_limit_bytes": int(_read(mem / "memory.limit_in_bytes")),
+            "memory_limit_bytes": int(read(mem / "memory.limit_in_bytes")),
             "oom_kills": int(oom.get("oom_kill", "0")),
-            "pids": int(_read(self.v1("pids") / "pids.current")),
+            "pids": int(read(self.v1("pids") / "pids.current")),
         }
 
     def oom_kills(self) -> int:

@@ -18,7 +18,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandhold.errors import HostUnsupported
-from sandhold.runtime.cgroup_files import CGROUP_ROOT, CPU_PERIOD_US, Group, read, read_proc, write
+from sandhold.runtime.cgroup_files import (
+    CGROUP_ROOT,
+    CPU_PERIOD_US,
+    Group,
+    read,
+    read_proc,
+    remove_group,
+    write,
+)
 
 CONTROLLERS = ("memory", "pids", "cpu")
 SERVER_LEAF = "sandhold-server"
@@ -154,14 +162,7 @@ class V2Group(Group):
             time.sleep(0.001)
 
     def remove(self) -> None:
-        for _ in range(200):
-            try:
-                self.dir.rmdir()
-                return
-            except FileNotFoundError:
-                return
-            except OSError:
-                time.sleep(0.005)  # a dying task can keep the group busy for a moment
+        remove_group(self.dir)
 
     def usage(self) -> dict[str, int]:
         d = self.dir
