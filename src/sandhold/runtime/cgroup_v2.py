@@ -30,6 +30,7 @@ from sandhold.runtime.cgroup_files import (
 
 CONTROLLERS = ("memory", "pids", "cpu")
 SERVER_LEAF = "sandhold-server"
+_delegated: set[Path] = set()
 
 
 @functools.cache
@@ -100,10 +101,11 @@ class V2Group(Group):
 
     def create(self, memory_mb: int, cpu: float, pids: int) -> None:
         root = own_root()
-        parent = root / self.parent
-        if not parent.is_dir():
+        if root not in _delegated:  # once per process: the server's own processes move once
             delegate(root)
-            parent.mkdir(exist_ok=True)
+            _delegated.add(root)
+        parent = root / self.parent
+        parent.mkdir(exist_ok=True)
         enable(parent)
         d = self.dir
         d.mkdir(exist_ok=True)
