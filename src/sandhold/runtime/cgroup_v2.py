@@ -69,10 +69,11 @@ def enable(d: Path) -> None:
 def delegate(root: Path) -> None:
     """Make the server's own group a parent of groups: below a host's root, move its processes
     (every process of the unit or container) into the leaf first. Idempotent."""
-    if not is_host_root(root) and read(root / "cgroup.procs").split():
+    procs = [] if is_host_root(root) else read(root / "cgroup.procs").split()
+    if procs:
         leaf = root / SERVER_LEAF
         leaf.mkdir(exist_ok=True)
-        for pid in read(root / "cgroup.procs").split():
+        for pid in procs:
             if int(pid) > 0:  # 0: a task of another PID namespace, which we cannot move
                 with contextlib.suppress(ProcessLookupError, OSError):
                     write(leaf / "cgroup.procs", pid)

@@ -70,8 +70,12 @@ def mount_tmpfs(target: Path, size: int, mode: int) -> None:
 
 def umount(target: Path) -> None:
     """Lazily unmount ``target`` if something is mounted there."""
-    if not is_mountpoint(target):
-        return
+    if is_mountpoint(target):
+        detach(target)
+
+
+def detach(target: Path) -> None:
+    """Lazily unmount what is mounted at ``target`` (known to be a mount point)."""
     check(_libc.umount2(str(target).encode(), MNT_DETACH), f"umount {target}")
 
 

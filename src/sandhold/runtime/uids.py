@@ -159,7 +159,7 @@ class UidPool:
             yield attached
         finally:
             for target in attached:
-                mounts.umount(target)
+                mounts.detach(target)  # attached above: no need to scan the mount table
                 with contextlib.suppress(OSError):
                     target.rmdir()
             with contextlib.suppress(OSError):
