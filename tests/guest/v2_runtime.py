@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from sandhold.runtime import cgroup_v2, cgroups
-from tests.runtime.helpers import sh
+from tests.runtime.helpers import sh, state_from_another_pid_namespace
 from tests.support.e2b_server import new_server
 
 pytestmark = pytest.mark.skipif(cgroups.kind() != "v2", reason="runs in the cgroup v2 guest")
@@ -99,10 +99,7 @@ def test_a_server_under_a_delegated_unit_writes_only_inside_it():
         after = sorted(p.name for p in cgroups.CGROUP_ROOT.iterdir() if p.is_dir())
         assert after == before
     finally:
-        for d in sorted(unit.rglob("*"), key=lambda p: len(p.parts), reverse=True):
-            if d.is_dir():
-                d.rmdir()
-        unit.rmdir()
+        remove_groups(unit)
         shutil.rmtree(data_dir, ignore_errors=True)
 
 
@@ -163,13 +160,7 @@ async def test_a_read_from_another_pid_namespace_changes_nothing(make_sandbox, r
     """v2's own signal: the group is judged by ``populated`` in cgroup.events from a namespace
     whose pids are not the record's."""
     sbx = await make_sandbox()
-    probe = (
-        "from sandhold.config import Settings; from sandhold.runtime.runtime import Runtime; "
-        f"print(Runtime(Settings(data_dir='{runtime.settings.data_dir}')).get('{sbx.id}').state)"
-    )
-    r = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", probe],
-                       capture_output=True, text=True, timeout=600)  # fmt: skip
-    assert (r.returncode, r.stdout.strip()) == (0, "running"), r.stderr
+    assert state_from_another_pid_namespace(runtime, sbx.id, timeout=600) == "running"
     assert runtime.get(sbx.id).state == "running"
 
 
@@ -207,10 +198,7 @@ def test_a_server_in_a_private_cgroup_namespace_manages_its_own_group():
         assert (pod / cgroup_v2.SERVER_LEAF).is_dir()  # the host sees it all below the pod
         assert "memory" in (pod / "cgroup.subtree_control").read_text().split()
     finally:
-        for d in sorted(pod.rglob("*"), key=lambda p: len(p.parts), reverse=True):
-            if d.is_dir():
-                d.rmdir()
-        pod.rmdir()
+        remove_groups(pod)
         shutil.rmtree(data_dir, ignore_errors=True)
 
 
@@ -218,3 +206,11 @@ def runtime_group(data_dir: Path) -> str:
     from sandhold.config import Settings
 
     return Settings(data_dir=data_dir).cgroup_group
+
+
+def remove_groups(top: Path) -> None:
+    """A test's cgroup tree, emptied: its groups removed, the deepest first."""
+    for d in sorted(top.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+        if d.is_dir():
+            d.rmdir()
+    top.rmdir()

@@ -17,7 +17,7 @@ import pytest
 from sandhold.errors import Conflict, InvalidRequest, SandboxNotFound, TemplateNotFound
 from sandhold.runtime import cgroups, reaping
 from sandhold.runtime.runtime import Runtime
-from tests.runtime.helpers import sh
+from tests.runtime.helpers import sh, state_from_another_pid_namespace
 
 
 def _cpu_ns(runtime: Runtime, sid: str) -> int:
@@ -254,13 +254,6 @@ async def test_a_read_from_another_pid_namespace_leaves_a_sandbox_running(make_s
     the record's pids are not the reader's: the sandbox is judged by its group holding any
     process, and the read changes nothing. It marked every running sandbox failed before."""
     sbx = await make_sandbox()
-    probe = (
-        "from sandhold.config import Settings; from sandhold.runtime.runtime import Runtime; "
-        f"print(Runtime(Settings(data_dir='{runtime.settings.data_dir}')).get('{sbx.id}').state)"
-    )
-    r = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", probe],
-                       capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "running"
+    assert state_from_another_pid_namespace(runtime, sbx.id, timeout=120) == "running"
     assert runtime.get(sbx.id).state == "running"
     assert (await sh(sbx, "echo alive")).text.strip() == "alive"

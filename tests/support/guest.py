@@ -13,7 +13,6 @@ kernel package and the init script.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import hashlib
 import os
@@ -21,7 +20,6 @@ import shlex
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -172,15 +170,6 @@ def _tsc_khz() -> int:
     return 2_000_000
 
 
-@contextlib.contextmanager
-def _exchange() -> Iterator[Path]:
-    d = Path(tempfile.mkdtemp(prefix="sandhold-guest-", dir="/var/tmp"))
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
-
-
 def run(
     command: str,
     *,
@@ -192,11 +181,12 @@ def run(
 ) -> Result:
     """Boot a guest, run ``command`` with ``/bin/sh`` in ``cwd`` (a path of this machine's root),
     and power it off; its output and status come back through the exchange share."""
-    k = kit()
-    with _exchange() as ex:
-        exports = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in (env or {}).items())
+    booted = kit()
+    with tempfile.TemporaryDirectory(prefix="sandhold-guest-", dir="/var/tmp") as tmp:
+        ex = Path(tmp)
+        exports = "\n".join(f"export {n}={shlex.quote(v)}" for n, v in (env or {}).items())
         script = SCRIPT.format(env=exports, cwd=shlex.quote(str(cwd)), command=command,
-                               modules=shlex.quote(str(k.modules)))  # fmt: skip
+                               modules=shlex.quote(str(booted.modules)))  # fmt: skip
         (ex / "init.sh").write_text(script)
         scratch = ex / "scratch.img"
         with open(scratch, "wb") as f:
@@ -207,7 +197,7 @@ def run(
         argv = [
             "qemu-system-x86_64", "-M", "microvm", "-accel", "tcg", "-cpu", "max",
             "-smp", "2", "-m", str(memory_mb), "-nographic", "-no-reboot", "-nodefaults",
-            "-serial", "stdio", "-kernel", str(k.kernel), "-initrd", str(k.initrd),
+            "-serial", "stdio", "-kernel", str(booted.kernel), "-initrd", str(booted.initrd),
             "-append", append,
             "-fsdev", "local,id=hostroot,path=/,readonly=on,security_model=none,multidevs=remap",
             "-device", "virtio-9p-device,fsdev=hostroot,mount_tag=hostroot",
