@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Idempotent setup of everything Sandhold needs on Debian 12, as root: apt packages, CRIU, the venv.
+# Idempotent setup of everything Sandhold needs on Debian 12 or 13, as root: apt packages,
+# CRIU, the venv.
 # Quick when everything is already there (dpkg and a stamp of pyproject.toml are checked first).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -7,11 +8,12 @@ cd "$(dirname "$0")/.."
 # What serving needs:
 # e2fsprogs: mkfs.ext4 formats the sandboxes' disk images (docs/runtime.md, "Disk budget");
 # skopeo, umoci: OCI image pulls (runtime/templates/oci.py); r-base-core to openjdk: the
-# interpreter's R, TypeScript and Java contexts; gcc and libc6-dev: the agent's static spawn
-# helper; python3-dev: its one-step spawn (agent/native.c, an extension of /usr/bin/python3)
+# interpreter's R, TypeScript and Java contexts (the release's own JDK: 17 on Debian 12, 21 on
+# 13); gcc and libc6-dev: the agent's static spawn helper; python3-dev: its one-step spawn
+# (agent/native.c, an extension of /usr/bin/python3)
 APT_PACKAGES=(bubblewrap util-linux e2fsprogs libseccomp2 python3 python3-pip python3-venv nftables
               debootstrap ca-certificates curl procps iproute2 skopeo umoci r-base-core
-              r-cran-irkernel node-typescript openjdk-17-jdk-headless gcc libc6-dev python3-dev)
+              r-cran-irkernel node-typescript default-jdk-headless gcc libc6-dev python3-dev)
 # What only the tests need (`scripts/install.sh --test`, as `make test` runs it):
 # postgresql: the gateway's store on PostgreSQL; docker-registry: a registry for the image
 # tests; prometheus: a real Prometheus scraping `sandhold serve` (tests/e2b/test_metrics.py);

@@ -80,7 +80,7 @@ HOST_ETC_ENTRIES = (
     "profile.d",
     "protocols",
     "python3",
-    "python3.11",
+    "python3.*",  # the release's own: 3.11 on Debian 12, 3.13 on 13
     "services",
     "shells",
     "skel",
@@ -88,8 +88,18 @@ HOST_ETC_ENTRIES = (
     "timezone",
     "fonts",
     "R",
-    "java-17-openjdk",
+    "java-*-openjdk",  # 17 on Debian 12, 21 on 13
 )
+
+
+def _host_etc_entries() -> list[str]:
+    """HOST_ETC_ENTRIES with its patterns matched against this host's /etc."""
+    out: list[str] = []
+    for entry in HOST_ETC_ENTRIES:
+        out += sorted(p.name for p in Path("/etc").glob(entry)) if "*" in entry else [entry]
+    return out
+
+
 # Never copied even when nested in an entry above.
 HOST_ETC_EXCLUDE = ("ssl/private",)
 
@@ -380,7 +390,7 @@ class TemplateStore:
 
     @staticmethod
     def _copy_host_etc(dest: Path) -> None:
-        for entry in HOST_ETC_ENTRIES:
+        for entry in _host_etc_entries():
             src = Path("/etc") / entry
             if not (src.exists() or src.is_symlink()):
                 continue
