@@ -31,8 +31,8 @@ for f in /etc/pip.conf /root/.config/pip/pip.conf /etc/npmrc /root/.npmrc /etc/r
 done
 
 echo "prove: \`$command\` in $suite ($(cat "$root/etc/debian_version"))"
-# A private mount namespace: every mount below goes with it. The root is bound onto itself so
-# that it is a mount point (bubblewrap's pivot_root needs one).
+# A private mount namespace, every mount below going with it, whose root becomes the Debian
+# root (pivot_root, not chroot: no user namespace, and so no sandbox, can be made in a chroot).
 unshare --mount --propagation private -- /bin/bash -euo pipefail -c '
   root=$1 command=$2
   mount --bind "$root" "$root"
@@ -41,7 +41,11 @@ unshare --mount --propagation private -- /bin/bash -euo pipefail -c '
   mount --rbind /dev "$root/dev"
   mount -t tmpfs -o mode=0755 tmpfs "$root/run"
   mount -t tmpfs -o mode=1777 tmpfs "$root/tmp"
-  exec chroot "$root" /usr/bin/env -i HOME=/root LANG=C.UTF-8 TERM=dumb \
+  mkdir -p "$root/.oldroot"
+  cd "$root"
+  pivot_root . .oldroot
+  exec /usr/bin/env -i HOME=/root LANG=C.UTF-8 TERM=dumb \
     PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-    /bin/bash -euo pipefail -c "update-ca-certificates >/dev/null; cd /src/sandhold; $command"
+    /bin/bash -euo pipefail -c "umount -l /.oldroot; update-ca-certificates >/dev/null
+      cd /src/sandhold; $command"
 ' prove "$root" "$command"
