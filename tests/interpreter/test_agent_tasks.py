@@ -12,7 +12,7 @@ import pptx
 from e2b_code_interpreter import Sandbox
 from PIL import Image as PIL_Image
 
-from sandhold.interpreter.packages import PACKAGES
+from sandhold.interpreter.template import pins
 
 SALES_CSV = """region,month,units,price
 North,2024-01,120,9.5
@@ -140,4 +140,4 @@ def test_scripts_outside_the_kernel_see_the_stack(sbx: Sandbox) -> None:
         'plt.plot([1]); plt.savefig("/tmp/x.png"); print(numpy.__version__)\''
     )
     assert out.exit_code == 0, out.stderr
-    assert f"numpy=={out.stdout.strip()}" in PACKAGES
+    assert f"numpy=={out.stdout.strip()}" in pins()

@@ -9,7 +9,7 @@ import re
 from e2b_code_interpreter import Sandbox
 
 from sandhold.config import Settings
-from sandhold.interpreter.packages import PACKAGES
+from sandhold.interpreter.packages import PACKAGES, for_python
 from sandhold.interpreter.template import (
     SANDBOX_CODE,
     SANDBOX_SITE,
@@ -17,6 +17,7 @@ from sandhold.interpreter.template import (
     TEMPLATE_NAME,
     build_code_interpreter_template,
     is_up_to_date,
+    pins,
     prune_site_trees,
 )
 from sandhold.runtime.templates.store import TemplateStore
@@ -28,8 +29,8 @@ def store_of(interp: InterpreterServer) -> TemplateStore:
 
 
 def test_every_package_is_pinned() -> None:
-    names = [p.partition("==")[0].lower() for p in PACKAGES]
-    assert all("==" in p for p in PACKAGES)
+    names = [p.partition("==")[0].lower() for p in pins()]
+    assert all("==" in p for p in pins())
     assert len(names) == len(set(names))
 
 
@@ -47,7 +48,7 @@ IMPORTS = {"numpy": "numpy", "pandas": "pandas", "scipy": "scipy", "matplotlib":
 
 
 def test_the_sandbox_runs_the_pinned_versions(sbx: Sandbox) -> None:
-    pins = {_norm(n): v for n, _, v in (p.partition("==") for p in PACKAGES)}
+    pinned = {_norm(n): v for n, _, v in (p.partition("==") for p in pins())}
     code = (
         f"import importlib, importlib.metadata as md, json\nsite = [{SANDBOX_SITE!r}]\n"
         "installed = {d.metadata['Name']: d.version for d in md.distributions(path=site)}\n"
@@ -57,9 +58,9 @@ def test_the_sandbox_runs_the_pinned_versions(sbx: Sandbox) -> None:
     execution = sbx.run_code(code)
     assert execution.error is None, execution.error
     installed, imported = json.loads("".join(execution.logs.stdout))
-    assert {_norm(n): v for n, v in installed.items()} == pins
-    assert imported == {m: pins[dist] for m, dist in IMPORTS.items()}
-    assert pins["matplotlib"].startswith("3.10.")  # boxplot(labels=...), as on E2B
+    assert {_norm(n): v for n, v in installed.items()} == pinned
+    assert imported == {m: pinned[dist] for m, dist in IMPORTS.items()}
+    assert pinned["matplotlib"].startswith("3.10.")  # boxplot(labels=...), as on E2B
 
 
 def test_template_layout_and_env(interp: InterpreterServer) -> None:
@@ -133,3 +134,10 @@ def test_a_new_package_tree_replaces_the_old_ones_of_its_uid_base_only(tmp_path)
     assert sorted(gone) == [".site-x1y2", "site-legacy", "site-old", "site-torn"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["site-new", "site-theirs", "wheels"]
     assert (tmp_path / "site-new" / "numpy").is_dir()
+
+
+def test_a_python_without_wheels_of_a_pin_gets_the_version_named_for_it() -> None:
+    assert for_python("3.11.2 (main, Apr 28 2025, 14:11:48) [GCC 12.2.0]") == PACKAGES
+    on_13 = dict(p.partition("==")[::2] for p in for_python("3.13.5 (main) [GCC 14.2.0]"))
+    assert (on_13["numpy"], on_13["scipy"]) == ("2.2.6", "1.14.1")
+    assert len(on_13) == len(PACKAGES)

@@ -11,7 +11,8 @@ download); a sandbox installs them with pip when a policy lets it reach an index
 The list is the full closure (resolved once for CPython 3.11 on x86-64/manylinux), so the build
 installs with ``--no-deps`` from a local wheelhouse: no resolver run, no surprise upgrades, and a
 rebuild needs no network. Changing anything here changes the template's build key, so the next
-``ensure`` rebuilds it (downloading only the wheels the wheelhouse lacks).
+``ensure`` rebuilds it (downloading only the wheels the wheelhouse lacks). The template runs the
+host's Python; where it has no wheel of a pin, ``FOR_PYTHON`` names the version it gets instead.
 """
 
 from __future__ import annotations
@@ -134,3 +135,16 @@ DEPENDENCIES: tuple[str, ...] = (
 )
 
 PACKAGES: tuple[str, ...] = TOP_LEVEL + DEPENDENCIES
+
+# Debian 13's Python 3.13 has no wheel of numpy 1.26 or scipy 1.13: it gets the first scipy with
+# its wheels and the newest numpy that scipy accepts (pandas, matplotlib and scikit-learn above
+# take numpy 2 as well).
+FOR_PYTHON: dict[str, dict[str, str]] = {"3.13": {"numpy": "2.2.6", "scipy": "1.14.1"}}
+
+
+def for_python(version: str) -> tuple[str, ...]:
+    """PACKAGES for the host's Python ``version`` (``sys.version``)."""
+    minor = ".".join(version.split()[0].split(".")[:2])
+    instead = FOR_PYTHON.get(minor, {})
+    pins = (pin.partition("==") for pin in PACKAGES)
+    return tuple(f"{n}=={instead[n]}" if n in instead else f"{n}=={v}" for n, _, v in pins)

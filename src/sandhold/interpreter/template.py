@@ -35,7 +35,7 @@ from pathlib import Path
 from sandhold.envd import INTERPRETER_PORT
 from sandhold.errors import HostUnsupported, TemplateBuildFailed
 from sandhold.interpreter.contexts import ENV_PATH, READY_PATH
-from sandhold.interpreter.packages import PACKAGES
+from sandhold.interpreter.packages import for_python
 from sandhold.runtime import staging
 from sandhold.runtime.templates.rootfs_owners import shift_ownership
 from sandhold.runtime.templates.store import (
@@ -116,11 +116,17 @@ def _python_version() -> str:
     return out.stdout.strip()
 
 
+def pins() -> tuple[str, ...]:
+    """The template's packages for the host's Python (packages.for_python)."""
+    return for_python(_python_version())
+
+
 def packages_key(uid_base: int) -> str:
     h = hashlib.sha256()
-    h.update(_python_version().encode())
+    version = _python_version()
+    h.update(version.encode())
     h.update(f"uid_base={uid_base}".encode())
-    for pin in PACKAGES:
+    for pin in for_python(version):
         h.update(pin.encode() + b"\n")
     return h.hexdigest()[:16]
 
@@ -159,14 +165,14 @@ def _norm(name: str) -> str:
     return re.sub(r"[-_.]+", "_", name).lower()
 
 
-def _missing_wheels(wheelhouse: Path) -> list[str]:
+def _missing_wheels(wheelhouse: Path, pins: tuple[str, ...]) -> list[str]:
     have = set()
     for f in wheelhouse.glob("*.whl"):
         parts = f.name.split("-")
         if len(parts) >= 2:
             have.add((_norm(parts[0]), parts[1]))
     missing = []
-    for pin in PACKAGES:
+    for pin in pins:
         name, _, version = pin.partition("==")
         if (_norm(name), version) not in have:
             missing.append(pin)
@@ -186,7 +192,8 @@ def ensure_site_packages(cache_dir: Path, uid_base: int) -> Path:
         raise HostUnsupported(f"pip for {PYTHON} is missing (apt-get install python3-pip)")
     wheelhouse = cache_dir / "wheels"
     wheelhouse.mkdir(parents=True, exist_ok=True)
-    missing = _missing_wheels(wheelhouse)
+    pinned = pins()
+    missing = _missing_wheels(wheelhouse, pinned)
     if missing:
         t0 = time.monotonic()
         _pip(
@@ -201,15 +208,15 @@ def ensure_site_packages(cache_dir: Path, uid_base: int) -> Path:
         # --break-system-packages here; --no-index keeps the install offline.
         _pip(
             ["install", "--no-deps", "--no-index", "--find-links", str(wheelhouse),
-             "--target", str(staging / "t"), *PACKAGES],
+             "--target", str(staging / "t"), *pinned],
             "installing packages",
         )  # fmt: skip
-        log.info("installed %d packages in %.1f s", len(PACKAGES), time.monotonic() - t0)
+        log.info("installed %d packages in %.1f s", len(pinned), time.monotonic() - t0)
         tree = staging / "t"
         # Readable by every sandbox user whatever our umask; writable by sandbox root only.
         subprocess.run(["chmod", "-R", "u+rwX,go+rX,go-w", str(tree)], check=True)
         shift_ownership(tree, uid_base)
-        done = {"packages": list(PACKAGES), "uid_base": uid_base}
+        done = {"packages": list(pinned), "uid_base": uid_base}
         (tree / ".complete").write_text(json.dumps(done))
         shutil.rmtree(site, ignore_errors=True)
         tree.rename(site)
@@ -345,7 +352,7 @@ def build_code_interpreter_template(
             (staged / "template.json").write_text(json.dumps(tpl.to_json(), indent=2))
             info = {
                 "key": build_key(store.uid_base),
-                "packages": list(PACKAGES),
+                "packages": list(pins()),
                 "built_at": time.time(),
                 "build_seconds": round(time.monotonic() - t0, 1),
             }
