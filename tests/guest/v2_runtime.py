@@ -26,7 +26,7 @@ pytestmark = pytest.mark.skipif(cgroups.kind() != "v2", reason="runs in the cgro
 async def test_a_sandbox_lives_in_a_v2_group_with_its_limits(make_sandbox, runtime):
     sbx = await make_sandbox(limits={"memory_mb": 200, "cpu": 0.5, "pids": 80})
     cg = runtime.cgroup(sbx.id)
-    d = cgroup_v2.own_root() / runtime.settings.cgroup_group / sbx.id
+    d = cgroup_v2.root() / runtime.settings.cgroup_group / sbx.id
     assert cg.dirs() == [d] and d.is_dir()
     assert (d / "memory.max").read_text().strip() == str(200 << 20)
     assert (d / "memory.swap.max").read_text().strip() == "0"
@@ -67,10 +67,10 @@ async def test_a_fork_bomb_is_held_by_pids_max_and_killed_whole(make_sandbox, ru
     assert not cg.exists()
 
 
-def test_a_server_under_a_delegated_unit_writes_only_inside_it():
-    """The shape systemd gives a unit with Delegate=yes: the server's processes in a non-root
-    group of their own. It moves them to a leaf, enables its controllers there and makes its
-    sandboxes below; nothing outside the unit's group changes."""
+def test_a_server_in_a_group_below_the_root_writes_only_inside_it():
+    """A server some supervisor other than systemd started in a group of its own below the
+    root (under systemd: under_systemd.py). It moves its processes to a leaf, enables its
+    controllers there and makes its sandboxes below; nothing outside its group changes."""
     unit = cgroups.CGROUP_ROOT / "sandhold-test.service"
     unit.mkdir()
     (cgroups.CGROUP_ROOT / "cgroup.subtree_control").write_text("+memory +pids +cpu")

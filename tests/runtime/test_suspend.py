@@ -4,6 +4,7 @@ that is damaged lose nothing."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import time
@@ -30,18 +31,22 @@ def _criu(runtime: Runtime) -> None:
         pytest.skip(f"CRIU unusable here: {detail}")
 
 
-async def _state(info) -> tuple[int, str]:
-    n, secret = (await sh(info, "cat /tmp/state")).text.split()
+async def _state(info, timeout: float = 60.0) -> tuple[int, str]:
+    """The counter's state, once it has written one: a loaded host, or the emulated cgroup v2
+    guest, starts its Python a second or more after the command that launched it returns."""
+    deadline = time.monotonic() + timeout
+    while not (words := (await sh(info, "cat /tmp/state 2>/dev/null || true")).text.split()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no counter state in {info.id} after {timeout:g} s")
+        await asyncio.sleep(0.02)
+    n, secret = words
     return int(n), secret
 
 
 async def _counting(make_sandbox):
     info = await make_sandbox()
     await sh(info, COUNTER)
-    for _ in range(100):
-        if (await sh(info, "cat /tmp/state 2>/dev/null || true")).text:
-            break
-        time.sleep(0.02)
+    await _state(info)
     return info
 
 

@@ -56,18 +56,33 @@ mount --move /sys /newroot/sys
 exec switch_root /newroot /bin/sh /mnt/guest/init.sh
 """
 
-# The command's script, on the real root: what a booted host would have, then the command, its
-# output and status kept in the exchange share, then power off (PID 1 must not exit).
-SCRIPT = """#!/bin/sh
-mount -t cgroup2 -o nsdelegate cgroup2 /sys/fs/cgroup
+# PID 1 on the real root: what a booted host would have, then the command's script, either
+# directly (PID 1 must not exit: the script powers off) or as a unit of systemd, booted as PID 1.
+BOOT = """#!/bin/sh
+mount --bind /mnt/scratch/var-tmp /var/tmp
+# The kernel loads its own modules on demand (CRIU's socket diagnostics, nf_tables) from the
+# kit: not bound under /usr, whose submounts a sandbox's /usr would carry (CRIU then cannot
+# restore it)
+printf '#!/bin/sh\\nexec /sbin/modprobe -d {kit_root} "$@"\\n' > /run/modprobe
+chmod 755 /run/modprobe
+echo /run/modprobe > /proc/sys/kernel/modprobe
+{init}
+"""
+DIRECT = """mount -t cgroup2 -o nsdelegate cgroup2 /sys/fs/cgroup
 mkdir -p /dev/pts /dev/shm
 mount -t devpts -o newinstance,ptmxmode=0666 devpts /dev/pts
 mount -t tmpfs -o mode=1777 tmpfs /dev/shm
-mount --bind /mnt/scratch/var-tmp /var/tmp
 ip link set lo up
-# The kernel's own modules, for what it loads on demand (CRIU's socket diagnostics, nf_tables)
-mkdir -p /lib/modules/$(uname -r)
-mount --bind {modules} /lib/modules/$(uname -r)
+exec /bin/sh /mnt/guest/command.sh"""
+SYSTEMD = """mkdir -p /etc/systemd/system
+printf '[Service]\\nType=oneshot\\nExecStart=/bin/sh /mnt/guest/command.sh\\n' \\
+  > /etc/systemd/system/sandhold-guest.service
+# (its boot-time clean-up would empty /tmp, a checkout there included)
+ln -sf /dev/null /etc/systemd/system/systemd-tmpfiles-setup.service
+exec /lib/systemd/systemd --unit=sandhold-guest.service"""
+
+# The command, its output and status kept in the exchange share, then power off.
+COMMAND = """#!/bin/sh
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8
 export TMPDIR=/mnt/scratch/tmp
 {env}
@@ -85,7 +100,7 @@ class Kit:
     kernel: Path
     initrd: Path
     release: str  # the kernel's uname -r
-    modules: Path  # its /lib/modules/<release>, bound there in the guest
+    root: Path  # the unpacked package: its modules for the guest's modprobe
 
 
 @dataclass(frozen=True)
@@ -119,8 +134,8 @@ def kit() -> Kit:
         if not (d / "initrd.gz").exists():
             _build(package, d)
     release = package.removeprefix("linux-image-")
-    boot, modules = d / "root" / "boot", d / "root" / "lib" / "modules" / release
-    return Kit(boot / f"vmlinuz-{release}", d / "initrd.gz", release, modules)
+    boot = d / "root" / "boot"
+    return Kit(boot / f"vmlinuz-{release}", d / "initrd.gz", release, d / "root")
 
 
 def _build(package: str, d: Path) -> None:
@@ -178,16 +193,20 @@ def run(
     timeout_s: float = 600,
     memory_mb: int = 3072,
     scratch_gb: int = 8,
+    systemd: bool = False,
 ) -> Result:
     """Boot a guest, run ``command`` with ``/bin/sh`` in ``cwd`` (a path of this machine's root),
-    and power it off; its output and status come back through the exchange share."""
+    and power it off; its output and status come back through the exchange share. With
+    ``systemd``, the machine's systemd boots as PID 1 and runs the command as a unit."""
     booted = kit()
     with tempfile.TemporaryDirectory(prefix="sandhold-guest-", dir="/var/tmp") as tmp:
         ex = Path(tmp)
         exports = "\n".join(f"export {n}={shlex.quote(v)}" for n, v in (env or {}).items())
-        script = SCRIPT.format(env=exports, cwd=shlex.quote(str(cwd)), command=command,
-                               modules=shlex.quote(str(booted.modules)))  # fmt: skip
-        (ex / "init.sh").write_text(script)
+        init = SYSTEMD if systemd else DIRECT
+        (ex / "init.sh").write_text(BOOT.format(kit_root=booted.root, init=init))
+        (ex / "command.sh").write_text(
+            COMMAND.format(env=exports, cwd=shlex.quote(str(cwd)), command=command)
+        )
         scratch = ex / "scratch.img"
         with open(scratch, "wb") as f:
             f.truncate(scratch_gb << 30)

@@ -1,23 +1,29 @@
 """The cgroup v2 backend: hosts that mount the unified hierarchy only (Debian 11 and later,
 Ubuntu 22.04 and later, RHEL 9, every systemd >= 258 host, every Kubernetes node).
 
-The server writes only inside its own cgroup, the subtree it was handed: by systemd (a unit
-with ``Delegate=yes``, deploy/systemd) or by a container with a private cgroup namespace (there
-its own group shows as ``/``). Below a host's root, a group with processes cannot enable
-controllers for its children ("no internal processes"), so the server's processes move first to
-a leaf of their own (``SERVER_LEAF``); then ``memory``, ``pids`` and ``cpu`` are enabled below
-its group and below each data dir's parent group, and a sandbox is ``<own>/<parent>/<id>``.
+The server writes only in a subtree it was handed (``root()``):
+- under systemd, a scope delegated to it beside its unit (cgroup_scope.py: sandboxes outlive
+  the unit's restarts there);
+- elsewhere its own cgroup: a container's with a private cgroup namespace (there its own group
+  shows as ``/``), or any group a supervisor started it in.
+Below a host's root, a group with processes cannot enable controllers for its children ("no
+internal processes"), so the group's own processes move first to a leaf (the server's to
+``SERVER_LEAF``, the scope's holder to ``HOLDER_LEAF``); then ``memory``, ``pids`` and ``cpu``
+are enabled below it and below each data dir's parent group, and a sandbox is
+``<root>/<parent>/<id>``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from sandhold.errors import HostUnsupported
+from sandhold.runtime import cgroup_scope
 from sandhold.runtime.cgroup_files import (
     CGROUP_ROOT,
     CPU_PERIOD_US,
@@ -30,19 +36,42 @@ from sandhold.runtime.cgroup_files import (
 
 CONTROLLERS = ("memory", "pids", "cpu")
 SERVER_LEAF = "sandhold-server"
-_delegated: set[Path] = set()
+_prepared: set[Path] = set()
+_preparing = threading.Lock()
 
 
 @functools.cache
-def own_root() -> Path:
-    """The cgroup this process was given (its delegated subtree), read once: after the move to
-    the leaf, ``/proc/self/cgroup`` names the leaf."""
+def own_group() -> Path:
+    """The cgroup this process was started in, read once: after the move to the leaf,
+    ``/proc/self/cgroup`` names the leaf."""
     path = "/"
     for line in read_proc("/proc/self/cgroup").decode().splitlines():
         if line.startswith("0::"):
             path = line[3:].strip()
     d = CGROUP_ROOT / path.lstrip("/")
     return d.parent if d.name == SERVER_LEAF else d
+
+
+@functools.cache
+def root() -> Path:
+    """Where this process makes sandbox groups: the scope of its systemd unit, or its own."""
+    return cgroup_scope.scope_for(own_group()) or own_group()
+
+
+def prepared_root() -> Path:
+    """``root()``, made a parent of groups (once per process, again if it went away)."""
+    r = root()
+    if r in _prepared and r.is_dir():
+        return r
+    with _preparing:
+        if r != own_group():
+            if not r.is_dir():
+                cgroup_scope.start(r)
+            delegate(r, cgroup_scope.HOLDER_LEAF)
+        else:
+            delegate(r, SERVER_LEAF)
+        _prepared.add(r)
+    return r
 
 
 def is_host_root(d: Path) -> bool:
@@ -66,18 +95,17 @@ def enable(d: Path) -> None:
     write(d / "cgroup.subtree_control", " ".join(f"+{c}" for c in CONTROLLERS))
 
 
-def delegate(root: Path) -> None:
-    """Make the server's own group a parent of groups: below a host's root, move its processes
-    (every process of the unit or container) into the leaf first. Idempotent."""
-    procs = [] if is_host_root(root) else read(root / "cgroup.procs").split()
+def delegate(group: Path, leaf: str) -> None:
+    """Make ``group`` a parent of groups: below a host's root, move its processes (every process
+    of the unit or container, or the scope's holder) into ``leaf`` first. Idempotent."""
+    procs = [] if is_host_root(group) else read(group / "cgroup.procs").split()
     if procs:
-        leaf = root / SERVER_LEAF
-        leaf.mkdir(exist_ok=True)
+        (group / leaf).mkdir(exist_ok=True)
         for pid in procs:
             if int(pid) > 0:  # 0: a task of another PID namespace, which we cannot move
                 with contextlib.suppress(ProcessLookupError, OSError):
-                    write(leaf / "cgroup.procs", pid)
-    enable(root)
+                    write(group / leaf / "cgroup.procs", pid)
+    enable(group)
 
 
 def _wait_events(d: Path, key: str, want: str, timeout: float = 5.0) -> None:
@@ -95,17 +123,13 @@ class V2Group(Group):
 
     @property
     def dir(self) -> Path:
-        return own_root() / self.parent / self.name
+        return root() / self.parent / self.name
 
     def dirs(self) -> list[Path]:
         return [self.dir]
 
     def create(self, memory_mb: int, cpu: float, pids: int) -> None:
-        root = own_root()
-        if root not in _delegated:  # once per process: the server's own processes move once
-            delegate(root)
-            _delegated.add(root)
-        parent = root / self.parent
+        parent = prepared_root() / self.parent
         parent.mkdir(exist_ok=True)
         enable(parent)
         d = self.dir
@@ -124,7 +148,7 @@ class V2Group(Group):
 
     def pids(self) -> list[int]:
         try:
-            text = read_proc(f"{own_root()}/{self.parent}/{self.name}/cgroup.procs")
+            text = read_proc(f"{root()}/{self.parent}/{self.name}/cgroup.procs")
         except FileNotFoundError:
             return []
         return [p for p in map(int, text.split()) if p > 0]
@@ -188,11 +212,11 @@ class V2Group(Group):
 
 
 def group_dirs(parent: str, name: str) -> list[Path]:
-    return [own_root() / parent / name]
+    return [root() / parent / name]
 
 
 def list_names(parent: str) -> list[str]:
-    d = own_root() / parent
+    d = root() / parent
     if not d.is_dir():
         return []
     return sorted(p.name for p in d.iterdir() if p.is_dir())
@@ -200,4 +224,4 @@ def list_names(parent: str) -> list[str]:
 
 def remove_parent(parent: str) -> None:
     with contextlib.suppress(FileNotFoundError, OSError):
-        (own_root() / parent).rmdir()
+        (root() / parent).rmdir()

@@ -26,7 +26,9 @@ def kind() -> Kind:
 def why() -> str:
     """What the choice was made from, for ``sandhold doctor``."""
     if kind() == "v2":
-        return f"{CGROUP_ROOT} is the unified hierarchy; sandboxes go below {cgroup_v2.own_root()}"
+        r = cgroup_v2.root()
+        how = "the server's own group" if r == cgroup_v2.own_group() else "a systemd scope"
+        return f"{CGROUP_ROOT} is the unified hierarchy; sandboxes go below {r} ({how})"
     return f"{CGROUP_ROOT} holds v1 hierarchies (a hybrid host)"
 
 

@@ -49,7 +49,9 @@ def _cgroups() -> list[Check]:
     """Which backend this host gets and why; what it needs there."""
     backend = Check("cgroup backend", True, f"{cgroups.kind()}: {cgroups.why()}")
     if cgroups.kind() == "v2":
-        root = cgroup_v2.own_root()
+        root = cgroup_v2.root()
+        if not root.is_dir():  # a systemd scope, made at the first sandbox: its slice's
+            root = root.parent
         available = set(read(root / "cgroup.controllers").split())
         missing = [c for c in cgroup_v2.CONTROLLERS if c not in available]
         return [
@@ -58,7 +60,7 @@ def _cgroups() -> list[Check]:
                 "cgroup v2 controllers",
                 not missing,
                 " ".join(cgroup_v2.CONTROLLERS) if not missing else f"missing: {' '.join(missing)}",
-                "delegate them to the server's cgroup (systemd: Delegate=yes, deploy/systemd)",
+                "delegate them to the server's cgroup (a container's: docs/deploy.md)",
             ),
         ]
     missing = cgroup_v1.missing_controllers()

@@ -8,6 +8,7 @@ Modules:
 - ``copy_archive.py``: A template COPY's uploaded archive, read on the host without extracting it
 - ``dockerfile.py``: A Dockerfile subset read into a template build's steps (build.py)
 - ``from_image.py``: Templates made of OCI images (a build's ``from_image`` base)
+- ``host_etc.py``: What a template built on the host's ``/usr`` takes from the host's ``/etc``
 - ``layer_scan.py``: What an image's layers would write, counted before anything is unpacked
 - ``layers.py``: The layer store (``data_dir/templates/.layers/<id>/``)
 - ``oci.py``: OCI images from a registry, unpacked into a root filesystem directory

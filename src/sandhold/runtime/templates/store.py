@@ -31,7 +31,7 @@ from sandhold.errors import HostUnsupported, InvalidRequest, TemplateNotFound
 from sandhold.runtime import safefs, staging
 from sandhold.runtime.launcher import root_mount_points
 from sandhold.runtime.spec import NAME_RE
-from sandhold.runtime.templates import oci, rootfs_owners
+from sandhold.runtime.templates import host_etc, oci, rootfs_owners
 
 log = logging.getLogger(__name__)
 
@@ -52,56 +52,6 @@ BUILD_CAPS = [
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 BASE_BIN = "/opt/sandhold/bin"  # commands of `base`'s own (after the host's, on its PATH)
 SUDO_CLIENT = Path(__file__).parents[1] / "sudo_client.py"  # sandhold.runtime
-
-# Host /etc entries that are safe and useful inside a sandbox built on the host's /usr.
-HOST_ETC_ENTRIES = (
-    "alternatives",
-    "bash.bashrc",
-    "ca-certificates",
-    "ca-certificates.conf",
-    "debian_version",
-    "environment",
-    "gai.conf",
-    "host.conf",
-    "inputrc",
-    "issue",
-    "ld.so.cache",
-    "ld.so.conf",
-    "ld.so.conf.d",
-    "locale.alias",
-    "localtime",
-    "login.defs",
-    "magic",
-    "magic.mime",
-    "mime.types",
-    "nsswitch.conf",
-    "os-release",
-    "profile",
-    "profile.d",
-    "protocols",
-    "python3",
-    "python3.*",  # the release's own: 3.11 on Debian 12, 3.13 on 13
-    "services",
-    "shells",
-    "skel",
-    "ssl",
-    "timezone",
-    "fonts",
-    "R",
-    "java-*-openjdk",  # 17 on Debian 12, 21 on 13
-)
-
-
-def _host_etc_entries() -> list[str]:
-    """HOST_ETC_ENTRIES with its patterns matched against this host's /etc."""
-    out: list[str] = []
-    for entry in HOST_ETC_ENTRIES:
-        out += sorted(p.name for p in Path("/etc").glob(entry)) if "*" in entry else [entry]
-    return out
-
-
-# Never copied even when nested in an entry above.
-HOST_ETC_EXCLUDE = ("ssl/private",)
 
 # Where the store's work is staged (staging.py): a template's, the one it replaced, debootstrap's,
 # an image's pull (from_image.py), a manifest fetch's (oci.py: its auth file too).
@@ -353,7 +303,7 @@ class TemplateStore:
                 host = Path("/") / link
                 if host.is_symlink():
                     (rootfs / link).symlink_to(os.readlink(host))
-            self._copy_host_etc(rootfs / "etc")
+            host_etc.copy(rootfs / "etc")
             _builtin_uid_in_profile(rootfs / "etc/profile")
             (rootfs / "etc/passwd").write_text(
                 _passwd({"root": (0, "/root"), "user": (SANDBOX_USER_UID, "/home/user")})
@@ -387,29 +337,6 @@ class TemplateStore:
         except BaseException:
             safefs.remove_quietly(staging)
             raise
-
-    @staticmethod
-    def _copy_host_etc(dest: Path) -> None:
-        for entry in _host_etc_entries():
-            src = Path("/etc") / entry
-            if not (src.exists() or src.is_symlink()):
-                continue
-            target = dest / entry
-            if src.is_symlink():
-                target.symlink_to(os.readlink(src))
-            elif src.is_dir():
-                shutil.copytree(
-                    src,
-                    target,
-                    symlinks=True,
-                    ignore=lambda d, names: [
-                        n
-                        for n in names
-                        if os.path.relpath(os.path.join(d, n), "/etc") in HOST_ETC_EXCLUDE
-                    ],
-                )
-            else:
-                shutil.copy2(src, target)
 
     def build_from_rootfs(
         self,
