@@ -214,3 +214,14 @@ def remove_groups(top: Path) -> None:
         if d.is_dir():
             d.rmdir()
     top.rmdir()
+
+
+def test_doctor_names_the_v2_backend_and_passes(runtime):
+    from sandhold.runtime.doctor import run_checks
+
+    s = runtime.settings
+    checks = {c.name: c for c in run_checks(s.uid_base, s.uid_ranges, s.criu_path)}
+    assert checks["cgroup backend"].detail.startswith("v2: ")
+    assert str(cgroup_v2.root()) in checks["cgroup backend"].detail
+    failed = [c for c in checks.values() if not c.ok and c.name != "KVM"]  # TCG: no /dev/kvm
+    assert not failed, failed

@@ -83,8 +83,9 @@ def test_template_ls_and_doctor(cli):
     assert "base" in out and "host" in out
     r = cli("doctor")
     assert r.returncode == 0
-    for check in ("bubblewrap", "user namespaces", "overlay", "seccomp"):
+    for check in ("bubblewrap", "user namespaces", "overlay", "seccomp", "kernel"):
         assert check in r.stdout
+    assert os.uname().release[:12] in r.stdout  # the kernel it judged
 
 
 def test_doctor_exits_69_when_a_required_check_fails(settings, tmp_path):

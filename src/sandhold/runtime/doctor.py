@@ -24,6 +24,28 @@ class Check:
     required: bool = True
 
 
+# The kernel features the runtime uses, each from the release that brought it
+# (docs/runtime.md, "Kernel features and versions"); 6.1 is the oldest proven (the v2 guest).
+KERNEL_FEATURES = (
+    "namespaces and seccomp 4.6",
+    "idmapped mounts 5.12 (overlay layers 5.19)",
+    "cgroup.kill 5.14",
+)
+OLDEST_PROVEN = (6, 1)
+
+
+def _kernel() -> Check:
+    release = os.uname().release
+    parts = release.split(".")
+    version = (int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0))
+    return Check(
+        "kernel",
+        version >= OLDEST_PROVEN,
+        f"{release}; uses {', '.join(KERNEL_FEATURES)}",
+        "run Linux 6.1 or later (Debian 12's kernel or newer)",
+    )
+
+
 def _userns() -> Check:
     try:
         limit = int(Path("/proc/sys/user/max_user_namespaces").read_text())
@@ -181,6 +203,7 @@ def _criu(path: Path) -> Check:
 def run_checks(uid_base: int, uid_ranges: int, criu_path: Path) -> list[Check]:
     return [
         _root(),
+        _kernel(),
         _userns(),
         _bwrap(),
         *_cgroups(),
