@@ -2,6 +2,7 @@
 VENV := .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
+RUN_ARGS ?=
 
 .PHONY: install install-test run test lint format typecheck bench clean
 
@@ -12,8 +13,9 @@ install:
 install-test:
 	@scripts/install.sh --test
 
+# `make run RUN_ARGS=--no-serve` stops after the tour (scripts/prove-debian.sh)
 run: install
-	$(BIN)/sandhold demo
+	$(BIN)/sandhold demo $(RUN_ARGS)
 
 test: install-test
 	$(BIN)/pytest -n 2 --dist loadfile -q $(PYTEST_ARGS)

@@ -2,14 +2,14 @@
 # Proves the README's first command on a fresh Debian of another release (default: trixie, 13):
 # debootstraps a minimal root from this machine's own archive, clones this checkout's HEAD into
 # it and runs `make run` there (scripts/install.sh, then `sandhold demo`: the official SDKs'
-# tour), on this machine's kernel, /proc, /sys and /dev. What the root gets from the machine is
+# tour, stopping after it), on this machine's kernel, /proc, /sys and /dev. What the root gets from the machine is
 # its configuration only: the CA certificates it trusts and its pip and npm settings.
 # As root. About 15 minutes and 2 GB under $ROOT the first time (docs/deploy.md, "Debian 13").
-#   scripts/prove-debian.sh [suite] [command run in the checkout, default `make run`]
+#   scripts/prove-debian.sh [suite] [command run in the checkout]
 set -euo pipefail
 cd "$(dirname "$0")"
 suite=${1:-trixie}
-command=${2:-make run}
+command=${2:-make run RUN_ARGS=--no-serve && .venv/bin/sandhold doctor}
 root=${ROOT:-/var/tmp/sandhold-$suite}
 repo=$(cd .. && pwd)
 
