@@ -46,27 +46,37 @@ def internet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Internet]:
     assert not net.exists(), "the test internet's netns or veth was left behind"
 
 
-@pytest.fixture(scope="session")
-def egress_settings(internet: Internet) -> Iterator[Settings]:
-    d = Path(tempfile.mkdtemp(prefix="sandhold-egress-", dir="/var/tmp"))
+def settings_over(internet: Internet, prefix: str, **overrides: object) -> Settings:
+    """Settings of a new data dir whose egress proxy uses the test internet."""
+    d = Path(tempfile.mkdtemp(prefix=prefix, dir="/var/tmp"))
     d.chmod(0o755)
-    yield Settings(data_dir=d, **internet.settings())  # type: ignore[arg-type]
+    return Settings(data_dir=d, **{**internet.settings(), **overrides})  # type: ignore[arg-type]
 
 
-@pytest.fixture(scope="session")
-def egress_runtime(egress_settings: Settings) -> Iterator[Runtime]:
-    rt = Runtime(egress_settings).open()
+def runtime_over(settings: Settings) -> Iterator[Runtime]:
+    """A runtime over ``settings``; after it, every sandbox, mount, group and daemon of it gone."""
+    rt = Runtime(settings).open()
     rt.templates.get("base")
     yield rt
-    d = egress_settings.data_dir
+    d = settings.data_dir
     for info in rt.list():
         rt.kill(info.id)
     for target in mounts.mounts_under(d):
         mounts.umount(Path(target))
-    cgroups.remove_parent(egress_settings.cgroup_group)
+    cgroups.remove_parent(settings.cgroup_group)
     leftover = daemon_pids(d)
     shutil.rmtree(d, ignore_errors=True)
     assert not leftover, f"the egress daemon outlived its last sandbox: {leftover}"
+
+
+@pytest.fixture(scope="session")
+def egress_settings(internet: Internet) -> Settings:
+    return settings_over(internet, "sandhold-egress-")
+
+
+@pytest.fixture(scope="session")
+def egress_runtime(egress_settings: Settings) -> Iterator[Runtime]:
+    yield from runtime_over(egress_settings)
 
 
 @pytest.fixture(scope="session")

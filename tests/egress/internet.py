@@ -207,11 +207,21 @@ class Internet:
             raise RuntimeError("the test internet's servers did not start")
 
     def settings(self) -> dict[str, object]:
-        """Settings that point the egress proxy at this internet."""
+        """Settings that point the egress proxy at this internet, whose ranges the operator
+        opens: they are not globally routable (198.18.0.0/15 and 2001:2::/48 are for
+        benchmarks), so the guard refuses them otherwise."""
         return {
+            "egress_open_cidrs": [f"198.18.{self.net}.0/24", f"2001:2:0:{self.net:x}::/64"],
             "egress_dns_servers": [self.api_ip],
             "egress_upstream_ca_file": self.ca,
             "egress_sandbox_ca_files": [self.ca],
+        }
+
+    def server_settings(self) -> dict[str, str]:
+        """``settings()`` as a server process takes them (``SANDHOLD_*``: lists as JSON)."""
+        return {
+            k: json.dumps([str(x) for x in v]) if isinstance(v, list) else str(v)
+            for k, v in self.settings().items()
         }
 
     def requests(self) -> list[dict[str, object]]:

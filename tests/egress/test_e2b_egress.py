@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import json
 from collections.abc import Iterator
 
 import pytest
@@ -28,9 +27,7 @@ def egress_server(tmp_path_factory: pytest.TempPathFactory, internet: Internet) 
     srv = new_server(
         tmp_path_factory.mktemp("e2b-egress"),
         egress_e2b_enabled="true",
-        egress_dns_servers=json.dumps([internet.api_ip]),
-        egress_upstream_ca_file=str(internet.ca),
-        egress_sandbox_ca_files=json.dumps([str(internet.ca)]),
+        **internet.server_settings(),
     )
     srv.start()
     store = open_store(srv.data_dir, [], None)

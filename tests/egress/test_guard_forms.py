@@ -8,17 +8,12 @@ the blanket rule on those prefixes does not decide: the IPv4 address they embed 
 from __future__ import annotations
 
 import shlex
-import shutil
-import tempfile
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 
 import pytest
 
-from sandhold.config import Settings
-from sandhold.runtime import cgroups, mounts
 from sandhold.runtime.runtime import Runtime
-from tests.egress.fixtures import EgressSandboxes, daemon_pids
+from tests.egress.fixtures import EgressSandboxes, runtime_over, settings_over
 from tests.egress.internet import Internet
 from tests.egress.traps import loopback_v4
 from tests.runtime.helpers import sh
@@ -45,19 +40,10 @@ print(body)
 
 @pytest.fixture(scope="module")
 def opened_runtime(internet: Internet) -> Iterator[Runtime]:
-    d = Path(tempfile.mkdtemp(prefix="sandhold-egress-nat64-", dir="/var/tmp"))
-    d.chmod(0o755)
-    settings = Settings(data_dir=d, egress_open_cidrs=OPENED, **internet.settings())  # type: ignore[arg-type]
-    rt = Runtime(settings).open()
-    yield rt
-    for info in rt.list():
-        rt.kill(info.id)
-    for target in mounts.mounts_under(d):
-        mounts.umount(Path(target))
-    cgroups.remove_parent(settings.cgroup_group)
-    leftover = daemon_pids(d)
-    shutil.rmtree(d, ignore_errors=True)
-    assert not leftover, f"the egress daemon outlived its last sandbox: {leftover}"
+    opened = [*OPENED, *internet.settings()["egress_open_cidrs"]]  # type: ignore[misc]
+    yield from runtime_over(
+        settings_over(internet, "sandhold-egress-nat64-", egress_open_cidrs=opened)
+    )
 
 
 @pytest.fixture

@@ -10,7 +10,11 @@ from pydantic import ValidationError
 from sandhold.egress.policy import CompiledPolicy, EgressPolicy, Guard, parse_rule
 
 A = ipaddress.ip_address
-GUARD = Guard(host_addresses=["203.0.113.7"])
+# Globally routable stand-ins (decisions only: nothing here is dialled). The documentation
+# ranges are not globally routable, so the guard refuses them like any internal address.
+PUBLIC = "11.0.0"  # .0/24
+HOST = "11.0.1.7"
+GUARD = Guard(host_addresses=[HOST])
 
 
 def decide(host: str, addrs: list[str], **policy: object) -> tuple[bool, str]:
@@ -38,23 +42,21 @@ def test_wildcards_match_subdomains_not_the_apex_or_lookalikes() -> None:
 
 
 def test_allow_list_and_deny_precedence() -> None:
-    assert decide("a.test", ["198.51.100.1"], mode="allowlist", allow=["a.test"]) == (
+    assert decide("a.test", [f"{PUBLIC}.1"], mode="allowlist", allow=["a.test"]) == (
         True,
         "allow a.test",
     )
-    assert decide("b.test", ["198.51.100.1"], mode="allowlist", allow=["a.test"])[0] is False
+    assert decide("b.test", [f"{PUBLIC}.1"], mode="allowlist", allow=["a.test"])[0] is False
     # allow wins over deny, as in E2B
     assert (
-        decide("a.test", ["198.51.100.1"], mode="open", allow=["a.test"], deny=["198.51.100.0/24"])[
-            0
-        ]
+        decide("a.test", [f"{PUBLIC}.1"], mode="open", allow=["a.test"], deny=[f"{PUBLIC}.0/24"])[0]
         is True
     )
-    assert decide("c.test", ["198.51.100.1"], mode="open", deny=["198.51.100.0/24"]) == (
+    assert decide("c.test", [f"{PUBLIC}.1"], mode="open", deny=[f"{PUBLIC}.0/24"]) == (
         False,
-        "deny 198.51.100.0/24",
+        f"deny {PUBLIC}.0/24",
     )
-    assert decide("c.test", ["198.51.100.9"], mode="none")[1] == "mode none"
+    assert decide("c.test", [f"{PUBLIC}.9"], mode="none")[1] == "mode none"
 
 
 @pytest.mark.parametrize(
@@ -71,9 +73,19 @@ def test_allow_list_and_deny_precedence() -> None:
         "fe80::1",
         "::ffff:127.0.0.1",
         "::ffff:10.0.0.1",
-        "203.0.113.7",
+        HOST,
         "0.0.0.0",
         "224.0.0.1",
+        # not globally routable either: where fleets put nodes, and the documentation ranges
+        "198.18.0.1",
+        "198.19.255.254",
+        "192.0.2.1",
+        "198.51.100.1",
+        "203.0.113.1",
+        "2001:db8::1",
+        "2001:2::1",
+        "100::1",
+        "::ffff:198.18.0.1",
     ],
 )
 def test_internal_addresses_are_denied_whatever_the_rules(addr: str) -> None:
@@ -82,7 +94,7 @@ def test_internal_addresses_are_denied_whatever_the_rules(addr: str) -> None:
 
 
 def test_one_internal_address_among_several_denies_the_name() -> None:
-    assert decide("x.test", ["198.51.100.1", "127.0.0.1"], mode="open") == (False, "internal")
+    assert decide("x.test", [f"{PUBLIC}.1", "127.0.0.1"], mode="open") == (False, "internal")
 
 
 def test_the_operator_can_open_an_internal_range() -> None:
@@ -98,7 +110,7 @@ def test_names_outside_an_allow_list_are_refused_before_any_lookup() -> None:
     assert p.precheck("a.test") is None
     # with an address rule a name may still turn out allowed: resolve first
     assert (
-        CompiledPolicy(EgressPolicy(mode="allowlist", allow=["198.51.100.0/24"])).precheck("b.test")
+        CompiledPolicy(EgressPolicy(mode="allowlist", allow=[f"{PUBLIC}.0/24"])).precheck("b.test")
         is None
     )
 
@@ -111,7 +123,7 @@ def test_names_outside_an_allow_list_are_refused_before_any_lookup() -> None:
         ("::ffff:0:10.0.0.1", "10.0.0.1"),  # IPv4-translated
         ("64:ff9b::a9fe:a9fe", "169.254.169.254"),  # NAT64
         ("2002:c0a8:101::1", "192.168.1.1"),  # 6to4
-        ("2001:0:c612:1002::80ff:fffe", "127.0.0.1"),  # Teredo (client, xor 0xffffffff)
+        ("2001:0:b00:1::80ff:fffe", "127.0.0.1"),  # Teredo (client, xor 0xffffffff)
         ("2001:0:a00:1::", "10.0.0.1"),  # Teredo (server)
         ("2001:4860::200:5efe:a00:1", "10.0.0.1"),  # ISATAP
     ],
@@ -130,15 +142,15 @@ def test_ipv6_forms_are_judged_by_the_ipv4_address_they_embed(addr, embedded) ->
 def test_public_ipv4_behind_nat64_passes_once_the_operator_opens_it() -> None:
     assert GUARD.internal(A("64:ff9b::8.8.8.8")) is not None  # closed by default
     assert Guard(open_cidrs=["64:ff9b::/96"]).internal(A("64:ff9b::8.8.8.8")) is None
-    assert GUARD.internal(A("2001:0:4136:e378:8000:63bf:3fff:fdd2")) is None  # public Teredo
+    assert GUARD.internal(A("2001:0:4136:e378:8000:63bf:f4ff:fffe")) is None  # Teredo of 11.0.0.1
 
 
 @pytest.mark.parametrize(
     "addr",
-    ["2001:db8::7%eth0", "2001:db8::7%25lo", "::ffff:203.0.113.7%lo", "64:ff9b::203.0.113.7"],
+    ["2001:4860::7%eth0", "2001:4860::7%25lo", f"::ffff:{HOST}%lo", f"64:ff9b::{HOST}"],
 )
 def test_scope_ids_and_embedded_forms_of_host_addresses(addr: str) -> None:
-    guard = Guard(open_cidrs=["64:ff9b::/96"], host_addresses=["203.0.113.7", "2001:db8::7"])
+    guard = Guard(open_cidrs=["64:ff9b::/96"], host_addresses=[HOST, "2001:4860::7"])
     assert "an address of the sandbox host" in (guard.internal(A(addr)) or "")
     d = CompiledPolicy(EgressPolicy(mode="open")).decide("x.test", [A(addr)], guard)
     assert (d.allowed, d.rule) == (False, "internal")
@@ -146,8 +158,8 @@ def test_scope_ids_and_embedded_forms_of_host_addresses(addr: str) -> None:
 
 def test_deny_rules_match_embedded_forms_and_allow_rules_do_not() -> None:
     guard = Guard(open_cidrs=["64:ff9b::/96"])
-    deny = CompiledPolicy(EgressPolicy(mode="open", deny=["198.51.100.0/24"]))
-    assert not deny.decide("x.test", [A("64:ff9b::198.51.100.1")], guard).allowed
-    allow = CompiledPolicy(EgressPolicy(mode="allowlist", allow=["198.51.100.0/24"]))
-    assert not allow.decide("64:ff9b::198.51.100.1", [A("64:ff9b::198.51.100.1")], guard).allowed
-    assert allow.decide("::ffff:198.51.100.1", [A("::ffff:198.51.100.1")], guard).allowed
+    deny = CompiledPolicy(EgressPolicy(mode="open", deny=[f"{PUBLIC}.0/24"]))
+    assert not deny.decide("x.test", [A(f"64:ff9b::{PUBLIC}.1")], guard).allowed
+    allow = CompiledPolicy(EgressPolicy(mode="allowlist", allow=[f"{PUBLIC}.0/24"]))
+    assert not allow.decide(f"64:ff9b::{PUBLIC}.1", [A(f"64:ff9b::{PUBLIC}.1")], guard).allowed
+    assert allow.decide(f"::ffff:{PUBLIC}.1", [A(f"::ffff:{PUBLIC}.1")], guard).allowed

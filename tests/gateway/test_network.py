@@ -31,11 +31,6 @@ def auth_of(token: str) -> str:
     return "auth-sha256=" + hashlib.sha256(f"Bearer {token}".encode()).hexdigest()
 
 
-def internet_settings(net: Internet) -> dict[str, str]:
-    return {k: json.dumps([str(x) for x in v]) if isinstance(v, list) else str(v)
-            for k, v in net.settings().items()}  # fmt: skip
-
-
 def put_network(gw: Gateway, network: Any, tenant: str = "acme") -> httpx.Response:
     with gw.admin() as admin:
         return admin.put(
@@ -63,7 +58,7 @@ def test_tenant_network_policy_reaches_the_sandbox_and_follows_changes(
     make_gateway: Callable[..., Gateway],
     internet: Internet,  # noqa: F811
 ) -> None:
-    gw = make_gateway("local", **internet_settings(internet))
+    gw = make_gateway("local", **internet.server_settings())
     open_store(gw.data_dir, [], None).set("acme", "api", TOKEN, ["api.example.test"])
     assert put_network(gw, {"mode": "allowlist", "allow": ["api.example.test"]}).status_code == 200
     with gw.client() as c:
@@ -138,7 +133,7 @@ def egress_e2b_server(
         lifecycle_interval_s="0.2",
         prebuild_templates="[]",
         egress_e2b_enabled="true",
-        **internet_settings(internet),
+        **internet.server_settings(),
     )
     srv.start()
     store = open_store(srv.data_dir, [], None)

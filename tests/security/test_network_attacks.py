@@ -12,6 +12,8 @@ from collections.abc import Iterator
 import pytest
 
 from sandhold import audit
+from sandhold.runtime.runtime import Runtime
+from tests.egress.fixtures import EgressSandboxes, runtime_over, settings_over
 from tests.egress.internet import Internet
 from tests.runtime.helpers import py, sh
 
@@ -128,6 +130,34 @@ async def test_the_hosts_own_addresses_are_unreachable(egress_sandbox, internet,
     r = await sh(sbx, f"curl -s -i --max-time 10 http://hostaddr.example.test:{host_service.port}/")
     assert "an address of the sandbox host" in r.text
     assert host_service.hits == 0
+
+
+@pytest.fixture(scope="module")
+def closed_runtime(internet: Internet) -> Iterator[Runtime]:
+    """Egress through the test internet, whose range the operator has not opened."""
+    closed = settings_over(internet, "sandhold-egress-closed-", egress_open_cidrs=[])
+    yield from runtime_over(closed)
+
+
+async def test_a_fleets_networks_are_unreachable_unless_the_operator_opens_them(
+    closed_runtime, internet
+):
+    """A fleet's hosts, edge, store and database live in ranges that are not globally routable
+    (node and pod networks in 100.64.0.0/10, 198.18.0.0/15, RFC 1918). The test internet is one
+    of them (198.18.0.0/15): standing in for another host of the fleet, it is refused, by
+    address and by name, and sees nothing."""
+    factory = EgressSandboxes(closed_runtime)
+    try:
+        sbx = await factory(mode="open", allow=["0.0.0.0/0", "::/0"])
+        mark = internet.mark()
+        for url in (f"http://{internet.plain_ip}/", "http://plain.example.test/",
+                    f"http://[{internet.ns_ip6}]/"):  # fmt: skip
+            r = await sh(sbx, f"curl -s -i --max-time 10 {url}")
+            assert "403 Forbidden" in r.text and "internal address" in r.text, (url, r.text)
+        seen = internet.since(mark)
+        assert [r for r in seen if r.get("kind") != "dns"] == [], seen  # the name was resolved
+    finally:
+        await factory.cleanup()
 
 
 async def test_no_route_around_the_proxy(egress_sandbox, internet):

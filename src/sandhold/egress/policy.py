@@ -5,8 +5,9 @@ everything a rule does not deny) and two rule lists. A rule is a domain (``api.e
 a wildcard (``*.example.com``: any depth of subdomain, not the apex), an IP address or a CIDR.
 As in E2B, an allow rule wins over a deny rule.
 
-Whatever the rules say, internal addresses (loopback, link-local and the metadata address,
-RFC 1918, CGNAT, unique-local IPv6, multicast, the host's own addresses) are never dialled,
+Whatever the rules say, addresses that are not globally routable (loopback, link-local and the
+metadata address, RFC 1918, CGNAT, the benchmarking and documentation ranges, unique-local IPv6,
+multicast, the host's own addresses) are never dialled,
 unless the operator opened a range (``Settings.egress_open_cidrs``): the tenant's rules cannot
 reach them. An address is judged in every form it stands for (``forms``): without its scope id,
 and as each IPv4 address it embeds (IPv4-mapped and -compatible, NAT64, 6to4, Teredo, ISATAP),
@@ -34,8 +35,10 @@ _DOMAIN_RE = re.compile(rf"^{_LABEL}(\.{_LABEL})*$")
 MAX_RULES = 1000
 ALL_TRAFFIC = ("0.0.0.0/0", "::/0")  # a rule that names every address
 
-# Never dialled unless the operator opens a range. IPv6 forms that embed an IPv4 address are
-# judged as that address as well (``forms``); ::ffff:0:0/96 (IPv4-mapped) only as it.
+# Never dialled unless the operator opens a range: every range IANA's special-purpose registries
+# mark as not globally reachable (node and pod networks of a fleet live in several of them:
+# 100.64.0.0/10, 198.18.0.0/15). IPv6 forms that embed an IPv4 address are judged as that
+# address as well (``forms``); ::ffff:0:0/96 (IPv4-mapped) only as it.
 INTERNAL_NETWORKS: tuple[IPNetwork, ...] = tuple(
     ipaddress.ip_network(n)
     for n in (
@@ -46,10 +49,21 @@ INTERNAL_NETWORKS: tuple[IPNetwork, ...] = tuple(
         "169.254.0.0/16",
         "172.16.0.0/12",
         "192.0.0.0/24",
+        "192.0.2.0/24",  # documentation (TEST-NET-1)
+        "192.88.99.0/24",  # 6to4 relay anycast (deprecated)
         "192.168.0.0/16",
+        "198.18.0.0/15",  # benchmarking
+        "198.51.100.0/24",  # documentation (TEST-NET-2)
+        "203.0.113.0/24",  # documentation (TEST-NET-3)
         "224.0.0.0/4",
         "240.0.0.0/4",
         "::/96",  # IPv4-compatible (deprecated), with :: and ::1
+        "100::/64",  # discard-only
+        "2001:2::/48",  # benchmarking
+        "2001:10::/28",  # ORCHID (deprecated)
+        "2001:20::/28",  # ORCHIDv2
+        "2001:db8::/32",  # documentation
+        "3fff::/20",  # documentation
         "fc00::/7",
         "fe80::/10",
         "fec0::/10",  # site-local (deprecated)
@@ -241,10 +255,10 @@ class Guard:
         return None
 
     def _judge(self, addr: IPAddress) -> str | None:
+        if addr in self.host_addresses:  # even inside a range the operator opened
+            return "an address of the sandbox host"
         if any(addr.version == n.version and addr in n for n in self.open):
             return None
-        if addr in self.host_addresses:
-            return "an address of the sandbox host"
         for net in INTERNAL_NETWORKS:
             if addr.version == net.version and addr in net:
                 return f"an internal address ({net})"
