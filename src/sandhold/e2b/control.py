@@ -39,6 +39,7 @@ from sandhold.errors import (
 )
 from sandhold.service import Sandbox, SandboxService
 from sandhold.service.prom import CONTENT_TYPE
+from sandhold.service.readiness import ReadinessProbe
 
 MAX_PAGE = 100  # E2B's: the default and the largest `limit` of a list
 MAX_METRICS_IDS = 100
@@ -87,6 +88,7 @@ class ControlPlane:
         self.settings = settings
         self.volumes = volumes
         self.teams = teams
+        self.readiness = ReadinessProbe(service.runtime, settings, service.offload)
 
     @property
     def domain(self) -> str | None:
@@ -122,6 +124,7 @@ class ControlPlane:
         unsupported = a(self.unsupported)
         routes = [
             Route("/health", self.health, methods=["GET"]),
+            Route("/ready", self.ready, methods=["GET"]),
             Route("/metrics", self.prometheus, methods=["GET"]),
             Route("/v2/sandboxes", a(self.create_v2), methods=["POST"]),
             Route("/v2/sandboxes", a(self.list_v2), methods=["GET"]),
@@ -171,6 +174,13 @@ class ControlPlane:
     # -- sandboxes ----------------------------------------------------------------------------
     async def health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok"})
+
+    async def ready(self, request: Request) -> Response:
+        """200 when a create can succeed now, else 503; which checks failed, not why (no key
+        is asked: the reasons, with the host's paths, go to the server's log)."""
+        got = await self.readiness.check()
+        body = {"status": "ready" if got.ready else "not ready", "checks": got.checks}
+        return JSONResponse(body, status_code=200 if got.ready else 503)
 
     async def prometheus(self, request: Request) -> Response:
         """Server-wide metrics without sandbox ids (service/prom.py), so any team's key may read

@@ -74,6 +74,14 @@ def prepared_root() -> Path:
     return r
 
 
+def missing_controllers() -> list[str]:
+    """The controllers a sandbox needs that ``root()`` cannot have (a scope not made yet: those
+    its slice cannot give it)."""
+    r = root()
+    available = read((r if r.is_dir() else r.parent) / "cgroup.controllers").split()
+    return [c for c in CONTROLLERS if c not in available]
+
+
 def is_host_root(d: Path) -> bool:
     """The host's root group, the one exempt from "no internal processes" (it has no
     ``cgroup.freeze``; a namespace's root, a real group below, has one)."""

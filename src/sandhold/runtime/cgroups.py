@@ -32,6 +32,11 @@ def why() -> str:
     return f"{CGROUP_ROOT} holds v1 hierarchies (a hybrid host)"
 
 
+def missing_controllers() -> list[str]:
+    """What the chosen backend lacks to make a sandbox's groups (nothing: ready)."""
+    return _backend().missing_controllers()
+
+
 def group(name: str, parent: str) -> Group:
     """Sandbox ``name``'s cgroups under the runtime's ``parent`` group."""
     if kind() == "v2":

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandhold.runtime import cgroup_v1, cgroup_v2, cgroups, idmap
-from sandhold.runtime.cgroup_files import read
 from sandhold.runtime.checkpoint import criu
 from sandhold.runtime.idmap import ID_RANGE
 
@@ -71,11 +70,7 @@ def _cgroups() -> list[Check]:
     """Which backend this host gets and why; what it needs there."""
     backend = Check("cgroup backend", True, f"{cgroups.kind()}: {cgroups.why()}")
     if cgroups.kind() == "v2":
-        root = cgroup_v2.root()
-        if not root.is_dir():  # a systemd scope, made at the first sandbox: its slice's
-            root = root.parent
-        available = set(read(root / "cgroup.controllers").split())
-        missing = [c for c in cgroup_v2.CONTROLLERS if c not in available]
+        missing = cgroup_v2.missing_controllers()
         return [
             backend,
             Check(

@@ -19,6 +19,7 @@ Modules:
 - ``pooler.py``: Keeping the pools of sandboxes booted ahead (runtime/pool.py) filled to
   ``pool_sizes``
 - ``prom.py``: Prometheus metrics of ``sandhold serve`` (``GET /metrics``)
+- ``readiness.py``: Readiness (``GET /ready``): whether this server can create a sandbox now
 - ``records.py``: The service's typed requests and records
 - ``service.py``: ``SandboxService``: create, connect/resume, pause, kill, list, timeouts
 - ``snapshots.py``: Snapshots through the service

@@ -201,6 +201,10 @@ class TemplateStore:
         known = name == "base" or name in BUILTIN_TEMPLATES
         return known or (bool(NAME_RE.match(name)) and (self._dir(name) / "template.json").exists())
 
+    def built(self, name: str) -> bool:
+        """Whether ``name`` is on disk now (``get`` of a built-in one may build it first)."""
+        return bool(NAME_RE.match(name)) and (self._dir(name) / "template.json").exists()
+
     def get(self, name: str) -> Template:
         if not NAME_RE.match(name):
             raise InvalidRequest(f"template name {name!r} is not valid")
