@@ -5,9 +5,10 @@ guest is Debian's stock kernel (``linux-image-amd64`` from the machine's own apt
 with ``dpkg -x``, not installed) under ``qemu-system-x86_64 -M microvm`` with TCG, booted with
 ``cgroup_no_v1=all``. Its root is this machine's root shared read-only over virtio-9p under a tmpfs
 overlay (the guest writes in RAM), an ext4 scratch disk holds ``/var/tmp`` and ``TMPDIR``
-(idmapped mounts need a real filesystem; this machine's ``/tmp`` stays visible, a checkout there
-included), and a second 9p share carries the command and its output. It has no network device:
-loopback only. The kernel and the initramfs are built once and cached (``CACHE``), keyed by the
+(idmapped mounts need a real filesystem; this machine's ``/tmp`` stays visible, and a checkout
+under ``/var/tmp`` is bound back over the scratch disk), and a second 9p share carries the
+command and its output. It has no network device: loopback only. The kernel and the initramfs
+are built once and cached (``CACHE``), keyed by the
 kernel package and the init script.
 """
 
@@ -59,7 +60,7 @@ exec switch_root /newroot /bin/sh /mnt/guest/init.sh
 # PID 1 on the real root: what a booted host would have, then the command's script, either
 # directly (PID 1 must not exit: the script powers off) or as a unit of systemd, booted as PID 1.
 BOOT = """#!/bin/sh
-mount --bind /mnt/scratch/var-tmp /var/tmp
+{var_tmp}
 # The kernel loads its own modules on demand (CRIU's socket diagnostics, nf_tables) from the
 # kit: not bound under /usr, whose submounts a sandbox's /usr would carry (CRIU then cannot
 # restore it)
@@ -68,6 +69,11 @@ chmod 755 /run/modprobe
 echo /run/modprobe > /proc/sys/kernel/modprobe
 {init}
 """
+# /var/tmp on the scratch disk; a checkout under it (the command's cwd) is bound back on top.
+VAR_TMP = "mount --bind /mnt/scratch/var-tmp /var/tmp"
+KEEP_CWD = """mkdir -p /run/keep && mount --bind {cwd} /run/keep
+mount --bind /mnt/scratch/var-tmp /var/tmp
+mkdir -p {cwd} && mount --move /run/keep {cwd}"""
 DIRECT = """mount -t cgroup2 -o nsdelegate cgroup2 /sys/fs/cgroup
 mkdir -p /dev/pts /dev/shm
 mount -t devpts -o newinstance,ptmxmode=0666 devpts /dev/pts
@@ -203,7 +209,9 @@ def run(
         ex = Path(tmp)
         exports = "\n".join(f"export {n}={shlex.quote(v)}" for n, v in (env or {}).items())
         init = SYSTEMD if systemd else DIRECT
-        (ex / "init.sh").write_text(BOOT.format(kit_root=booted.root, init=init))
+        var_tmp = KEEP_CWD if cwd.is_relative_to("/var/tmp") else VAR_TMP
+        var_tmp = var_tmp.format(cwd=shlex.quote(str(cwd)))
+        (ex / "init.sh").write_text(BOOT.format(kit_root=booted.root, init=init, var_tmp=var_tmp))
         (ex / "command.sh").write_text(
             COMMAND.format(env=exports, cwd=shlex.quote(str(cwd)), command=command)
         )
