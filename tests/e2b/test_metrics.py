@@ -23,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sandhold.gateway.providers.e2b import SUSPEND_GAUGE
 from sandhold.service.prom import EgressTail
 from tests.support.e2b_server import KEY_A, Server, new_server
+from tests.support.http import answers
 
 PROMETHEUS = shutil.which("prometheus")
 TOKEN = "sandhold-test-metrics-token"
@@ -65,14 +66,8 @@ class Prometheus:
                 stdout=log, stderr=subprocess.STDOUT,
             )  # fmt: skip
             log.close()
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and self.proc.poll() is None:
-                try:
-                    if httpx.get(f"{self.url}/-/ready", timeout=2).status_code == 200:
-                        return
-                except httpx.TransportError:
-                    pass
-                time.sleep(0.1)
+            if answers(f"{self.url}/-/ready", 30, lambda p=self.proc: p.poll() is None):
+                return
             self.stop()
         raise RuntimeError(f"prometheus did not start: {self.log()[-3000:]}")
 

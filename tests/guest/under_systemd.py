@@ -10,16 +10,15 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from sandhold.config import Settings
 from sandhold.runtime import cgroup_scope, cgroups, safefs
 from tests.support.e2b_server import KEY_A
+from tests.support.http import answers
 
 REPO = Path(__file__).resolve().parents[2]
 SYSTEM = Path("/etc/systemd/system")
@@ -41,16 +40,9 @@ def journal() -> str:
     return r.stdout
 
 
-def wait_healthy(url: str, timeout: float = 400) -> None:
-    deadline = time.monotonic() + timeout  # emulated: a server starts in 20-50 s
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"the unit's server never answered: {journal()}")
+def wait_healthy(url: str) -> None:
+    if not answers(f"{url}/health", 400):  # emulated: a server starts in 20-50 s
+        raise AssertionError(f"the unit's server never answered: {journal()}")
 
 
 def groups_outside(*trees: Path) -> set[Path]:

@@ -15,7 +15,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import httpx
@@ -23,6 +22,7 @@ import httpx
 from sandhold.config import Settings
 from sandhold.runtime import cgroups, mounts, safefs
 from sandhold.runtime.runtime import Runtime
+from tests.support.http import answers
 
 KEY_A = "sandhold-test-key-a"
 KEY_B = "sandhold-test-key-b"
@@ -53,16 +53,11 @@ def start_process(
             stdout=out, stderr=subprocess.STDOUT, pass_fds=(fd,),
         )  # fmt: skip
     # (the cgroup v2 guest emulates its CPU: a server starts there in 20-50 s)
-    deadline = time.monotonic() + float(os.environ.get("SANDHOLD_TEST_START_TIMEOUT_S", 60))
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"sandhold {args[0]} exited: {log.read_text()[-3000:]}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return proc
-        except httpx.TransportError:
-            pass
-        time.sleep(0.05)
+    timeout = float(os.environ.get("SANDHOLD_TEST_START_TIMEOUT_S", 60))
+    if answers(f"{url}/health", timeout, lambda: proc.poll() is None):
+        return proc
+    if proc.poll() is not None:
+        raise RuntimeError(f"sandhold {args[0]} exited: {log.read_text()[-3000:]}")
     stop_process(proc)
     raise RuntimeError(f"sandhold {args[0]} did not start: {log.read_text()[-3000:]}")
 

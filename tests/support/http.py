@@ -1,10 +1,28 @@
-"""Raw HTTP over a socket, for what an HTTP client library would not send: a request that
-announces a huge body and sends only its first MiB."""
+"""HTTP helpers of the tests: waiting for a server to answer, and raw HTTP over a socket for
+what an HTTP client library would not send (a request that announces a huge body and sends
+only its first MiB)."""
 
 from __future__ import annotations
 
 import re
 import socket
+import time
+from collections.abc import Callable
+
+import httpx
+
+
+def answers(url: str, timeout: float, running: Callable[[], bool] = lambda: True) -> bool:
+    """Whether GET ``url`` answers 200 before ``timeout`` s pass or ``running()`` turns false."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and running():
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return True
+        except httpx.TransportError:
+            pass
+        time.sleep(0.05)
+    return False
 
 
 def announced(
