@@ -23,6 +23,7 @@ Modules:
   API as features built on it see it (``Sandboxes``)
 - ``idmap.py``: Idmapped mounts (Linux >= 5.12; overlayfs layers >= 5.19)
 - ``images.py``: Filesystem images on loop devices
+- ``instance.py``: This data dir's identity: a random id written once in ``<data_dir>/instance``
 - ``ksm.py``: Kernel samepage merging for sandbox memory (``memory_merge``, off by default)
 - ``liveness.py``: Whether a sandbox still runs, and what becomes of one found dead
 - ``launcher.py``: Starting a sandbox's process tree: bubblewrap inside a user namespace whose uid

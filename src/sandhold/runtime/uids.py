@@ -3,20 +3,23 @@ escape its mount namespace, a neighbour's processes and files still belong to an
 
 Host ids from ``uid_base``: the first 65,536 are the *canonical* range, which owns templates,
 workspaces and volumes on disk (sandbox uid ``n`` is host ``uid_base + n`` there) and runs no
-process. Range ``slot`` (``0 <= slot < uid_ranges``) starts at ``uid_base + 65536 * (slot + 1)``;
-a sandbox runs in one of them and sees the canonical files through idmapped mounts
+process. Range ``slot`` (``0 <= slot < uid_ranges``) starts at ``uid_base + 65536 * (slot + 1)``; a
+sandbox runs in one of them and sees the canonical files through idmapped mounts
 (``runtime/idmap.py``), so they keep their owner on disk whichever range uses them.
 
-Ranges are a host resource, shared by every runtime on the host whatever its data directory:
-the registry (``uid_registry``, default ``/var/lib/sandhold-uid-ranges``) holds one file per
-range taken, named by its first host id and holding the data directory and sandbox id that took
-it (made under a temporary name and linked into place, so two processes never take one twice
-and nobody reads a half-written one). A range is given back by its sandbox's destroy once nothing
-it owned remains: its processes are gone (its cgroups are removed), its writable layer is gone
-(the disk image is released) and any tree it wrote without an idmap is back with the canonical
-owner. Reconcile gives back its own ranges whose sandbox directory is gone (a crash between the
-two), and any whose data directory no longer exists. ``uid_isolation = false`` runs every
-sandbox in the canonical range (one host identity for all), as before ranges existed.
+Ranges are a host resource, shared by every runtime on the host whatever its data directory: the
+registry (``uid_registry``, default ``/var/lib/sandhold-uid-ranges``) holds one file per range
+taken, named by its first host id (made under a temporary name and linked into place, so two
+processes never take one twice and nobody reads a half-written one). It holds the data directory's
+id (``instance.py``: not its path, which two hosts in pods may share), the sandbox id, the data
+directory's path and the mount namespace that saw it (``Entry``). A range is given back by its
+sandbox's destroy once nothing it owned remains: its processes are gone (its cgroups are removed),
+its writable layer is gone (the disk image is released) and any tree it wrote without an idmap is
+back with the canonical owner. Reconcile gives back its own ranges whose sandbox directory is gone
+(a crash between the two), and those of data directories that no longer exist
+(``release_orphans``): judged only for entries made in its own mount namespace, where their path
+means what it meant. ``uid_isolation = false`` runs every sandbox in the canonical range (one host
+identity for all), as before ranges existed.
 """
 
 from __future__ import annotations
@@ -25,13 +28,44 @@ import contextlib
 import logging
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from sandhold.errors import QuotaExceeded
-from sandhold.runtime import idmap, mounts, safefs
+from sandhold.runtime import idmap, instance, mounts, safefs
 from sandhold.runtime.idmap import ID_RANGE
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A registry file: who took the range. An entry of before instance ids has two lines (the
+    data dir's path, the sandbox id): its path is its owner, its namespace unknown."""
+
+    owner: str  # the data dir's instance id (or, in an old entry, its path)
+    sandbox_id: str
+    data_dir: str
+    mnt_ns: str | None
+
+    @classmethod
+    def parse(cls, text: str) -> Entry:
+        lines = text.splitlines()
+        if len(lines) >= 4:
+            return cls(lines[0], lines[1], lines[2], lines[3])
+        owner, sandbox_id = lines[:2]
+        return cls(owner, sandbox_id, owner, None)
+
+
+def mount_namespace() -> str:
+    return os.readlink("/proc/self/ns/mnt")
+
+
+def _gone(entry: Entry) -> bool:
+    """Whether the data dir that took ``entry`` is surely gone: nothing at its path. Another data
+    dir at that path (its id differs) may be another host's storage seen through the same path:
+    its entry stays (a range kept too long is a leak; one given back too soon, a shared uid)."""
+    return not os.path.isdir(entry.data_dir)
 
 
 class UidPool:
@@ -39,6 +73,7 @@ class UidPool:
         self, registry: Path, data_dir: Path, uid_base: int, ranges: int, enabled: bool
     ) -> None:
         self.registry = registry
+        self.root = data_dir
         self.data_dir = str(data_dir.resolve())
         self.canonical = uid_base
         self.ranges = ranges
@@ -62,7 +97,8 @@ class UidPool:
         # map onto them (idmap.UsernsCache) are reused.
         taken = set(os.listdir(self.registry))
         tmp = self.registry / f".{sandbox_id}.{os.getpid()}.tmp"
-        tmp.write_text(f"{self.data_dir}\n{sandbox_id}\n")
+        owner = instance.ensure(self.root)
+        tmp.write_text(f"{owner}\n{sandbox_id}\n{self.data_dir}\n{mount_namespace()}\n")
         try:
             for slot in range(self.ranges):
                 base = self.base(slot)
@@ -78,36 +114,47 @@ class UidPool:
             "kill some or raise uid_ranges"
         )
 
-    def _entry(self, base: int) -> tuple[str, str] | None:
+    def _entry(self, base: int) -> Entry | None:
         try:
-            data_dir, sandbox_id = (self.registry / str(base)).read_text().splitlines()[:2]
+            return Entry.parse((self.registry / str(base)).read_text())
         except (FileNotFoundError, ValueError):
             return None
-        return data_dir, sandbox_id
+
+    def _ours(self, entry: Entry) -> bool:
+        """Taken by this data dir: by its id, or (an old entry) by its path."""
+        if entry.mnt_ns is None:
+            return entry.owner == self.data_dir
+        return entry.owner == instance.read(self.root)
 
     def release(self, base: int, sandbox_id: str) -> None:
         """Give back ``sandbox_id``'s range (if it still holds it: a retried destroy must not
         free a range another sandbox took meanwhile)."""
-        if base != self.canonical and self._entry(base) == (self.data_dir, sandbox_id):
+        entry = self._entry(base)
+        mine = entry is not None and entry.sandbox_id == sandbox_id and self._ours(entry)
+        if base != self.canonical and mine:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.registry / str(base))
 
     def held(self) -> dict[int, str]:
         """The ranges this data directory's sandboxes hold: first host id -> sandbox id."""
-        return {base: entry[1] for base, entry in self._entries() if entry[0] == self.data_dir}
+        return {base: e.sandbox_id for base, e in self._entries() if self._ours(e)}
 
     def release_orphans(self) -> int:
-        """Give back the ranges held for data directories that no longer exist (removed with
-        their sandboxes still recorded); returns how many."""
+        """Give back the ranges of data directories that no longer exist (removed with their
+        sandboxes still recorded); returns how many. An entry made in another mount namespace
+        is never judged: its path may name other storage there (another host's pod)."""
         freed = 0
+        here = mount_namespace()
         for base, entry in list(self._entries()):
-            if not os.path.isdir(entry[0]) and self._entry(base) == entry:
+            if entry.mnt_ns not in (None, here) or not _gone(entry):
+                continue
+            if self._entry(base) == entry:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(self.registry / str(base))
                     freed += 1
         return freed
 
-    def _entries(self) -> Iterator[tuple[int, tuple[str, str]]]:
+    def _entries(self) -> Iterator[tuple[int, Entry]]:
         with contextlib.suppress(FileNotFoundError):
             for name in os.listdir(self.registry):
                 if name.isdigit() and (entry := self._entry(int(name))) is not None:
