@@ -72,10 +72,13 @@ def test_a_removed_data_dir_frees_its_ranges_and_one_made_anew_keeps_them(place)
     pool = UidPool(registry, shared, UID_BASE, 8, True)
     first = pool.allocate("sbx-1")
     (shared / instance.FILE).unlink()  # a data dir made anew at the path: another identity,
-    assert pool.held() == {}  # which the entry is not of
+    pool = UidPool(registry, shared, UID_BASE, 8, True)  # (its server started again)
+    pool.allocate("sbx-2")
+    assert list(pool.held().values()) == ["sbx-2"]  # the first entry is not of it
     assert pool.release_orphans() == 0  # kept: it may be another host's storage at this path
-    shared.rmdir()
-    assert pool.release_orphans() == 1 and not (registry / str(first)).exists()
+    (shared / instance.FILE).unlink()
+    shared.rmdir()  # the data dir removed: both its identities' ranges are free
+    assert pool.release_orphans() == 2 and not (registry / str(first)).exists()
 
 
 def test_an_entry_of_before_instance_ids_is_still_its_data_dirs(place) -> None:

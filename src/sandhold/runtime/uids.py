@@ -75,6 +75,7 @@ class UidPool:
         self.registry = registry
         self.root = data_dir
         self.data_dir = str(data_dir.resolve())
+        self._instance: str | None = None  # read once found: it never changes
         self.canonical = uid_base
         self.ranges = ranges
         self.enabled = enabled
@@ -97,7 +98,7 @@ class UidPool:
         # map onto them (idmap.UsernsCache) are reused.
         taken = set(os.listdir(self.registry))
         tmp = self.registry / f".{sandbox_id}.{os.getpid()}.tmp"
-        owner = instance.ensure(self.root)
+        owner = self._instance = instance.ensure(self.root)
         tmp.write_text(f"{owner}\n{sandbox_id}\n{self.data_dir}\n{mount_namespace()}\n")
         try:
             for slot in range(self.ranges):
@@ -124,7 +125,9 @@ class UidPool:
         """Taken by this data dir: by its id, or (an old entry) by its path."""
         if entry.mnt_ns is None:
             return entry.owner == self.data_dir
-        return entry.owner == instance.read(self.root)
+        if self._instance is None:
+            self._instance = instance.read(self.root)
+        return entry.owner == self._instance
 
     def release(self, base: int, sandbox_id: str) -> None:
         """Give back ``sandbox_id``'s range (if it still holds it: a retried destroy must not
