@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
@@ -42,14 +43,15 @@ def listen() -> socket.socket:
 
 
 def start_process(
-    args: list[str], env: dict[str, str], log: Path, sock: socket.socket
+    args: list[str], env: dict[str, str], log: Path, sock: socket.socket, under: Sequence[str] = ()
 ) -> subprocess.Popen[bytes]:
-    """Start `sandhold <args> --fd N` serving on ``sock`` and wait until its /health answers."""
+    """Start `sandhold <args> --fd N` serving on ``sock`` (run by the ``under`` command line:
+    an init, a namespace) and wait until its /health answers."""
     fd = sock.fileno()
     url = f"http://127.0.0.1:{sock.getsockname()[1]}"
     with open(log, "ab") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "sandhold.cli", *args, "--fd", str(fd)], env=env,
+            [*under, sys.executable, "-m", "sandhold.cli", *args, "--fd", str(fd)], env=env,
             stdout=out, stderr=subprocess.STDOUT, pass_fds=(fd,),
         )  # fmt: skip
     # (the cgroup v2 guest emulates its CPU: a server starts there in 20-50 s)
@@ -81,6 +83,7 @@ class Server:
         self.port: int = sock.getsockname()[1]
         self.log = log
         self.settings = settings
+        self.under: list[str] = []  # what the server runs under (start_process)
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -96,7 +99,7 @@ class Server:
             NO_PROXY="127.0.0.1,localhost",
         )
         env.update({f"SANDHOLD_{k.upper()}": v for k, v in self.settings.items()})
-        self.proc = start_process(["serve"], env, self.log, self.sock)
+        self.proc = start_process(["serve"], env, self.log, self.sock, self.under)
 
     def stop(self) -> None:
         stop_process(self.proc)

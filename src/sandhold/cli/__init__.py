@@ -9,6 +9,8 @@ Modules:
   error
 - ``gateway.py``: `sandhold gateway`: the session gateway, serving its tools (REST and MCP) and
   administered
+- ``init.py``: `sandhold init -- COMMAND...`: a small init for a container or pod, whose PID 1 it
+  is
 - ``logs.py``: `sandhold logs`: read and filter the JSON-lines logs of `sandhold serve` and
   `sandhold
 - ``sandboxes.py``: `sandhold sandbox`: the sandboxes of this host, straight on the runtime (no
@@ -34,6 +36,7 @@ import typer
 from sandhold.cli import (
     audit,
     gateway,
+    init,
     logs,
     sandboxes,
     secrets,
@@ -48,6 +51,7 @@ from sandhold.cli.worker import worker
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 for _command in (server.doctor, server.demo, server.serve, audit.audit, logs.logs, top.top, worker):
     app.command()(_command)
+app.command()(init.init)
 app.add_typer(templates.app, name="template")
 app.add_typer(sandboxes.app, name="sandbox")
 app.add_typer(gateway.app, name="gateway")
