@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -91,3 +92,20 @@ def test_an_entry_of_before_instance_ids_is_still_its_data_dirs(place) -> None:
     assert pool.release_orphans() == 0  # its data dir is there
     pool.release(legacy, "sbx-legacy")
     assert not (registry / str(legacy)).exists()
+
+
+def test_threads_making_a_data_dirs_id_at_once_agree(place) -> None:
+    """Parallel creates of one server make the id from several threads at once."""
+    _, shared, _, _ = place
+    got: list[str] = []
+
+    def make() -> None:
+        got.append(instance.ensure(shared))
+
+    threads = [threading.Thread(target=make) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(got) == 8 and len(set(got)) == 1
+    assert [p.name for p in shared.iterdir()] == [instance.FILE]  # no temporary file left

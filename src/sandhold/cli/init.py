@@ -56,8 +56,8 @@ class Supervisor:
                 return status
             quick = time.monotonic() - started < QUICK_S
             backoff = min(backoff * 2, 30.0) if quick else self.delay
-            print(f"sandhold init: {self.command[0]} ended ({status}); starting it again",
-                  file=sys.stderr, flush=True)  # fmt: skip
+            what = f"sandhold init: {self.command[0]} ended ({status}); starting it again"
+            print(what, file=sys.stderr, flush=True)
             if quick:
                 time.sleep(backoff)
             if self.stopping is not None:

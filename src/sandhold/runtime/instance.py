@@ -24,13 +24,14 @@ def read(data_dir: Path) -> str | None:
 
 
 def ensure(data_dir: Path) -> str:
-    """The id of ``data_dir``, made on first use. Two processes making it at once agree: it is
-    written under a temporary name and linked into place, and the loser reads the winner's."""
+    """The id of ``data_dir``, made on first use. Two makers at once agree: each writes its own
+    temporary file and links it into place, and the loser reads the winner's."""
     if (found := read(data_dir)) is not None:
         return found
     data_dir.mkdir(parents=True, exist_ok=True)
-    tmp = data_dir / f".{FILE}.{os.getpid()}.tmp"
-    tmp.write_text(secrets.token_hex(8) + "\n")
+    made = secrets.token_hex(8)
+    tmp = data_dir / f".{FILE}.{made}.tmp"  # its own name: threads of one process race too
+    tmp.write_text(made + "\n")
     try:
         with contextlib.suppress(FileExistsError):
             os.link(tmp, data_dir / FILE)
