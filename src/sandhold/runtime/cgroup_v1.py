@@ -29,6 +29,11 @@ V1_CONTROLLERS = ("memory", "cpu", "cpuacct", "pids", "freezer")
 V2_ROOT = CGROUP_ROOT / "unified"
 
 
+def _roots() -> list[Path]:
+    """Every hierarchy a sandbox's group is made in: the v1 controllers', then v2's."""
+    return [CGROUP_ROOT / c for c in V1_CONTROLLERS] + [V2_ROOT]
+
+
 def missing_controllers() -> list[str]:
     return [c for c in V1_CONTROLLERS if not (CGROUP_ROOT / c / "cgroup.procs").exists()]
 
@@ -83,8 +88,7 @@ class V1Group(Group):
     def add(self, pid: int) -> None:
         """Move a process (0: the caller) into every group of the sandbox."""
         for d in self.dirs():
-            with open(d / "cgroup.procs", "w") as f:
-                f.write(str(pid))
+            write(d / "cgroup.procs", str(pid))
 
     def procs_files(self) -> list[str]:
         """Its ``cgroup.procs`` in every hierarchy: what a process joining it writes itself to."""
@@ -191,8 +195,7 @@ class V1Group(Group):
 
 def group_dirs(parent: str, name: str) -> list[Path]:
     """The group ``name`` in every hierarchy it may have been made in, v1 and v2."""
-    roots = [CGROUP_ROOT / c for c in V1_CONTROLLERS] + [V2_ROOT]
-    return [r / parent / name for r in roots]
+    return [r / parent / name for r in _roots()]
 
 
 def list_names(parent: str) -> list[str]:
@@ -204,8 +207,6 @@ def list_names(parent: str) -> list[str]:
 
 def remove_parent(parent: str) -> None:
     """Remove a runtime's (empty) parent groups, e.g. when a test data dir is thrown away."""
-    for root in [CGROUP_ROOT / c for c in V1_CONTROLLERS] + [V2_ROOT]:
-        try:
+    for root in _roots():
+        with contextlib.suppress(OSError):  # absent, or not empty
             (root / parent).rmdir()
-        except (FileNotFoundError, OSError):
-            pass

@@ -78,7 +78,12 @@ def missing_controllers() -> list[str]:
     """The controllers a sandbox needs that ``root()`` cannot have (a scope not made yet: those
     its slice cannot give it)."""
     r = root()
-    available = read((r if r.is_dir() else r.parent) / "cgroup.controllers").split()
+    return _missing(r if r.is_dir() else r.parent)
+
+
+def _missing(d: Path) -> list[str]:
+    """The controllers a sandbox needs that group ``d`` cannot enable for its children."""
+    available = read(d / "cgroup.controllers").split()
     return [c for c in CONTROLLERS if c not in available]
 
 
@@ -93,12 +98,11 @@ def enable(d: Path) -> None:
     enabled = read(d / "cgroup.subtree_control").split()
     if all(c in enabled for c in CONTROLLERS):
         return
-    available = read(d / "cgroup.controllers").split()
-    missing = [c for c in CONTROLLERS if c not in available]
+    missing = _missing(d)
     if missing:
         raise HostUnsupported(
-            f"cgroup v2 controllers {' '.join(missing)} are not delegated to {d} (under "
-            "systemd, run the server in a unit with Delegate=yes: deploy/systemd)"
+            f"cgroup v2 controllers {' '.join(missing)} are not delegated to {d} (in a "
+            "container, its cgroup must be delegated to the server: docs/deploy.md)"
         )
     write(d / "cgroup.subtree_control", " ".join(f"+{c}" for c in CONTROLLERS))
 

@@ -87,7 +87,7 @@ def _cgroups() -> list[Check]:
         Check(
             "cgroup v1 controllers",
             not missing,
-            "memory cpu cpuacct pids freezer" if not missing else f"missing: {' '.join(missing)}",
+            " ".join(cgroup_v1.V1_CONTROLLERS) if not missing else f"missing: {' '.join(missing)}",
             "mount the v1 hierarchies, or boot with the unified hierarchy only (v2)",
         ),
         Check(
