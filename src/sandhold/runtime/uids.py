@@ -98,7 +98,7 @@ class UidPool:
         # map onto them (idmap.UsernsCache) are reused.
         taken = set(os.listdir(self.registry))
         tmp = self.registry / f".{sandbox_id}.{os.getpid()}.tmp"
-        owner = self._instance = instance.ensure(self.root)
+        owner = self._instance = self._instance or instance.ensure(self.root)
         tmp.write_text(f"{owner}\n{sandbox_id}\n{self.data_dir}\n{mount_namespace()}\n")
         try:
             for slot in range(self.ranges):

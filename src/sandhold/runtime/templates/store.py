@@ -198,8 +198,7 @@ class TemplateStore:
 
     def exists(self, name: str) -> bool:
         """Whether ``get`` finds (or builds) ``name``, without building it."""
-        known = name == "base" or name in BUILTIN_TEMPLATES
-        return known or (bool(NAME_RE.match(name)) and (self._dir(name) / "template.json").exists())
+        return name == "base" or name in BUILTIN_TEMPLATES or self.built(name)
 
     def built(self, name: str) -> bool:
         """Whether ``name`` is on disk now (``get`` of a built-in one may build it first)."""
