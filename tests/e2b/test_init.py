@@ -13,6 +13,7 @@ from pathlib import Path
 
 from e2b import Sandbox
 
+from sandhold.runtime.reaping import ending
 from tests.support.e2b_server import new_server
 from tests.support.http import answers
 
@@ -35,14 +36,6 @@ def children(pid: int) -> list[tuple[int, str]]:
             if int(ppid) == pid:
                 out.append((int(d.name), state))
     return out
-
-
-def ended(pid: int) -> bool:
-    """Whether ``pid`` has ended (gone, or a zombie its new parent has not reaped yet)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
 
 
 def the_server(init: int) -> int:
@@ -76,7 +69,7 @@ def test_the_server_restarts_in_place_and_its_sandboxes_live_on(tmp_path) -> Non
         assert "starting it again" in srv.log.read_text()
         srv.stop()  # SIGTERM to the pod: to the init, which hands it to the server
         deadline = time.monotonic() + 60
-        while not ended(init):
+        while not ending(init):  # gone, or a zombie not reaped yet
             assert time.monotonic() < deadline, "the init outlived its pod's stop"
             time.sleep(0.05)
         assert srv.log.read_text().count("Finished server process") == 1  # a clean stop
