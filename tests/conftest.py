@@ -48,7 +48,7 @@ def data_dir() -> Iterator[Path]:
     rt = Runtime(settings).open()
     for info in rt.list():
         rt.kill(info.id)
-    cgroups.remove_parent(settings.cgroup_group)
+    cgroups.remove_parent(rt.host.cgroup_group)
     shutil.rmtree(d, ignore_errors=True)
 
 

@@ -63,7 +63,7 @@ def runtime_over(settings: Settings) -> Iterator[Runtime]:
         rt.kill(info.id)
     for target in mounts.mounts_under(d):
         mounts.umount(Path(target))
-    cgroups.remove_parent(settings.cgroup_group)
+    cgroups.remove_parent(rt.host.cgroup_group)
     leftover = daemon_pids(d)
     shutil.rmtree(d, ignore_errors=True)
     assert not leftover, f"the egress daemon outlived its last sandbox: {leftover}"

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from sandhold.config import Settings
-from sandhold.runtime import cgroup_scope, cgroups, safefs
+from sandhold.runtime import cgroup_parent, cgroup_scope, cgroups, safefs
 from tests.support.e2b_server import KEY_A
 from tests.support.http import answers
 
@@ -99,7 +99,7 @@ def test_the_unit_restarts_while_its_sandboxes_live_in_their_scope(installed):
     assert sbx.commands.run("cat /proc/self/cgroup").stdout.strip() == "0::/"
     main = systemctl("show", "-P", "MainPID", "sandhold")
     assert cgroup_of(main) == unit
-    group = scope / Settings(data_dir=data_dir).cgroup_group / sbx.sandbox_id
+    group = scope / cgroup_parent.name(Settings(data_dir=data_dir)) / sbx.sandbox_id
     assert (group / "memory.max").read_text().strip() != "max"  # its limits, in the scope
     assert (scope / cgroup_scope.HOLDER_LEAF / "cgroup.procs").read_text().split()
     assert groups_outside(unit, scope) == before

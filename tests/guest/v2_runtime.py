@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from sandhold.runtime import cgroup_v2, cgroups
+from sandhold.runtime import cgroup_parent, cgroup_v2, cgroups
 from tests.runtime.helpers import sh, state_from_another_pid_namespace
 from tests.support.e2b_server import new_server
 
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.skipif(cgroups.kind() != "v2", reason="runs in the cgro
 async def test_a_sandbox_lives_in_a_v2_group_with_its_limits(make_sandbox, runtime):
     sbx = await make_sandbox(limits={"memory_mb": 200, "cpu": 0.5, "pids": 80})
     cg = runtime.cgroup(sbx.id)
-    d = cgroup_v2.root() / runtime.settings.cgroup_group / sbx.id
+    d = cgroup_v2.root() / runtime.host.cgroup_group / sbx.id
     assert cg.dirs() == [d] and d.is_dir()
     assert (d / "memory.max").read_text().strip() == str(200 << 20)
     assert (d / "memory.swap.max").read_text().strip() == "0"
@@ -115,7 +115,7 @@ def test_a_server_in_a_pid_namespace_never_signals_what_it_cannot_see(runtime):
         probe = textwrap.dedent(f"""
             from sandhold.runtime import cgroups
             from sandhold.runtime.reconcile import cgroup_pids
-            g = cgroups.group("nsprobe", "{runtime.settings.cgroup_group}")
+            g = cgroups.group("nsprobe", "{runtime.host.cgroup_group}")
             print(open("{group.dirs()[0]}/cgroup.procs").read().split(), g.pids(),
                   sorted(cgroup_pids(g.dirs())), flush=True)
             g.kill_all()
@@ -205,7 +205,7 @@ def test_a_server_in_a_private_cgroup_namespace_manages_its_own_group():
 def runtime_group(data_dir: Path) -> str:
     from sandhold.config import Settings
 
-    return Settings(data_dir=data_dir).cgroup_group
+    return cgroup_parent.name(Settings(data_dir=data_dir))
 
 
 def remove_groups(top: Path) -> None:

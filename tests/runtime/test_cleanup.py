@@ -31,7 +31,7 @@ def _sandbox_processes(runtime, group: str) -> dict[int, str]:
 
 
 async def test_create_kill_cycles_leave_nothing_behind(runtime):
-    group = runtime.settings.cgroup_group
+    group = runtime.host.cgroup_group
     before = {
         "sandboxes": sorted(os.listdir(runtime.sandboxes_dir)),
         "cgroups": cgroups.list_names(group),

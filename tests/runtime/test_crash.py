@@ -22,7 +22,7 @@ import pytest
 from e2b import Sandbox
 
 from sandhold.config import Settings
-from sandhold.runtime import cgroups, mounts
+from sandhold.runtime import cgroup_parent, cgroups, mounts
 from sandhold.runtime.runtime import Runtime
 from tests.runtime.helpers import sh
 from tests.support.e2b_server import KEY_A, Server, new_server
@@ -57,7 +57,7 @@ def _owner(data_dir: Path, group: str, cgroup: str, argv: list[str]) -> str | No
 def sandbox_processes(data_dir: Path) -> dict[int, str]:
     """Live processes of the data dir's sandboxes, pid -> owner and command. Zombies are not
     counted: they hold nothing but a pid, and whoever adopted them reaps them."""
-    group = Settings(data_dir=data_dir).cgroup_group
+    group = cgroup_parent.name(Settings(data_dir=data_dir))
     out = {}
     for p in Path("/proc").iterdir():
         if not p.name.isdigit():
@@ -83,7 +83,7 @@ def _read(path: Path) -> str:
 
 def leftovers(data_dir: Path, keep: Collection[str] = ()) -> dict[str, list[str]]:
     """Everything on the host that belongs to a sandbox of ``data_dir`` not in ``keep``."""
-    group = Settings(data_dir=data_dir).cgroup_group
+    group = cgroup_parent.name(Settings(data_dir=data_dir))
     sdir = data_dir / "sandboxes"
     kept = tuple(f"{sdir}/{k}/" for k in keep)
     found = {
@@ -127,7 +127,7 @@ def crash_rt() -> Iterator[Runtime]:
     finally:
         for target in mounts.mounts_under(d):
             mounts.umount(Path(target))
-        cgroups.remove_parent(rt.settings.cgroup_group)
+        cgroups.remove_parent(rt.host.cgroup_group)
         shutil.rmtree(d, ignore_errors=True)
 
 

@@ -21,7 +21,7 @@ import pytest
 
 from sandhold.config import Settings
 from sandhold.errors import InvalidRequest
-from sandhold.runtime import cgroups, images, mounts
+from sandhold.runtime import cgroup_parent, cgroups, images, mounts
 from sandhold.runtime.runtime import Runtime
 from sandhold.runtime.templates import dockerfile
 from sandhold.runtime.templates.dockerfile import Dockerfile, parse
@@ -294,7 +294,7 @@ def cli_data_dir() -> Iterator[Path]:
     finally:
         for target in mounts.mounts_under(d):
             mounts.umount(Path(target))
-        cgroups.remove_parent(settings.cgroup_group)
+        cgroups.remove_parent(cgroup_parent.name(settings))
         shutil.rmtree(d, ignore_errors=True)
 
 

@@ -21,7 +21,7 @@ from tests.runtime.helpers import sh, state_from_another_pid_namespace
 
 
 def _cpu_ns(runtime: Runtime, sid: str) -> int:
-    return cgroups.group(sid, runtime.settings.cgroup_group).usage()["cpu_ns"]
+    return cgroups.group(sid, runtime.host.cgroup_group).usage()["cpu_ns"]
 
 
 async def test_pause_stops_cpu_and_resume_continues_the_same_process(make_sandbox, runtime):
@@ -77,7 +77,7 @@ async def test_workspace_outlives_the_sandbox(make_sandbox, runtime):
 async def test_kill_removes_everything(make_sandbox, runtime):
     sbx = await make_sandbox(workspace_id="killme")
     await sh(sbx, "sleep 1000 & sleep 1000 & echo started")
-    cg = cgroups.group(sbx.id, runtime.settings.cgroup_group)
+    cg = cgroups.group(sbx.id, runtime.host.cgroup_group)
     pids = cg.pids()
     assert len(pids) >= 4
     runtime.kill(sbx.id)
@@ -135,7 +135,7 @@ async def test_failed_start_leaves_nothing(runtime, monkeypatch):
     from sandhold.runtime import cgroups
 
     known = {p.name for p in runtime.sandboxes_dir.iterdir()}
-    assert set(cgroups.list_names(runtime.settings.cgroup_group)) <= known
+    assert set(cgroups.list_names(runtime.host.cgroup_group)) <= known
 
 
 async def test_sandboxes_survive_the_process_that_created_them(runtime, settings):

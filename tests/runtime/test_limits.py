@@ -28,7 +28,7 @@ async def test_fork_bomb_is_contained(make_sandbox, runtime):
     bomb = await make_sandbox(limits={"pids": 64})
     neighbour = await make_sandbox()
     await sh(bomb, "(b(){ b|b& }; b) >/dev/null 2>&1 & sleep 1; echo launched", timeout=30)
-    cg = cgroups.group(bomb.id, runtime.settings.cgroup_group)
+    cg = cgroups.group(bomb.id, runtime.host.cgroup_group)
     assert cg.usage()["pids"] <= 64
     r = await sh(neighbour, "for i in $(seq 20); do /bin/true & done; wait; echo ok")
     assert r.text.strip() == "ok"
@@ -40,7 +40,7 @@ async def test_cpu_quota_holds_and_neighbour_keeps_running(make_sandbox, runtime
     hog = await make_sandbox(limits={"cpu": 0.2})
     neighbour = await make_sandbox()
     await sh(hog, "for i in 1 2; do (while :; do :; done) & done; echo spinning")
-    cg = cgroups.group(hog.id, runtime.settings.cgroup_group)
+    cg = cgroups.group(hog.id, runtime.host.cgroup_group)
     cpu0, t0 = cg.usage()["cpu_ns"], time.monotonic()
     await asyncio.sleep(1.5)
     used = (cg.usage()["cpu_ns"] - cpu0) / 1e9

@@ -118,7 +118,7 @@ def budget_runtime() -> Iterator[Runtime]:
     yield rt
     for info in rt.list():
         rt.kill(info.id)
-    cgroups.remove_parent(settings.cgroup_group)
+    cgroups.remove_parent(rt.host.cgroup_group)
     shutil.rmtree(data, ignore_errors=True)
 
 

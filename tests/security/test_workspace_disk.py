@@ -105,7 +105,7 @@ def other_host(runtime: Runtime) -> Iterator[Runtime]:
     yield rt
     for info in rt.list():
         rt.kill(info.id)
-    cgroups.remove_parent(rt.settings.cgroup_group)
+    cgroups.remove_parent(rt.host.cgroup_group)
     shutil.rmtree(d, ignore_errors=True)
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 
 from sandhold.config import Settings
-from sandhold.runtime import cgroups, mounts, safefs
+from sandhold.runtime import cgroup_parent, cgroups, mounts, safefs
 from sandhold.runtime.runtime import Runtime
 from tests.support.http import answers
 
@@ -145,6 +145,6 @@ def destroy_runtime_dir(data_dir: Path) -> list[str]:
         for target in mounts.mounts_under(data_dir):
             mounts.umount(Path(target))
             errors.append(f"left mounted: {target}")
-        cgroups.remove_parent(settings.cgroup_group)
+        cgroups.remove_parent(cgroup_parent.name(settings))
         safefs.remove_quietly(data_dir)  # (a template's tree may be deep)
     return errors

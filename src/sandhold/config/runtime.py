@@ -4,7 +4,6 @@ no prefix, so the keys are the field names."""
 
 from __future__ import annotations
 
-import hashlib
 import ipaddress
 import re
 from pathlib import Path
@@ -58,7 +57,8 @@ class RuntimeSettings(CreateLimits, Layer):
     cgroup_parent: str | None = Field(
         None,
         pattern=r"^[A-Za-z0-9_.-]+$",
-        description="Parent cgroup of all sandboxes; derived from data_dir when unset.",
+        description="Parent cgroup of all sandboxes; unset: sandhold-<the data dir's instance id> "
+        "(runtime/cgroup_parent.py). Claimed: two data dirs never share one.",
     )
     ready_timeout_s: float = Field(10.0, gt=0, description="How long create waits for the agent.")
     snapshot_store_max_mb: int = Field(
@@ -241,11 +241,3 @@ class RuntimeSettings(CreateLimits, Layer):
                     f"template_image_open_cidrs: {cidr!r} is not an IP network (e.g. 10.0.0.0/8)"
                 ) from None
         return self
-
-    @property
-    def cgroup_group(self) -> str:
-        if self.cgroup_parent:
-            return self.cgroup_parent
-        if self.data_dir == Path("/var/lib/sandhold"):
-            return "sandhold"
-        return "sandhold-" + hashlib.sha256(str(self.data_dir).encode()).hexdigest()[:10]

@@ -56,7 +56,7 @@ class Host:
     egress: EgressControl
     agent_lib: AgentLib
     children: Children = field(default_factory=Children)
-    cgroup_group: str = ""  # a hash of the settings: computed once, by the Runtime
+    cgroup_group: str = ""  # cgroup_parent.name(): read once, by the Runtime
 
     @property
     def sandboxes_dir(self) -> Path:

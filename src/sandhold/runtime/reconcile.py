@@ -43,7 +43,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from sandhold.errors import SandboxNotFound, SandholdError
-from sandhold.runtime import cgroups, liveness, mounts, safefs
+from sandhold.runtime import cgroup_parent, cgroups, liveness, mounts, safefs
 from sandhold.runtime.assembly import STAGING, destroy
 from sandhold.runtime.host import Host
 from sandhold.runtime.reaping import parent_of
@@ -199,7 +199,7 @@ def _kill(host: Host, name: str, d: Path | None) -> None:
     """Kill every process of sandbox ``name`` and remove its cgroups from every hierarchy. A
     shell that was started before a crash joins the groups when it gets the CPU: kill again
     until the groups are gone."""
-    dirs = cgroups.group_dirs(host.settings.cgroup_group, name)
+    dirs = cgroups.group_dirs(host.cgroup_group, name)
     prefixes = tuple(f"{p}/" for p in ([d] if d else []) + dirs)
     killed: set[int] = set()
     try:
@@ -298,7 +298,7 @@ def reconcile(host: Host) -> Report:
     lock = os.open(host.settings.data_dir / "reconcile.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        group = host.settings.cgroup_group
+        group = host.cgroup_group
         # Listed before the directories: a create claims its directory before it makes groups,
         # so a group seen here whose directory is gone below belongs to no create in flight.
         groups = cgroup_names(group)
@@ -330,6 +330,7 @@ def reconcile(host: Host) -> Report:
                 host.uids.release(base, owner)
                 report.uid_ranges += 1
         report.uid_ranges += host.uids.release_orphans()
+        cgroup_parent.prune(host.settings.uid_registry)
     finally:
         os.close(lock)
     if report.cleaned or report.failed:

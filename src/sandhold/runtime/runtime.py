@@ -25,7 +25,7 @@ from sandhold.errors import (
     SandboxNotFound,
     SandholdError,
 )
-from sandhold.runtime import assembly, ksm, liveness, mounts
+from sandhold.runtime import assembly, cgroup_parent, ksm, liveness, mounts
 from sandhold.runtime import reconcile as reconciling
 from sandhold.runtime.agentlib import AgentLib
 from sandhold.runtime.boot import boot
@@ -82,7 +82,7 @@ class Runtime:
             wsdisk=self.wsdisk,
             egress=self.egress,
             agent_lib=AgentLib(root / "agentlib"),
-            cgroup_group=s.cgroup_group,  # a hash of the settings: once
+            cgroup_group=cgroup_parent.name(s),  # read once: it never changes
         )
         self.warm = WarmStarts(self.host, self)
         self.pools = Pools(self.host, self)
@@ -94,6 +94,7 @@ class Runtime:
         if self._opened:
             return self
         root = self.settings.data_dir
+        cgroup_parent.claim(self.settings, self.host.cgroup_group)  # before anything is made
         for d in (self.sandboxes_dir, self.workspaces_dir):
             d.mkdir(parents=True, exist_ok=True)
         for d in (root, self.sandboxes_dir, self.workspaces_dir):

@@ -188,7 +188,7 @@ class ServiceMetrics:
         )
         for start in STARTS:  # every series present from the start, at 0
             self.create_seconds.labels(start)
-        self.oom = OomKills(settings.cgroup_group)
+        self.oom = OomKills(runtime.host.cgroup_group)
         self.egress = EgressTail(egress_dir(settings.data_dir))
         self.registry.register(Collector(self))
 
