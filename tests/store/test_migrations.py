@@ -76,6 +76,15 @@ ROWS: dict[str, dict[str, Any]] = {
         "created_at": 9.0, "expires_at": 9.5, "delivered_to": "i1", "delivered_at": 9.1,
         "response": "{}", "responded_at": 9.2,
     },
+    "fleet_hosts": {
+        "host_id": "node-1", "address": "http://198.19.0.11:49982", "boot_id": "b1",
+        "state": "ready", "capacity": 4, "info": {"used": 1}, "last_seen": 10.0,
+    },
+    "fleet_sandboxes": {
+        "sandbox_id": "sbx-1", "team": "acme", "host_id": "node-1", "generation": 2,
+        "state": "paused", "stored": True, "listed": {"sandboxID": "sbx-1"},
+        "started_at": 10.5, "updated_at": 11.0,
+    },
 }  # fmt: skip
 
 

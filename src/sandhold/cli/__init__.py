@@ -35,6 +35,7 @@ import typer
 
 from sandhold.cli import (
     audit,
+    edge,
     gateway,
     init,
     logs,
@@ -58,6 +59,7 @@ app.add_typer(gateway.app, name="gateway")
 app.add_typer(sessions.app, name="session")
 app.add_typer(secrets.app, name="secret")
 app.add_typer(tunnel.app, name="tunnel")
+app.add_typer(edge.app, name="edge")
 
 __all__ = ["app"]
 

@@ -50,6 +50,7 @@ Modules:
 
 - ``egress.py``: The egress proxy's settings and the custody of secrets (``sandhold.egress``,
   docs/egress.md)
+- ``fleet.py``: The fleet's settings: a host's and the edge's (docs/fleet.md)
 - ``gateway.py``: The session gateway's settings (``sandhold gateway serve``, docs/gateway.md)
 - ``layer.py``: What every layer of the settings shares
 - ``limits.py``: What a create may ask for
@@ -71,6 +72,7 @@ from pydantic import ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from sandhold.config.egress import EgressSettings
+from sandhold.config.fleet import FleetSettings
 from sandhold.config.gateway import GatewaySettings
 from sandhold.config.layer import Layer, env_name
 from sandhold.config.logs import LogSettings
@@ -83,6 +85,7 @@ from sandhold.errors import ConfigError
 __all__ = [
     "LAYERS",
     "EgressSettings",
+    "FleetSettings",
     "GatewaySettings",
     "LogSettings",
     "RuntimeSettings",
@@ -102,6 +105,7 @@ LAYERS: tuple[type[Layer], ...] = (
     GatewaySettings,
     LogSettings,
     WorkerSettings,
+    FleetSettings,
 )
 
 
@@ -112,6 +116,7 @@ class Settings(
     GatewaySettings,
     LogSettings,
     WorkerSettings,
+    FleetSettings,
     BaseSettings,
 ):
     model_config = SettingsConfigDict(env_prefix="SANDHOLD_", extra="forbid")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 
 PER_SOCKET = 4  # idle connections kept per agent
 TOTAL = 512  # idle connections kept in all
@@ -26,8 +27,14 @@ _Idle = tuple[Streams, "asyncio.Future[None]"]  # a connection and its EOF watch
 
 
 class AgentConnections:
-    def __init__(self, read_limit: int) -> None:
+    """Keyed by the agent's socket path; ``opener`` opens a new connection for a key instead
+    (a fleet's edge keeps its connections to hosts here, keyed by ``host:port``)."""
+
+    def __init__(
+        self, read_limit: int, opener: Callable[[str], Awaitable[Streams]] | None = None
+    ) -> None:
         self.read_limit = read_limit
+        self._open = opener or self._open_unix
         self._idle: OrderedDict[str, list[_Idle]] = OrderedDict()
         self._count = 0
 
@@ -48,6 +55,9 @@ class AgentConnections:
                 self._idle.pop(socket_path, None)
             return streams
         self._idle.pop(socket_path, None)
+        return await self._open(socket_path)
+
+    async def _open_unix(self, socket_path: str) -> Streams:
         return await asyncio.open_unix_connection(socket_path, limit=self.read_limit)
 
     def checkin(self, socket_path: str, streams: Streams) -> None:

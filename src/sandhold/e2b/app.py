@@ -23,6 +23,7 @@ from sandhold.config import Settings
 from sandhold.e2b import wire
 from sandhold.e2b.auth import Teams
 from sandhold.e2b.control import ControlPlane
+from sandhold.e2b.fleet_host import FleetGate
 from sandhold.e2b.proxy import DataPlane, route
 from sandhold.e2b.volumes import VolumeStore
 from sandhold.errors import Unauthenticated
@@ -48,6 +49,7 @@ class E2bApp:
         self.teams = Teams(settings.api_keys)
         control = ControlPlane(self.service, settings, self.volumes, self.teams)
         self.control_plane = control.app(self._lifespan)
+        self.fleet = FleetGate(self.service, settings) if settings.fleet_host_id else None
         # sandbox id -> (owner, session): neither changes in a sandbox's life
         self._owners: OrderedDict[str, tuple[str, str | None]] = OrderedDict()
         self._logged = RequestLog(
@@ -79,6 +81,12 @@ class E2bApp:
             await self.control_plane(scope, receive, send)
 
     async def _route(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if self.fleet is not None:
+            await self.fleet(scope, receive, send, self._serve)
+        else:
+            await self._serve(scope, receive, send)
+
+    async def _serve(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if (target := route(scope)) is not None:
             await self.data_plane(scope, receive, send, target)
         else:

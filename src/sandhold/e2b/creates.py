@@ -20,6 +20,7 @@ from sandhold.e2b.volumes import VolumeStore
 from sandhold.errors import InvalidRequest, Unsupported
 from sandhold.mcp_gateway.config import check as check_mcp
 from sandhold.runtime.spec import clipped
+from sandhold.service import fleet
 from sandhold.service.limits import check_mounts, check_path
 from sandhold.service.metadata import (
     FILE_VIEW_KEY,
@@ -80,6 +81,7 @@ def create_request(
         network=policy,
         public_traffic=settings.public_traffic_default if public is None else public,
         idempotency=(idempotency_key, digest) if idempotency_key else None,
+        assigned=fleet.assigned.get(),
         surface={
             "allow_internet_access": body.allow_internet_access,
             "network": requested or None,

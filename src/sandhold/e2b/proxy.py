@@ -302,19 +302,7 @@ class DataPlane:
     ) -> bool:
         """Pass one request and its response on; True if both ended whole and the connection
         may carry another (HTTP/1.1 keep-alive)."""
-        conn = h11.Connection(h11.CLIENT)
-
-        async def send_event(event: Any) -> None:
-            data = conn.send(event)
-            if data:
-                writer.write(data)
-                await writer.drain()
-
-        headers = [(k, v) for k, v in scope["headers"] if k not in DROP_REQUEST]
-        names = {k for k, _ in scope["headers"]}
-        has_body = b"content-length" in names or b"transfer-encoding" in names
-        if b"transfer-encoding" in names and b"content-length" not in names:
-            headers.append((b"transfer-encoding", b"chunked"))
+        headers = passed_on(scope, DROP_REQUEST)
         host = dict(scope["headers"]).get(b"host", b"sandbox")
         network = sbx.life.surface.get("network") or {}
         mask = network.get("maskRequestHost") if port != ENVD_PORT else None
@@ -323,90 +311,124 @@ class DataPlane:
         target = scope.get("raw_path") or scope["path"].encode()
         if scope["query_string"]:
             target += b"?" + scope["query_string"]
-        client_gone = asyncio.Event()
+        return await exchange(
+            scope, receive, send, reader, writer, [(b"host", host), *headers], target, sbx.id
+        )
 
-        async def pump_request() -> None:
-            """Stream the request body up, then watch for the client going away: that must end
-            the upstream request too (e.g. a command's output stream)."""
-            try:
-                await send_event(
-                    h11.Request(
-                        method=scope["method"], target=target, headers=[(b"host", host), *headers]
-                    )
-                )
-                more = has_body
-                while more:
-                    msg = await receive()
-                    if msg["type"] == "http.disconnect":
-                        break
-                    if msg.get("body"):
-                        await send_event(h11.Data(data=msg["body"]))
-                    more = msg.get("more_body", False)
-                else:
-                    await send_event(h11.EndOfMessage())
-                    while (await receive())["type"] != "http.disconnect":
-                        pass
-                client_gone.set()
-                writer.close()
-            except (OSError, h11.LocalProtocolError):
-                pass  # upstream went away while we wrote; the response side reports it
 
-        pump = asyncio.create_task(pump_request())
-        started = False
-        stream: Envelopes | None = None  # a Connect stream's framing
+def passed_on(scope: Scope, drop: frozenset[bytes]) -> list[tuple[bytes, bytes]]:
+    """The request's headers but ``drop``; a body of unknown length goes on chunked (h11
+    frames it)."""
+    headers = [(k, v) for k, v in scope["headers"] if k not in drop]
+    names = {k for k, _ in scope["headers"]}
+    if b"transfer-encoding" in names and b"content-length" not in names:
+        headers.append((b"transfer-encoding", b"chunked"))
+    return headers
+
+
+async def exchange(
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    headers: list[tuple[bytes, bytes]],
+    target: bytes,
+    sandbox_id: str,
+) -> bool:
+    """Pass one request (with ``headers``, to ``target``) and its response on over an open
+    HTTP/1.1 connection; True if both ended whole and the connection may carry another. Used
+    by the data plane (to a sandbox's agent) and by a fleet's edge (to a host)."""
+    conn = h11.Connection(h11.CLIENT)
+
+    async def send_event(event: Any) -> None:
+        data = conn.send(event)
+        if data:
+            writer.write(data)
+            await writer.drain()
+
+    names = {k for k, _ in scope["headers"]}
+    has_body = b"content-length" in names or b"transfer-encoding" in names
+    client_gone = asyncio.Event()
+
+    async def pump_request() -> None:
+        """Stream the request body up, then watch for the client going away: that must end
+        the upstream request too (e.g. a command's output stream)."""
         try:
-            while True:
-                event = conn.next_event()
-                if event is h11.NEED_DATA:
-                    conn.receive_data(await reader.read(READ_CHUNK))
-                elif isinstance(event, h11.Response):
-                    headers = [(k, v) for k, v in event.headers if k not in DROP_RESPONSE]
-                    ctype = dict(headers).get(b"content-type", b"")
-                    stream = Envelopes() if ctype.startswith(CONNECT_STREAM) else None
-                    await send(
-                        {
-                            "type": "http.response.start",
-                            "status": event.status_code,
-                            "headers": headers,
-                        }
-                    )
-                    started = True
-                elif isinstance(event, h11.Data):
-                    data = stream.feed(event.data) if stream else bytes(event.data)
-                    if data:
-                        await send({"type": "http.response.body", "body": data, "more_body": True})
-                elif isinstance(event, h11.EndOfMessage):
-                    rest = bytes(stream.buf) if stream else b""  # a stream that ends whole: b""
-                    await send({"type": "http.response.body", "body": rest, "more_body": False})
-                    return conn.our_state is h11.DONE and conn.their_state is h11.DONE
-                elif isinstance(event, h11.ConnectionClosed):
-                    raise ConnectionResetError("the agent closed the connection")
-                # InformationalResponse (1xx): nothing to pass on
-        except (OSError, h11.RemoteProtocolError):
-            if client_gone.is_set():
-                return False
-            if not started:
-                raise gone(sbx.id) from None
-            # Mid-response: the sandbox was killed (or its agent died) under an open stream.
-            if stream is not None:  # a Connect stream ends with an error envelope, as E2B's
-                end = b"" if stream.ended else ended_early(sbx.id)
-                await send({"type": "http.response.body", "body": end, "more_body": False})
-                return False
-            # Any other body can only be cut off: returning without completing the response
-            # makes the server close the client's connection, which is how the SDK learns that
-            # the response broke (it then probes /health, which answers 502 for a gone sandbox).
-            log.info(
-                "sandbox %s: its side of %s %s ended mid-response; closing the client's connection",
-                sbx.id,
-                scope["method"],
-                scope["path"],
-            )
-            aborted.set(True)
+            await send_event(h11.Request(method=scope["method"], target=target, headers=headers))
+            more = has_body
+            while more:
+                msg = await receive()
+                if msg["type"] == "http.disconnect":
+                    break
+                if msg.get("body"):
+                    await send_event(h11.Data(data=msg["body"]))
+                more = msg.get("more_body", False)
+            else:
+                await send_event(h11.EndOfMessage())
+                while (await receive())["type"] != "http.disconnect":
+                    pass
+            client_gone.set()
+            writer.close()
+        except (OSError, h11.LocalProtocolError):
+            pass  # upstream went away while we wrote; the response side reports it
+
+    pump = asyncio.create_task(pump_request())
+    started = False
+    stream: Envelopes | None = None  # a Connect stream's framing
+    try:
+        while True:
+            event = conn.next_event()
+            if event is h11.NEED_DATA:
+                conn.receive_data(await reader.read(READ_CHUNK))
+            elif isinstance(event, h11.Response):
+                headers = [(k, v) for k, v in event.headers if k not in DROP_RESPONSE]
+                ctype = dict(headers).get(b"content-type", b"")
+                stream = Envelopes() if ctype.startswith(CONNECT_STREAM) else None
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": event.status_code,
+                        "headers": headers,
+                    }
+                )
+                started = True
+            elif isinstance(event, h11.Data):
+                data = stream.feed(event.data) if stream else bytes(event.data)
+                if data:
+                    await send({"type": "http.response.body", "body": data, "more_body": True})
+            elif isinstance(event, h11.EndOfMessage):
+                rest = bytes(stream.buf) if stream else b""  # a stream that ends whole: b""
+                await send({"type": "http.response.body", "body": rest, "more_body": False})
+                return conn.our_state is h11.DONE and conn.their_state is h11.DONE
+            elif isinstance(event, h11.ConnectionClosed):
+                raise ConnectionResetError("the agent closed the connection")
+            # InformationalResponse (1xx): nothing to pass on
+    except (OSError, h11.RemoteProtocolError):
+        if client_gone.is_set():
             return False
-        finally:
-            pump.cancel()
-            with contextlib.suppress(BaseException):
-                await pump
+        if not started:
+            raise gone(sandbox_id) from None
+        # Mid-response: the sandbox was killed (or its agent died) under an open stream.
+        if stream is not None:  # a Connect stream ends with an error envelope, as E2B's
+            end = b"" if stream.ended else ended_early(sandbox_id)
+            await send({"type": "http.response.body", "body": end, "more_body": False})
+            return False
+        # Any other body can only be cut off: returning without completing the response
+        # makes the server close the client's connection, which is how the SDK learns that
+        # the response broke (it then probes /health, which answers 502 for a gone sandbox).
+        log.info(
+            "sandbox %s: its side of %s %s ended mid-response; closing the client's connection",
+            sandbox_id,
+            scope["method"],
+            scope["path"],
+        )
+        aborted.set(True)
+        return False
+    finally:
+        pump.cancel()
+        with contextlib.suppress(BaseException):
+            await pump
 
 
 def _observed(

@@ -22,6 +22,7 @@ def build_config(settings: Settings, fd: int | None = None) -> uvicorn.Config:
     """Serve on ``server_host:server_port``, or on the listening socket ``fd`` if given (bound
     by whoever started us: no port is released between choosing it and serving on it)."""
     settings.check_server_serve(settings.server_host if fd is None else listening_host(fd))
+    settings.check_fleet_host()
     if fd is not None:
         no_delay(fd)
     config = uvicorn.Config(

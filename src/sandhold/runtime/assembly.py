@@ -11,11 +11,12 @@ import logging
 import os
 from pathlib import Path
 
-from sandhold.errors import InvalidRequest, SandholdError
+from sandhold.errors import Conflict, InvalidRequest, SandholdError
 from sandhold.runtime import mounts, safefs
 from sandhold.runtime.host import Host
 from sandhold.runtime.launcher import HANDOFF
 from sandhold.runtime.reaping import reap_init
+from sandhold.runtime.records import ID_ALPHABET, new_sandbox_id
 from sandhold.runtime.spec import NAME_RE, SandboxSpec
 from sandhold.runtime.staging import start_time
 from sandhold.runtime.templates.store import SANDBOX_USER_UID, Template
@@ -24,6 +25,18 @@ log = logging.getLogger(__name__)
 
 STAGING = ".new-"  # a directory being claimed: ``.new-<id>-<pid>-<start>``
 UID_FILE = "uid"  # the first host id of the sandbox's range
+
+
+def free_id(host: Host, given: str | None) -> str:
+    """``given`` (an id the caller chose: a fleet's edge) if no sandbox here has it, else a new
+    id."""
+    if given is None:
+        return new_sandbox_id()
+    if not 8 <= len(given) <= 64 or not set(given) <= set(ID_ALPHABET):
+        raise InvalidRequest(f"invalid sandbox id {given!r}: 8 to 64 of [a-z0-9]")
+    if (host.sandboxes_dir / given).exists():
+        raise Conflict(f"sandbox {given} already exists")
+    return given
 
 
 def claim(d: Path) -> int:

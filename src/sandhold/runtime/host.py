@@ -82,6 +82,7 @@ class Sandboxes(Protocol):
         extra: dict[str, object] | None = None,
         layer_image: Path | None = None,
         template: Template | None = None,
+        sandbox_id: str | None = None,
     ) -> SandboxInfo: ...
 
     def kill(self, sandbox_id: str) -> None: ...

@@ -131,11 +131,13 @@ class Runtime:
         extra: dict[str, object] | None = None,
         layer_image: Path | None = None,
         template: Template | None = None,
+        sandbox_id: str | None = None,
     ) -> SandboxInfo:
         """Create and start a sandbox; returns once its agent answers (and its template's
         start command is ready). ``extra`` is stored with the record for upper layers (e.g.
         the E2B server's timeout and tokens); ``layer_image`` is a writable layer to start from
-        (a filesystem snapshot's); ``template`` one not in the store (a build's, build.py)."""
+        (a filesystem snapshot's); ``template`` one not in the store (a build's, build.py);
+        ``sandbox_id`` an id given by the caller (a fleet's edge), else a new one."""
         if not isinstance(spec, SandboxSpec):
             try:
                 spec = SandboxSpec.model_validate(spec)
@@ -148,11 +150,18 @@ class Runtime:
         self.wsdisk.check(spec)
         for m in spec.mounts:
             mounts.check_traversable(m.source)
-        if layer_image is None and (pooled := self.pools.take(spec, template, extra or {})):
+        given = sandbox_id is not None  # a pooled sandbox has an id of its own already
+        if (
+            not given
+            and layer_image is None
+            and (pooled := self.pools.take(spec, template, extra or {}))
+        ):
             return pooled
-        if layer_image is None and (warm := self.warm.start(spec, template, extra or {})):
+        sandbox_id = assembly.free_id(self.host, sandbox_id)
+        if layer_image is None and (
+            warm := self.warm.start(spec, template, extra or {}, sandbox_id)
+        ):
             return warm
-        sandbox_id = new_sandbox_id()
         d = self.sandboxes_dir / sandbox_id
         # Held until the create is over: reconcile leaves a directory alone while it is held.
         claim = assembly.claim(d)

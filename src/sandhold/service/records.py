@@ -16,6 +16,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
 from sandhold.runtime.records import SandboxInfo
 from sandhold.runtime.spec import NetworkPolicy
+from sandhold.service.fleet import Assignment
 
 RECORD_KEY = "lifecycle"
 LEGACY_RECORD_KEY = "e2b"  # what servers before the service wrote; read, never written
@@ -52,6 +53,7 @@ class CreateSandbox:
     public_traffic: bool = False  # ports other than envd's reachable without the traffic token
     idempotency: tuple[str, str] | None = None  # key, digest of the request
     surface: dict[str, Any] = field(default_factory=dict)  # a surface's own echo, kept as is
+    assigned: Assignment | None = None  # a fleet edge's id and generation (service/fleet.py)
 
 
 class Lifecycle(BaseModel):

@@ -4,6 +4,7 @@ of sandboxes on this host, for any surface. See the package docstring."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import secrets
 import time
@@ -30,6 +31,7 @@ from sandhold.runtime.records import SandboxInfo
 from sandhold.runtime.runtime import Runtime
 from sandhold.runtime.spec import NetworkPolicy, SandboxSpec, validation_message
 from sandhold.runtime.templates.build import kill_leftovers
+from sandhold.service import fleet
 from sandhold.service.builds import Builds
 from sandhold.service.limits import check_create
 from sandhold.service.locks import KeyedLocks
@@ -269,13 +271,19 @@ class SandboxService:
             surface=req.surface,
         )
         extra: dict[str, object] = {RECORD_KEY: life.model_dump()}
+        given = None
+        if req.assigned is not None:
+            given = req.assigned.sandbox_id
+            fleet.stamp(extra, req.assigned.generation)
         snap = None
         if not self.runtime.templates.exists(req.template):  # a snapshot's id or name?
             snap = await find_snapshot(self, req.owner, req.template)
         if snap is not None:
-            info = await start_snapshot(self, snap, spec, extra)
+            info = await start_snapshot(self, snap, spec, extra, given)
         else:
-            info = await self.offload.run(self.runtime.create, spec, extra)
+            info = await self.offload.run(
+                functools.partial(self.runtime.create, spec, extra, sandbox_id=given)
+            )
             if self.jobs:  # no upkeep with timers=False: no checkpoints, no refills
                 if info.started_from != "warm":
                     self.warmer.kick()  # a template that starts warm, without its checkpoint?

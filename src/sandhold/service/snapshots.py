@@ -73,7 +73,11 @@ async def delete(service: ServiceParts, owner: str, ref: str) -> None:
 
 
 async def start(
-    service: ServiceParts, snap: Snapshot, spec: SandboxSpec, extra: dict[str, object]
+    service: ServiceParts,
+    snap: Snapshot,
+    spec: SandboxSpec,
+    extra: dict[str, object],
+    sandbox_id: str | None = None,
 ) -> SandboxInfo:
     """A sandbox from ``snap``. A filesystem snapshot boots with the create's spec (its
     network policy, env, limits) over the saved files and the snapshot's template; a full one
@@ -90,4 +94,4 @@ async def start(
             ),
         }
     )
-    return await service.offload.run(_store(service).start, snap, extra, fresh)
+    return await service.offload.run(_store(service).start, snap, extra, fresh, sandbox_id)

@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -173,3 +183,36 @@ class TunnelRequest(Base):
     delivered_at: Mapped[float | None] = mapped_column(Float)
     response: Mapped[str | None] = mapped_column(Text)  # the connector's response body
     responded_at: Mapped[float | None] = mapped_column(Float)
+
+
+class FleetHost(Base):
+    """A fleet host as the edges see it (docs/fleet.md): what its last answer said."""
+
+    __tablename__ = "fleet_hosts"
+
+    host_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    address: Mapped[str] = mapped_column(String(256))  # its base URL
+    boot_id: Mapped[str] = mapped_column(String(64))
+    state: Mapped[str] = mapped_column(String(16))  # ready | draining | lost
+    capacity: Mapped[int] = mapped_column(Integer)
+    info: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # its /fleet/info
+    last_seen: Mapped[float] = mapped_column(Float)
+
+
+class FleetSandbox(Base):
+    """Where a sandbox of the fleet is. ``generation`` grows with every placement and move, and
+    every change is a compare-and-set on it, so only one host's copy is ever the sandbox.
+    ``host_id`` is NULL for a paused sandbox that lives only in the shared store."""
+
+    __tablename__ = "fleet_sandboxes"
+    __table_args__ = (Index("ix_fleet_sandboxes_team_started", "team", "started_at"),)
+
+    sandbox_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    team: Mapped[str] = mapped_column(String(64))
+    host_id: Mapped[str | None] = mapped_column(String(64), index=True)
+    generation: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(16))  # creating | running | paused
+    stored: Mapped[bool] = mapped_column(Boolean, default=False)  # a copy in the shared store
+    listed: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # E2B's ListedSandbox
+    started_at: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float)

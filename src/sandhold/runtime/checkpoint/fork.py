@@ -92,12 +92,14 @@ def start(
     extra: dict[str, object],
     started_from: str = "fork",
     config: dict[str, object] | None = None,
+    sandbox_id: str | None = None,
 ) -> SandboxInfo:
     """A new sandbox restored from what ``checkpoint_in_place`` took into ``taken``; with
-    ``config``, its agent is handed that configuration (a warm start's: warm.py)."""
+    ``config``, its agent is handed that configuration (a warm start's: warm.py); with
+    ``sandbox_id``, under that id."""
     criu = criu_path(host)
     template = host.templates.get(template_name)
-    sandbox_id = new_sandbox_id()
+    sandbox_id = sandbox_id or new_sandbox_id()
     d = host.sandboxes_dir / sandbox_id
     lock = claim(d)
     try:

@@ -42,7 +42,7 @@ from sandhold.errors import (
     TemplateNotFound,
     Unsupported,
 )
-from sandhold.runtime import disk, safefs
+from sandhold.runtime import assembly, disk, safefs
 from sandhold.runtime.checkpoint import fork
 from sandhold.runtime.checkpoint.snapshot_remote import remote_for
 from sandhold.runtime.host import Sandboxes
@@ -292,15 +292,24 @@ class SnapshotStore:
             )
 
     def start(
-        self, snap: Snapshot, extra: dict[str, object], spec: SandboxSpec | None = None
+        self,
+        snap: Snapshot,
+        extra: dict[str, object],
+        spec: SandboxSpec | None = None,
+        sandbox_id: str | None = None,
     ) -> SandboxInfo:
         """A new sandbox from ``snap``: its memory restored (``full``) or booted afresh over
         its files (``filesystem``; ``spec`` may change what a fresh boot may, e.g. env)."""
         saved = SandboxSpec.model_validate(snap.spec, context={"stored": True})
         with self._in_use(snap):
             if snap.mode == "full":
-                return fork.start(self.host, saved, snap.template, snap.dir, extra, "snapshot")
-            return self.sandboxes.create(spec or saved, extra, layer_image=snap.dir / disk.IMAGE)
+                sandbox_id = assembly.free_id(self.host, sandbox_id)
+                return fork.start(
+                    self.host, saved, snap.template, snap.dir, extra, "snapshot", None, sandbox_id
+                )
+            return self.sandboxes.create(
+                spec or saved, extra, layer_image=snap.dir / disk.IMAGE, sandbox_id=sandbox_id
+            )
 
 
 def _from_remote(data: dict[str, object], d: Path) -> Snapshot | None:

@@ -96,7 +96,7 @@ class WarmStarts:
         return None
 
     def start(
-        self, spec: SandboxSpec, template: Template, extra: dict[str, object]
+        self, spec: SandboxSpec, template: Template, extra: dict[str, object], sandbox_id: str
     ) -> SandboxInfo | None:
         """A sandbox of ``spec`` restored from ``template``'s checkpoint, or None when there is
         none, it cannot serve this create, or restoring failed (then nothing of it is left)."""
@@ -113,7 +113,9 @@ class WarmStarts:
         env = {**template.env, **spec.env}
         config = agent_config(spec, template, env, [])
         try:
-            return forking.start(self.host, spec, template.name, d, extra, "warm", config)
+            return forking.start(
+                self.host, spec, template.name, d, extra, "warm", config, sandbox_id
+            )
         except SandholdError as e:
             log.warning("warm start of a %s sandbox failed, booting it cold: %s", template.name, e)
             return None

@@ -1,0 +1,203 @@
+"""A fleet host's side of the edge's protocol (docs/fleet.md): ``sandhold serve`` with
+``fleet_host_id`` set.
+
+Every request passes ``FleetGate`` before it is served:
+- ``X-Sandhold-Fleet-Token`` marks a request from an edge; a wrong token is refused.
+- ``/fleet/*`` is the edge's alone: ``GET /fleet/info`` (identity, capacity, every sandbox with
+  its generation, polled by every edge) and ``POST /fleet/discard/{id}`` (drop a copy the edge
+  has moved on from).
+- A create comes from an edge, with the id and generation the edge gave it
+  (``X-Sandhold-Sandbox-Id``, ``X-Sandhold-Generation``), and is refused with 503 *before
+  anything is made* when the host is full or draining: the edge then tries the next host.
+- A request for a sandbox carrying ``X-Sandhold-Generation`` is fenced: an older generation
+  than the host's copy is refused (409: the edge has not seen a move), a newer one means this
+  copy was left behind by a move and is discarded (the sandbox is not here).
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import re
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from importlib.metadata import version
+from typing import Any
+
+from sandhold.config import Settings
+from sandhold.e2b import wire
+from sandhold.e2b.proxy import route, send_json
+from sandhold.service import Sandbox, SandboxService
+from sandhold.service.fleet import Assignment, assigned, generation_of
+
+TOKEN = b"x-sandhold-fleet-token"
+SANDBOX_ID = b"x-sandhold-sandbox-id"
+GENERATION = b"x-sandhold-generation"
+CREATES = re.compile(r"^/(?:v2/)?sandboxes/?$|^/sandboxes/[^/]+/fork$")
+SANDBOX_PATH = re.compile(r"^/(?:v2/)?sandboxes/([a-z0-9]+)(?:/|$)")
+DISCARD = re.compile(r"^/fleet/discard/([a-z0-9]+)$")
+ONE = re.compile(r"^/fleet/sandboxes/([a-z0-9]+)$")
+
+log = logging.getLogger(__name__)
+
+Scope = dict[str, Any]
+App = Callable[[Scope, Any, Any], Awaitable[None]]
+
+
+class FleetGate:
+    def __init__(self, service: SandboxService, settings: Settings) -> None:
+        assert settings.fleet_host_id and settings.fleet_token is not None
+        self.service = service
+        self.settings = settings
+        self.host_id = settings.fleet_host_id
+        self.token = settings.fleet_token.get_secret_value().encode()
+        self.boot_id = secrets.token_hex(8)  # a new one per start: the edge sees restarts
+        self.draining = False
+        self.admitting = 0  # creates admitted and not yet done
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any, app: App) -> None:
+        headers = dict(scope["headers"])
+        given = headers.get(TOKEN)
+        from_edge = given is not None and hmac.compare_digest(given, self.token)
+        path, method = scope["path"], scope["method"]
+        if given is not None and not from_edge:
+            return await _refuse(send, 401, "invalid fleet token")
+        if path.startswith("/fleet/"):
+            if not from_edge:
+                return await _refuse(send, 401, "the fleet API needs the fleet token")
+            return await self._fleet(scope, send)
+        if method == "POST" and CREATES.match(path) and route(scope) is None:
+            if not from_edge:
+                return await _refuse(
+                    send, 403, "this is a fleet host: create sandboxes through the fleet's edge"
+                )
+            return await self._admit(scope, receive, send, app, headers)
+        sid = _sandbox_of(scope) if from_edge and GENERATION in headers else None
+        if sid is not None and not await self._fenced(sid, headers[GENERATION], send):
+            return None
+        await app(scope, receive, send)
+
+    # -- admission ---------------------------------------------------------------------------
+    async def _admit(
+        self, scope: Scope, receive: Any, send: Any, app: App, headers: dict[bytes, bytes]
+    ) -> None:
+        if self.draining:
+            return await _refuse(send, 503, f"host {self.host_id} is draining")
+        used = await self.used()
+        if used + self.admitting >= self.settings.fleet_capacity:
+            return await _refuse(
+                send, 503, f"host {self.host_id} is full ({self.settings.fleet_capacity})"
+            )
+        token = None
+        if SANDBOX_ID in headers:
+            try:
+                generation = int(headers.get(GENERATION, b"1"))
+            except ValueError:
+                return await _refuse(send, 400, "invalid X-Sandhold-Generation")
+            token = assigned.set(Assignment(headers[SANDBOX_ID].decode("latin-1"), generation))
+        self.admitting += 1
+        try:
+            await app(scope, receive, send)
+        finally:
+            self.admitting -= 1
+            if token is not None:
+                assigned.reset(token)
+
+    async def used(self) -> int:
+        """Sandboxes that hold memory here: running, or paused in the freezer."""
+        return sum(1 for s in await self.service.query() if not s.info.suspended)
+
+    # -- fencing -----------------------------------------------------------------------------
+    async def _fenced(self, sandbox_id: str, raw: bytes, send: Any) -> bool:
+        """Whether a request at generation ``raw`` may reach this host's copy of the sandbox."""
+        sbx = self.service.peek(sandbox_id) or await self.service.get(sandbox_id)
+        if sbx is None:
+            return True  # the handler answers for a sandbox that is not here
+        try:
+            asked = int(raw)
+        except ValueError:
+            await _refuse(send, 400, "invalid X-Sandhold-Generation")
+            return False
+        mine = generation_of(sbx.info.extra)
+        if asked == mine:
+            return True
+        if asked < mine:
+            await _refuse(send, 409, f"sandbox {sandbox_id} moved on (generation {mine})")
+            return False
+        await self.discard(sandbox_id, asked)
+        await _refuse(send, 404, f"sandbox {sandbox_id} not found")
+        return False
+
+    async def discard(self, sandbox_id: str, newer: int) -> bool:
+        """Kill this host's copy of a sandbox if it is older than generation ``newer``."""
+        sbx = await self.service.get(sandbox_id)
+        if sbx is None or generation_of(sbx.info.extra) >= newer:
+            return False
+        log.warning(
+            "discarding sandbox %s of generation %d: the fleet has generation %d",
+            sandbox_id,
+            generation_of(sbx.info.extra),
+            newer,
+        )
+        await self.service.kill(sbx.owner, sandbox_id)
+        return True
+
+    # -- the edge's API ----------------------------------------------------------------------
+    async def _fleet(self, scope: Scope, send: Any) -> None:
+        path, method = scope["path"], scope["method"]
+        if path == "/fleet/info" and method == "GET":
+            return await send_json(send, 200, await self.info())
+        if (m := ONE.match(path)) and method == "GET":
+            at = time.time()  # before the read: what was read is at least this recent
+            sbx = await self.service.get(m.group(1))
+            if sbx is None:
+                return await _refuse(send, 404, f"sandbox {m.group(1)} not found")
+            return await send_json(send, 200, self.entry(sbx, at))
+        if (m := DISCARD.match(path)) and method == "POST":
+            query = dict(
+                p.split("=", 1) for p in scope["query_string"].decode().split("&") if "=" in p
+            )
+            try:
+                newer = int(query.get("generation", ""))
+            except ValueError:
+                return await _refuse(send, 400, "discard needs ?generation=N")
+            done = await self.discard(m.group(1), newer)
+            return await send_json(send, 200, {"discarded": done})
+        await _refuse(send, 404, f"no such fleet route: {method} {path}")
+
+    def entry(self, sbx: Sandbox, at: float) -> dict[str, Any]:
+        """What the edge's catalog keeps of a sandbox (no token), and when this host said it
+        (the catalog never lets an older word overwrite a newer one)."""
+        return {
+            "at": at,
+            "sandboxID": sbx.id,
+            "team": sbx.owner,
+            "generation": generation_of(sbx.info.extra),
+            "listed": wire.listed(sbx, self.service.disk_total >> 20),
+        }
+
+    async def info(self) -> dict[str, Any]:
+        at = time.time()  # before the listing: a sandbox made after it is not missing from it
+        sandboxes = await self.service.query()
+        return {
+            "at": at,
+            "hostId": self.host_id,
+            "bootId": self.boot_id,
+            "version": version("sandhold"),
+            "capacity": self.settings.fleet_capacity,
+            "used": sum(1 for s in sandboxes if not s.info.suspended),
+            "draining": self.draining,
+            "sandboxes": [self.entry(s, at) for s in sandboxes],
+        }
+
+
+def _sandbox_of(scope: Scope) -> str | None:
+    if (target := route(scope)) is not None:
+        return target.sandbox_id
+    m = SANDBOX_PATH.match(scope["path"])
+    return m.group(1) if m and m.group(1) != "metrics" else None
+
+
+async def _refuse(send: Any, status: int, message: str) -> None:
+    await send_json(send, status, {"code": status, "message": message})

@@ -1,0 +1,9 @@
+"""The fleet (docs/fleet.md): many ``sandhold serve`` hosts behind the edge, which places each
+sandbox on a host, keeps where it is in a shared catalog and routes every call to it.
+
+- ``catalog.py``: the catalog (which host holds each sandbox, at which generation).
+- ``discovery.py``: where the hosts are (a headless Service's DNS, or a static list).
+- ``members.py``: what each host last said, polled by every edge; lost hosts.
+- ``placement.py``: which host takes a create.
+- ``edge.py``: the edge's E2B API and data plane (``sandhold edge serve``).
+"""

@@ -1,0 +1,223 @@
+"""The fleet's catalog (store/models.py ``FleetHost``, ``FleetSandbox``): which host holds each
+sandbox, at which generation, shared by every edge replica through one database.
+
+Every change to a sandbox's row is a compare-and-set on its generation or its host, so two edges
+acting at once (a create retried on another host, a lost host's sandboxes handled by two edges)
+never both win. Methods are short synchronous transactions; the edge runs them on threads.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, cast
+
+from sqlalchemy import Table, delete, func, insert, select, update
+from sqlalchemy.exc import IntegrityError
+
+from sandhold.store.engine import make_engine
+from sandhold.store.models import FleetHost, FleetSandbox
+from sandhold.store.schema import run_migrations
+
+H = cast(Table, FleetHost.__table__)
+S = cast(Table, FleetSandbox.__table__)
+
+
+@dataclass(frozen=True)
+class Row:
+    sandbox_id: str
+    team: str
+    host_id: str | None
+    generation: int
+    state: str  # creating | running | paused
+    stored: bool
+    listed: dict[str, Any]
+    started_at: float
+    updated_at: float
+
+
+@dataclass(frozen=True)
+class HostRow:
+    host_id: str
+    address: str
+    boot_id: str
+    state: str  # ready | draining | lost
+    capacity: int
+    info: dict[str, Any]
+    last_seen: float
+
+
+class Catalog:
+    def __init__(self, url: str) -> None:
+        self.engine = make_engine(url)
+
+    def migrate(self) -> None:
+        run_migrations(self.engine)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # -- sandboxes -----------------------------------------------------------------------------
+    def get(self, sandbox_id: str) -> Row | None:
+        with self.engine.connect() as c:
+            r = c.execute(select(S).where(S.c.sandbox_id == sandbox_id)).mappings().first()
+        return Row(**r) if r is not None else None
+
+    def reserve(self, sandbox_id: str, team: str, host_id: str, listed: dict[str, Any]) -> None:
+        """A create on its way to ``host_id``: counted against the host from now on."""
+        now = time.time()
+        with self.engine.begin() as c:
+            c.execute(
+                insert(S).values(
+                    sandbox_id=sandbox_id, team=team, host_id=host_id, generation=1,
+                    state="creating", stored=False, listed=listed, started_at=now, updated_at=now,
+                )
+            )  # fmt: skip
+
+    def retarget(self, sandbox_id: str, old_host: str, new_host: str) -> bool:
+        """A reserved create refused by ``old_host`` goes to ``new_host`` instead."""
+        with self.engine.begin() as c:
+            got = c.execute(
+                update(S)
+                .where(S.c.sandbox_id == sandbox_id, S.c.host_id == old_host)
+                .where(S.c.state == "creating")
+                .values(host_id=new_host, updated_at=time.time())
+            )
+        return got.rowcount == 1
+
+    def record(
+        self,
+        sandbox_id: str,
+        team: str,
+        host_id: str,
+        generation: int,
+        listed: dict[str, Any],
+        at: float,
+        stored: bool | None = None,
+    ) -> bool:
+        """What ``host_id`` said at ``at`` (its clock) of a sandbox at ``generation``: written
+        unless the catalog holds it at a newer generation (a host left behind by a move says
+        nothing), or holds a newer word of the same host (a poll that crossed a pause). A
+        sandbox the catalog does not know is added (a fork, a create whose edge died). False:
+        nothing written."""
+        values: dict[str, Any] = {
+            "host_id": host_id,
+            "generation": generation,
+            "state": listed.get("state", "running"),
+            "listed": listed,
+            "updated_at": at,
+        }
+        if stored is not None:
+            values["stored"] = stored
+        with self.engine.begin() as c:
+            got = c.execute(
+                update(S)
+                .where(S.c.sandbox_id == sandbox_id, S.c.generation <= generation)
+                .where(
+                    (S.c.generation < generation)
+                    | (
+                        (S.c.host_id == host_id)
+                        & ((S.c.updated_at <= at) | (S.c.state == "creating"))
+                    )
+                )
+                .values(**values)
+            )
+            if got.rowcount == 1:
+                return True
+            if c.execute(select(S.c.sandbox_id).where(S.c.sandbox_id == sandbox_id)).first():
+                return False
+            try:
+                with c.begin_nested():
+                    c.execute(
+                        insert(S).values(
+                            sandbox_id=sandbox_id, team=team, started_at=time.time(),
+                            **{"stored": False, **values},
+                        )
+                    )  # fmt: skip
+            except IntegrityError:
+                return False
+        return True
+
+    def forget(self, sandbox_id: str, host_id: str | None = None) -> bool:
+        """Remove a sandbox (killed, or gone with its host); with ``host_id``, only while that
+        host still holds it."""
+        q = delete(S).where(S.c.sandbox_id == sandbox_id)
+        if host_id is not None:
+            q = q.where(S.c.host_id == host_id)
+        with self.engine.begin() as c:
+            return c.execute(q).rowcount == 1
+
+    def on_host(self, host_id: str) -> list[Row]:
+        with self.engine.connect() as c:
+            rows = c.execute(select(S).where(S.c.host_id == host_id)).mappings().all()
+        return [Row(**r) for r in rows]
+
+    def release(self, sandbox_id: str, host_id: str) -> None:
+        """A stored sandbox whose host is gone: in the store only, resumable anywhere."""
+        with self.engine.begin() as c:
+            c.execute(
+                update(S)
+                .where(S.c.sandbox_id == sandbox_id, S.c.host_id == host_id)
+                .values(host_id=None, state="paused", updated_at=time.time())
+            )
+
+    def listing(self, team: str) -> list[Row]:
+        with self.engine.connect() as c:
+            rows = (
+                c.execute(select(S).where(S.c.team == team, S.c.state != "creating"))
+                .mappings()
+                .all()
+            )
+        return [Row(**r) for r in rows]
+
+    def load(self) -> dict[str, int]:
+        """Sandboxes each host holds or is being given (its reservations)."""
+        with self.engine.connect() as c:
+            rows = c.execute(
+                select(S.c.host_id, func.count())
+                .where(S.c.host_id.is_not(None))
+                .group_by(S.c.host_id)
+            ).all()
+        return {str(h): int(n) for h, n in rows}
+
+    # -- hosts ---------------------------------------------------------------------------------
+    def seen(self, address: str, info: dict[str, Any]) -> HostRow | None:
+        """A host answered: write what it said; returns what the catalog held before."""
+        host_id = str(info["hostId"])
+        now = time.time()
+        values = {
+            "address": address,
+            "boot_id": str(info["bootId"]),
+            "state": "draining" if info.get("draining") else "ready",
+            "capacity": int(info["capacity"]),
+            "info": {k: v for k, v in info.items() if k != "sandboxes"},
+            "last_seen": now,
+        }
+        with self.engine.begin() as c:
+            old = c.execute(select(H).where(H.c.host_id == host_id)).mappings().first()
+            if old is None:
+                try:
+                    with c.begin_nested():
+                        c.execute(insert(H).values(host_id=host_id, **values))
+                except IntegrityError:
+                    c.execute(update(H).where(H.c.host_id == host_id).values(**values))
+            else:
+                c.execute(update(H).where(H.c.host_id == host_id).values(**values))
+        return HostRow(**old) if old is not None else None
+
+    def hosts(self) -> list[HostRow]:
+        with self.engine.connect() as c:
+            rows = c.execute(select(H)).mappings().all()
+        return [HostRow(**r) for r in rows]
+
+    def lose(self, host_id: str, silent_since: float) -> bool:
+        """Mark a host lost if it has not been seen since ``silent_since``; True for the one
+        edge that did it (and must now settle its sandboxes)."""
+        with self.engine.begin() as c:
+            got = c.execute(
+                update(H)
+                .where(H.c.host_id == host_id, H.c.state != "lost")
+                .where(H.c.last_seen < silent_since)
+                .values(state="lost")
+            )
+        return got.rowcount == 1

@@ -1,0 +1,385 @@
+"""The edge (``sandhold edge serve``): one E2B endpoint in front of the fleet's hosts. Stateless:
+any number of replicas share the catalog (catalog.py) and each polls the hosts (members.py).
+
+- **Creates** are placed (placement.py): the edge reserves the sandbox in the catalog under an
+  id it chooses, and asks the first candidate host to create it with that id at generation 1; a
+  host that refuses before doing anything (503: full, draining) passes it to the next one.
+- **Listing** is the catalog's (team, state, metadata, template, startedAfter, order, pages),
+  never a fan-out to hosts.
+- **Everything about one sandbox**, control calls and its data plane (``E2b-Sandbox-Id`` or a
+  ``{port}-{id}.{domain}`` Host), goes to the host that holds it, with the fleet token and the
+  generation the catalog knows (the host fences on it). After a call that may change the
+  sandbox, the edge reads it back from the host into the catalog.
+- **Anything else** (templates, snapshots, volumes, secrets) goes to one live host.
+
+Authentication: the edge checks the API key (the same ``api_keys`` as the hosts') for its own
+answers, and passes it on; a host checks it again, and checks the sandboxes' own tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import json
+import logging
+import re
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+
+import httpx
+
+from sandhold.config import Settings
+from sandhold.e2b.agent_conns import AgentConnections
+from sandhold.e2b.auth import Teams
+from sandhold.e2b.control import MAX_PAGE, parse_metadata_filter
+from sandhold.e2b.proxy import READ_CHUNK, exchange, gone, passed_on, route, send_json
+from sandhold.errors import InvalidRequest, SandboxGone, Unauthenticated
+from sandhold.fleet.catalog import Catalog, Row
+from sandhold.fleet.members import HostUnavailable, Members
+from sandhold.fleet.placement import order
+from sandhold.runtime.records import new_sandbox_id
+
+log = logging.getLogger(__name__)
+
+Scope = dict[str, Any]
+CREATES = frozenset({"/sandboxes", "/v2/sandboxes"})
+SANDBOX_PATH = re.compile(r"^/(?:v2/)?sandboxes/([a-z0-9]+)(?:-[a-z0-9]+)?(/[a-z]+)?$")
+# Hop-by-hop headers and the fleet's own (never taken from a client).
+DROP = frozenset(
+    {
+        b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"te",
+        b"trailer", b"upgrade", b"expect", b"x-sandhold-fleet-token", b"x-sandhold-generation",
+        b"x-sandhold-sandbox-id",
+    }
+)  # fmt: skip
+HOST_TIMEOUT_S = 120.0  # a create that builds its template's warm start can take a minute
+NO_HOST = "no host has room for the sandbox: every host is full, draining or unreachable"
+
+
+class Edge:
+    def __init__(self, settings: Settings) -> None:
+        settings.check_fleet_edge()
+        self.settings = settings
+        url = settings.fleet_catalog_url or f"sqlite:///{settings.data_dir / 'fleet.db'}"
+        self.catalog = Catalog(url)
+        self.teams = Teams(settings.api_keys)
+        self.client = httpx.AsyncClient(timeout=HOST_TIMEOUT_S)
+        self.members = Members(settings, self.catalog, self.client)
+        self.hosts = AgentConnections(READ_CHUNK, self._connect)
+        self._poller: asyncio.Task[None] | None = None
+
+    # -- ASGI ----------------------------------------------------------------------------------
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            return await self._lifespan(receive, send)
+        if scope["type"] != "http":
+            return None
+        try:
+            if (target := route(scope)) is not None:
+                return await self._data(scope, receive, send, target.sandbox_id)
+            await self._control(scope, receive, send)
+        except SandboxGone as e:
+            await send_json(send, 502, {"sandboxId": e.sandbox_id, "message": e.message,
+                                        "code": 502})  # fmt: skip
+        except HostUnavailable as e:
+            await send_json(send, 503, {"code": 503, "message": e.message})
+        except (Unauthenticated, InvalidRequest) as e:
+            status = 401 if isinstance(e, Unauthenticated) else 400
+            await send_json(send, status, {"code": status, "message": e.message})
+
+    async def _lifespan(self, receive: Any, send: Any) -> None:
+        while True:
+            msg = await receive()
+            if msg["type"] == "lifespan.startup":
+                try:
+                    await asyncio.to_thread(self.catalog.migrate)
+                except Exception as e:
+                    await send({"type": "lifespan.startup.failed", "message": str(e)})
+                    return
+                self._poller = asyncio.create_task(self.members.run())
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.members.polled.wait(), 10)
+                await send({"type": "lifespan.startup.complete"})
+            elif msg["type"] == "lifespan.shutdown":
+                if self._poller is not None:
+                    self._poller.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await self._poller
+                self.hosts.close()
+                await self.client.aclose()
+                await asyncio.to_thread(self.catalog.close)
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    # -- the data plane ------------------------------------------------------------------------
+    async def _data(self, scope: Scope, receive: Any, send: Any, sandbox_id: str | None) -> None:
+        if sandbox_id is None:  # a signed /files URL: no sandbox named
+            return await send_json(send, 400, {"code": 400, "message":
+                "through a fleet's edge, signed file URLs need the sandbox in the Host "
+                "({port}-{id}.{domain})"})  # fmt: skip
+        row = await self._where(sandbox_id)
+        await self._forward(scope, receive, send, row)
+
+    async def _where(self, sandbox_id: str) -> Row:
+        row = await asyncio.to_thread(self.catalog.get, sandbox_id)
+        if row is None or row.host_id is None:
+            raise gone(sandbox_id)
+        return row
+
+    async def _connect(self, key: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        host, _, port = key.rpartition(":")
+        return await asyncio.open_connection(host.strip("[]"), int(port), limit=READ_CHUNK)
+
+    async def _forward(self, scope: Scope, receive: Any, send: Any, row: Row) -> None:
+        """Stream the request to ``row``'s host and its answer back."""
+        assert row.host_id is not None
+        key = urlsplit(self.members.reachable(row.host_id)).netloc
+        headers = [
+            *passed_on(scope, DROP),
+            (b"x-sandhold-fleet-token", self.members.token.encode()),
+            (b"x-sandhold-generation", str(row.generation).encode()),
+        ]
+        target = scope.get("raw_path") or scope["path"].encode()
+        if scope["query_string"]:
+            target += b"?" + scope["query_string"]
+        try:
+            streams = await self.hosts.checkout(key)
+        except OSError:
+            raise gone(row.sandbox_id) from None
+        clean = False
+        try:
+            clean = await exchange(scope, receive, send, *streams, headers, target, row.sandbox_id)
+        finally:
+            if clean:
+                self.hosts.checkin(key, streams)
+            else:
+                streams[1].close()
+
+    # -- the control plane ---------------------------------------------------------------------
+    async def _control(self, scope: Scope, receive: Any, send: Any) -> None:
+        path, method = scope["path"].rstrip("/") or "/", scope["method"]
+        if path == "/health":
+            return await send_json(send, 200, {"status": "ok"})
+        if path == "/ready":
+            ready = bool(self.members.live)
+            return await send_json(send, 200 if ready else 503,
+                                   {"status": "ready" if ready else "no host answers"})  # fmt: skip
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        team = self.teams.team_of(headers)
+        query = dict(parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True))
+        if path in CREATES and method == "POST":
+            return await self._create(scope, receive, send, team)
+        if path in CREATES and method == "GET":
+            return await self._list(send, team, query, v1=path == "/sandboxes")
+        if (m := SANDBOX_PATH.match(path)) and m.group(1) != "metrics":
+            row = await asyncio.to_thread(self.catalog.get, m.group(1))
+            if row is None or row.team != team or row.host_id is None:
+                return await send_json(send, 404, {"code": 404, "message":
+                                                   f"sandbox {m.group(1)} not found"})  # fmt: skip
+            if method == "GET":
+                await self._forward(scope, receive, send, row)
+                return None
+            # Answered once the catalog has what it changed: the caller's next call may list.
+            r = await self._call(scope, await self._body(receive), row)
+            if m.group(2) == "/fork" and r.status_code < 300:
+                for sid in _forks(r):
+                    await self._refresh(sid, row.host_id)
+            elif r.status_code < 500:
+                await self._refresh(row.sandbox_id, row.host_id)
+            return await _relay(send, r)
+        # templates, snapshots, volumes, secrets: one host answers for all
+        live = sorted(self.members.live)
+        if not live:
+            return await send_json(send, 503, {"code": 503, "message": NO_HOST})
+        stand_in = Row("", team, live[0], 0, "running", False, {}, 0.0, 0.0)
+        await self._forward(scope, receive, send, stand_in)
+
+    async def _body(self, receive: Any) -> bytes:
+        body, more = bytearray(), True
+        while more:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                break
+            body += msg.get("body", b"")
+            if len(body) > self.settings.server_max_body_bytes:
+                raise InvalidRequest("the request body is too large")
+            more = msg.get("more_body", False)
+        return bytes(body)
+
+    async def _create(self, scope: Scope, receive: Any, send: Any, team: str) -> None:
+        body = await self._body(receive)
+        try:
+            asked = json.loads(body or b"{}")
+        except ValueError:
+            asked = {}
+        sandbox_id = new_sandbox_id()
+        listed = {"sandboxID": sandbox_id, "templateID": asked.get("templateID"),
+                  "metadata": asked.get("metadata") or {}, "state": "running"}  # fmt: skip
+        headers = _headers(scope)
+        headers.update(
+            {
+                "X-Sandhold-Fleet-Token": self.members.token,
+                "X-Sandhold-Sandbox-Id": sandbox_id,
+                "X-Sandhold-Generation": "1",
+            }
+        )
+        reserved: str | None = None
+        for host in order(await self.members.candidates(), self.settings.fleet_choices):
+            if reserved is None:
+                await asyncio.to_thread(self.catalog.reserve, sandbox_id, team, host.host_id,
+                                        listed)  # fmt: skip
+            elif not await asyncio.to_thread(self.catalog.retarget, sandbox_id, reserved,
+                                             host.host_id):  # fmt: skip
+                break
+            reserved = host.host_id
+            try:
+                r = await self.client.post(f"{host.address}{scope['path']}", content=body,
+                                           headers=headers)  # fmt: skip
+            except httpx.HTTPError as e:
+                log.warning("create on %s failed before an answer: %s", host.host_id, e)
+                continue  # (a create it made after all shows up at the next poll)
+            if r.status_code == 503:
+                continue  # refused before anything was made: the next one
+            if r.status_code < 300:
+                await self._refresh(sandbox_id, host.host_id)
+            else:
+                await asyncio.to_thread(self.catalog.forget, sandbox_id, host.host_id)
+            return await _relay(send, r)
+        if reserved is not None:
+            await asyncio.to_thread(self.catalog.forget, sandbox_id, reserved)
+        await send_json(send, 503, {"code": 503, "message": NO_HOST})
+
+    async def _call(self, scope: Scope, body: bytes, row: Row) -> httpx.Response:
+        """The request, whole, to ``row``'s host at the catalog's generation."""
+        assert row.host_id is not None
+        address = self.members.reachable(row.host_id)
+        headers = _headers(scope)
+        headers.update({"X-Sandhold-Fleet-Token": self.members.token,
+                        "X-Sandhold-Generation": str(row.generation)})  # fmt: skip
+        url = f"{address}{scope['path']}"
+        if scope["query_string"]:
+            url += "?" + scope["query_string"].decode("latin-1")
+        try:
+            return await self.client.request(scope["method"], url, content=body, headers=headers)
+        except httpx.HTTPError:
+            raise gone(row.sandbox_id) from None
+
+    async def _refresh(self, sandbox_id: str, host_id: str) -> None:
+        """Read a sandbox back from its host into the catalog (gone: out of it)."""
+        address = self.members.address.get(host_id)
+        if address is None:
+            return
+        try:
+            r = await self.client.get(f"{address}/fleet/sandboxes/{sandbox_id}",
+                                      headers=self.members.headers)  # fmt: skip
+        except httpx.HTTPError as e:
+            log.info("could not read %s back from %s: %s", sandbox_id, host_id, e)
+            return
+        if r.status_code == 404:
+            await asyncio.to_thread(self.catalog.forget, sandbox_id, host_id)
+        elif r.status_code == 200:
+            got = r.json()
+            await asyncio.to_thread(self.catalog.record, sandbox_id, str(got["team"]), host_id,
+                                    int(got["generation"]), dict(got["listed"]),
+                                    float(got["at"]))  # fmt: skip
+
+    # -- listing -------------------------------------------------------------------------------
+    async def _list(self, send: Any, team: str, q: dict[str, str], v1: bool) -> None:
+        states = {"running"} if v1 else {"running", "paused"}
+        if q.get("state") and not v1:
+            states = set(q["state"].split(","))
+            if bad := states - {"running", "paused"}:
+                raise InvalidRequest(f"invalid state {sorted(bad)[0]!r}: use running or paused")
+        metadata = parse_metadata_filter(q["metadata"]) if q.get("metadata") else {}
+        after = _started_after(q.get("startedAfter"))
+        desc = (q.get("order") or "desc") == "desc"
+        if (q.get("order") or "desc") not in ("asc", "desc"):
+            raise InvalidRequest(f"invalid order {q['order']!r}: use asc or desc")
+        try:
+            limit = int(q.get("limit") or MAX_PAGE)
+        except ValueError:
+            raise InvalidRequest(f"invalid limit {q['limit']!r}") from None
+        if not 1 <= limit <= MAX_PAGE:
+            raise InvalidRequest(f"limit must be between 1 and {MAX_PAGE}")
+        rows = await asyncio.to_thread(self.catalog.listing, team)
+        running = sum(1 for r in rows if r.listed.get("state") == "running")
+        items = sorted(
+            (
+                r for r in rows
+                if r.listed.get("state", r.state) in states
+                and all((r.listed.get("metadata") or {}).get(k) == v for k, v in metadata.items())
+                and (not q.get("template") or r.listed.get("templateID") == q["template"])
+                and (after is None or _started(r) >= after)
+            ),
+            key=lambda r: (_started(r), r.sandbox_id), reverse=desc,
+        )  # fmt: skip
+        if v1:
+            return await send_json(send, 200, [r.listed for r in items])  # type: ignore[arg-type]
+        if q.get("nextToken"):
+            cursor = _decode(q["nextToken"])
+            keep = (lambda k: k < cursor) if desc else (lambda k: k > cursor)
+            items = [r for r in items if keep((_started(r), r.sandbox_id))]
+        page = items[:limit]
+        headers = [(b"x-total-running", str(running).encode())]
+        if len(items) > limit:
+            headers.append((b"x-next-token", _encode(page[-1]).encode()))
+        payload = json.dumps([r.listed for r in page]).encode()
+        await send({"type": "http.response.start", "status": 200, "headers": [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(payload)).encode()), *headers]})  # fmt: skip
+        await send({"type": "http.response.body", "body": payload})
+
+
+def _headers(scope: Scope) -> dict[str, str]:
+    """The request's headers to pass on through httpx (which frames the body itself)."""
+    skip = DROP | {b"host", b"content-length"}
+    return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"] if k not in skip}
+
+
+def _forks(r: httpx.Response) -> list[str]:
+    """The ids of the sandboxes a fork answer made (``[{"sandbox": {...}} | {"error": ...}]``)."""
+    try:
+        return [str(e["sandbox"]["sandboxID"]) for e in r.json() if "sandbox" in e]
+    except (ValueError, TypeError, KeyError):
+        return []
+
+
+async def _relay(send: Any, r: httpx.Response) -> None:
+    headers = [(b"content-type", r.headers.get("content-type", "application/json").encode()),
+               (b"content-length", str(len(r.content)).encode())]  # fmt: skip
+    await send({"type": "http.response.start", "status": r.status_code, "headers": headers})
+    await send({"type": "http.response.body", "body": r.content})
+
+
+def _started_after(raw: str | None) -> float | None:
+    if not raw:
+        return None
+    try:
+        when = datetime.fromisoformat(raw)
+    except ValueError:
+        raise InvalidRequest(f"invalid startedAfter {raw!r}") from None
+    return (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
+
+
+def _started(row: Row) -> float:
+    """When the host started it (what the wire says), else when the edge placed it."""
+    with contextlib.suppress(KeyError, ValueError, TypeError):
+        return datetime.fromisoformat(row.listed["startedAt"]).timestamp()
+    return row.started_at
+
+
+def _encode(row: Row) -> str:
+    raw = f"{_started(row)!r}__{row.sandbox_id}".encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _decode(token: str) -> tuple[float, str]:
+    try:
+        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
+        started, _, sandbox_id = raw.partition("__")
+        return float(started), sandbox_id
+    except (ValueError, UnicodeDecodeError, binascii.Error):
+        raise InvalidRequest(f"invalid nextToken {token!r}") from None

@@ -1,0 +1,154 @@
+"""The fleet's hosts as this edge sees them: every ``fleet_poll_s`` each discovered host is asked
+for ``/fleet/info``, and the catalog is brought in line with what it says.
+
+- **What a host holds wins over the catalog's memory of it**, generation permitting: a sandbox
+  it reports is written (a fork, a create whose edge died, a new state or end time); a sandbox
+  the catalog has on it that it no longer reports is gone (killed by its timeout, say), unless
+  it is still being created. A copy at an older generation than the catalog's is stale (the
+  sandbox moved while the host was cut off): the host is told to discard it.
+- **A host silent for ``fleet_lost_after_s``** is lost, once, by whichever edge marks it first
+  (a compare-and-set): its sandboxes are gone, except those kept in the shared store, which stay
+  paused and resumable on any host. A lost host that answers again is a host like any other;
+  what it still holds is judged by generation, as above.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import httpx
+
+from sandhold.config import Settings
+from sandhold.errors import SandholdError
+from sandhold.fleet.catalog import Catalog
+from sandhold.fleet.discovery import Discovery
+from sandhold.fleet.placement import Candidate
+
+log = logging.getLogger(__name__)
+
+
+class HostUnavailable(SandholdError):
+    """A sandbox's host did not answer the last poll."""
+
+
+CREATING_GRACE_S = 120.0  # a reservation older than this belongs to a create that died
+
+
+class Members:
+    def __init__(self, settings: Settings, catalog: Catalog, client: httpx.AsyncClient) -> None:
+        self.settings = settings
+        self.catalog = catalog
+        self.client = client
+        self.discovery = Discovery(settings)
+        self.token = settings.fleet_token.get_secret_value() if settings.fleet_token else ""
+        self.live: dict[str, dict[str, Any]] = {}  # host id -> its last /fleet/info
+        self.address: dict[str, str] = {}  # host id -> base URL
+        self.polled = asyncio.Event()  # set after the first poll
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"X-Sandhold-Fleet-Token": self.token}
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.poll()
+            except Exception:
+                log.exception("fleet poll failed")
+            self.polled.set()
+            await asyncio.sleep(self.settings.fleet_poll_s)
+
+    async def poll(self) -> None:
+        addresses = await self.discovery.addresses()
+        answers = await asyncio.gather(*(self._ask(a) for a in addresses))
+        live: dict[str, dict[str, Any]] = {}
+        for address, info in zip(addresses, answers, strict=True):
+            if info is None:
+                continue
+            live[str(info["hostId"])] = info
+            self.address[str(info["hostId"])] = address
+            await asyncio.to_thread(self.catalog.seen, address, info)
+            await self._settle(str(info["hostId"]), address, info)
+        self.live = live
+        await self._lose_silent()
+
+    async def _ask(self, address: str) -> dict[str, Any] | None:
+        try:
+            r = await self.client.get(
+                f"{address}/fleet/info",
+                headers=self.headers,
+                timeout=min(5.0, self.settings.fleet_lost_after_s / 3),
+            )
+            r.raise_for_status()
+            info: dict[str, Any] = r.json()
+            return info
+        except (httpx.HTTPError, ValueError) as e:
+            log.info("fleet host %s did not answer: %s", address, e)
+            return None
+
+    async def _settle(self, host_id: str, address: str, info: dict[str, Any]) -> None:
+        reported = {str(s["sandboxID"]): s for s in info.get("sandboxes", [])}
+        for sid, s in reported.items():
+            fresh = await asyncio.to_thread(
+                self.catalog.record, sid, str(s["team"]), host_id, int(s["generation"]),
+                dict(s["listed"]), float(s["at"]),
+            )  # fmt: skip
+            if not fresh:
+                row = await asyncio.to_thread(self.catalog.get, sid)
+                if row is not None and row.generation > int(s["generation"]):
+                    await self.discard(address, sid, row.generation)
+        now, asked = time.time(), float(info["at"])
+        for row in await asyncio.to_thread(self.catalog.on_host, host_id):
+            if row.sandbox_id in reported or row.updated_at > asked:
+                continue  # (written after the host listed: made meanwhile)
+            if row.state == "creating" and now - row.updated_at < CREATING_GRACE_S:
+                continue
+            await asyncio.to_thread(self._gone, row.sandbox_id, host_id, row.stored)
+
+    def _gone(self, sandbox_id: str, host_id: str, stored: bool) -> None:
+        if stored:
+            self.catalog.release(sandbox_id, host_id)
+        else:
+            self.catalog.forget(sandbox_id, host_id)
+
+    async def discard(self, address: str, sandbox_id: str, generation: int) -> None:
+        try:
+            await self.client.post(
+                f"{address}/fleet/discard/{sandbox_id}",
+                params={"generation": generation},
+                headers=self.headers,
+                timeout=30,
+            )
+        except httpx.HTTPError as e:
+            log.warning("could not have %s discard %s: %s", address, sandbox_id, e)
+
+    async def _lose_silent(self) -> None:
+        since = time.time() - self.settings.fleet_lost_after_s
+        for host in await asyncio.to_thread(self.catalog.hosts):
+            if host.state == "lost" or host.host_id in self.live or host.last_seen >= since:
+                continue
+            if await asyncio.to_thread(self.catalog.lose, host.host_id, since):
+                log.warning(
+                    "fleet host %s is lost (silent since %.0f)", host.host_id, host.last_seen
+                )
+                for row in await asyncio.to_thread(self.catalog.on_host, host.host_id):
+                    await asyncio.to_thread(self._gone, row.sandbox_id, host.host_id, row.stored)
+
+    def reachable(self, host_id: str) -> str:
+        """The address of a host that answered the last poll; else HostUnavailable (503: the
+        SDK retries, and a host silent for long is lost, its sandboxes gone)."""
+        if host_id not in self.live:
+            raise HostUnavailable(f"the sandbox's host {host_id} is not answering; retry")
+        return self.address[host_id]
+
+    async def candidates(self) -> list[Candidate]:
+        """Hosts that may take a create now: answering this edge, ready, not draining."""
+        load = await asyncio.to_thread(self.catalog.load)
+        return [
+            Candidate(host_id, self.address[host_id], int(info["capacity"]), load.get(host_id, 0))
+            for host_id, info in self.live.items()
+            if not info.get("draining")
+        ]

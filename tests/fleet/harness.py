@@ -1,0 +1,83 @@
+"""A fleet on one machine for tests: ``sandhold serve`` hosts (each its own data dir, and so its
+own cgroup parent) and ``sandhold edge serve`` replicas over one PostgreSQL catalog, all on
+loopback, driven by the official SDK through an edge."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+
+from tests.support.e2b_server import API_KEYS, KEY_A, Server, listen, new_server, start_process
+from tests.support.e2b_server import stop_process as stop
+
+TOKEN = "fleet-test-token-" + "x" * 16
+POLL_S = 0.3
+LOST_AFTER_S = 3.0
+
+
+def new_host(tmp: Path, host_id: str, capacity: int = 8) -> Server:
+    return new_server(tmp, fleet_host_id=host_id, fleet_token=TOKEN, fleet_capacity=str(capacity))
+
+
+class Edge:
+    def __init__(self, tmp: Path, catalog_url: str, hosts: list[Server]) -> None:
+        self.sock = listen()
+        self.port = self.sock.getsockname()[1]
+        self.data_dir = Path(tempfile.mkdtemp(prefix="sandhold-edge-", dir=tmp))
+        self.log = tmp / f"edge-{self.port}.log"
+        self.catalog_url = catalog_url
+        self.hosts = hosts
+        self.proc = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SANDHOLD_")}
+        env.update(
+            SANDHOLD_DATA_DIR=str(self.data_dir),
+            SANDHOLD_API_KEYS=json.dumps(API_KEYS),
+            SANDHOLD_FLEET_TOKEN=TOKEN,
+            SANDHOLD_FLEET_CATALOG_URL=self.catalog_url,
+            SANDHOLD_FLEET_DISCOVERY="static",
+            SANDHOLD_FLEET_HOSTS=json.dumps([h.url for h in self.hosts]),
+            SANDHOLD_FLEET_POLL_S=str(POLL_S),
+            SANDHOLD_FLEET_LOST_AFTER_S=str(LOST_AFTER_S),
+            NO_PROXY="127.0.0.1,localhost",
+        )
+        self.proc = start_process(["edge", "serve"], env, self.log, self.sock)
+
+    def stop(self) -> None:
+        stop(self.proc)
+        self.proc = None
+        self.sock.close()
+
+    def sdk(self, key: str = KEY_A) -> dict[str, str]:
+        return {"api_url": self.url, "sandbox_url": self.url, "api_key": key}
+
+
+def catalog_url(postgres: object) -> str:
+    return postgres.database(f"fleet{uuid.uuid4().hex[:10]}")  # type: ignore[attr-defined]
+
+
+def host_of(host: Server, sandbox_id: str) -> bool:
+    """Whether ``host`` holds the sandbox (its own fleet API says so)."""
+    r = httpx.get(f"{host.url}/fleet/sandboxes/{sandbox_id}",
+                  headers={"X-Sandhold-Fleet-Token": TOKEN}, timeout=10)  # fmt: skip
+    return r.status_code == 200
+
+
+def wait_for(check, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
