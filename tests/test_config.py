@@ -201,7 +201,7 @@ def test_a_missing_file_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
 def test_section_keys_are_unambiguous() -> None:
     sections = [layer.toml_section for layer in LAYERS]
-    assert sections == ["runtime", "server", "egress", "gateway", "logs", "worker"]
+    assert sections == ["runtime", "server", "egress", "gateway", "logs", "worker", "fleet"]
     assert not set(sections) & set(Settings.model_fields)  # a section is never a field's name
     for layer in LAYERS:
         assert len(layer.toml_keys()) == len(layer.model_fields), layer  # no two fields collide

@@ -100,7 +100,7 @@ def test_the_formatter_formats_all_but_flag_tables() -> None:
 
 # Modules that build SQL outside sandhold.store: features that own their tables or reports
 # (docs/architecture.md, "Where SQL lives").
-SQL_OWNERS = {"tunnel/registry.py", "tunnel/relay.py", "console/queries.py"}
+SQL_OWNERS = {"tunnel/registry.py", "tunnel/relay.py", "console/queries.py", "fleet/catalog.py"}
 SQL_BUILDERS = {"select", "insert", "update", "delete", "text", "func", "and_", "or_"}
 
 

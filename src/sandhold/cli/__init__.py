@@ -7,6 +7,7 @@ Modules:
 - ``common.py``: What the command groups share
 - ``errors.py``: The CLI's wire table: the exit status of a command that failed with a leaf of the
   error
+- ``edge.py``: `sandhold edge serve`: the fleet's edge (docs/fleet.md)
 - ``gateway.py``: `sandhold gateway`: the session gateway, serving its tools (REST and MCP) and
   administered
 - ``init.py``: `sandhold init -- COMMAND...`: a small init for a container or pod, whose PID 1 it

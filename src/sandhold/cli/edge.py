@@ -32,9 +32,15 @@ def serve(
         setup(settings, "edge")
         settings.check_server_serve(settings.fleet_edge_host if fd is None else listening_host(fd))
         uvicorn.run(
-            Edge(settings), host=settings.fleet_edge_host, port=settings.fleet_edge_port, fd=fd,
-            http="httptools", lifespan="on", access_log=False, timeout_keep_alive=320,
+            Edge(settings),
+            host=settings.fleet_edge_host,
+            port=settings.fleet_edge_port,
+            fd=fd,
+            http="httptools",
+            lifespan="on",
+            access_log=False,
+            timeout_keep_alive=320,
             log_config=None,
-        )  # fmt: skip
+        )
     except SandholdError as e:
         fail(e)

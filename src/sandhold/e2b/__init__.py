@@ -15,6 +15,7 @@ Modules:
 - ``errors.py``: The E2B wire table: what each leaf of the error tree
 - ``file_audit.py``: The file-API audit: every file operation that reaches a sandbox through the
   data plane
+- ``fleet_host.py``: A fleet host's side of the edge's protocol: admission, fencing, ``/fleet``
 - ``forks.py``: ``POST /sandboxes/{id}/fork``
 - ``models.py``: Request bodies and query parameters of the E2B control plane
 - ``network.py``: E2B's egress options mapped to the runtime's ``NetworkPolicy``

@@ -69,10 +69,17 @@ class Catalog:
         with self.engine.begin() as c:
             c.execute(
                 insert(S).values(
-                    sandbox_id=sandbox_id, team=team, host_id=host_id, generation=1,
-                    state="creating", stored=False, listed=listed, started_at=now, updated_at=now,
+                    sandbox_id=sandbox_id,
+                    team=team,
+                    host_id=host_id,
+                    generation=1,
+                    state="creating",
+                    stored=False,
+                    listed=listed,
+                    started_at=now,
+                    updated_at=now,
                 )
-            )  # fmt: skip
+            )
 
     def retarget(self, sandbox_id: str, old_host: str, new_host: str) -> bool:
         """A reserved create refused by ``old_host`` goes to ``new_host`` instead."""
@@ -130,10 +137,12 @@ class Catalog:
                 with c.begin_nested():
                     c.execute(
                         insert(S).values(
-                            sandbox_id=sandbox_id, team=team, started_at=time.time(),
+                            sandbox_id=sandbox_id,
+                            team=team,
+                            started_at=time.time(),
                             **{"stored": False, **values},
                         )
-                    )  # fmt: skip
+                    )
             except IntegrityError:
                 return False
         return True

@@ -50,11 +50,19 @@ SANDBOX_PATH = re.compile(r"^/(?:v2/)?sandboxes/([a-z0-9]+)(?:-[a-z0-9]+)?(/[a-z
 # Hop-by-hop headers and the fleet's own (never taken from a client).
 DROP = frozenset(
     {
-        b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"te",
-        b"trailer", b"upgrade", b"expect", b"x-sandhold-fleet-token", b"x-sandhold-generation",
+        b"connection",
+        b"keep-alive",
+        b"proxy-connection",
+        b"transfer-encoding",
+        b"te",
+        b"trailer",
+        b"upgrade",
+        b"expect",
+        b"x-sandhold-fleet-token",
+        b"x-sandhold-generation",
         b"x-sandhold-sandbox-id",
     }
-)  # fmt: skip
+)
 HOST_TIMEOUT_S = 120.0  # a create that builds its template's warm start can take a minute
 NO_HOST = "no host has room for the sandbox: every host is full, draining or unreachable"
 
@@ -82,8 +90,9 @@ class Edge:
                 return await self._data(scope, receive, send, target.sandbox_id)
             await self._control(scope, receive, send)
         except SandboxGone as e:
-            await send_json(send, 502, {"sandboxId": e.sandbox_id, "message": e.message,
-                                        "code": 502})  # fmt: skip
+            await send_json(
+                send, 502, {"sandboxId": e.sandbox_id, "message": e.message, "code": 502}
+            )
         except HostUnavailable as e:
             await send_json(send, 503, {"code": 503, "message": e.message})
         except (Unauthenticated, InvalidRequest) as e:
@@ -117,9 +126,15 @@ class Edge:
     # -- the data plane ------------------------------------------------------------------------
     async def _data(self, scope: Scope, receive: Any, send: Any, sandbox_id: str | None) -> None:
         if sandbox_id is None:  # a signed /files URL: no sandbox named
-            return await send_json(send, 400, {"code": 400, "message":
-                "through a fleet's edge, signed file URLs need the sandbox in the Host "
-                "({port}-{id}.{domain})"})  # fmt: skip
+            return await send_json(
+                send,
+                400,
+                {
+                    "code": 400,
+                    "message": "through a fleet's edge, signed file URLs need the sandbox in "
+                    "the Host ({port}-{id}.{domain})",
+                },
+            )
         row = await self._where(sandbox_id)
         await self._forward(scope, receive, send, row)
 
@@ -165,8 +180,9 @@ class Edge:
             return await send_json(send, 200, {"status": "ok"})
         if path == "/ready":
             ready = bool(self.members.live)
-            return await send_json(send, 200 if ready else 503,
-                                   {"status": "ready" if ready else "no host answers"})  # fmt: skip
+            return await send_json(
+                send, 200 if ready else 503, {"status": "ready" if ready else "no host answers"}
+            )
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         team = self.teams.team_of(headers)
         query = dict(parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True))
@@ -177,8 +193,9 @@ class Edge:
         if (m := SANDBOX_PATH.match(path)) and m.group(1) != "metrics":
             row = await asyncio.to_thread(self.catalog.get, m.group(1))
             if row is None or row.team != team or row.host_id is None:
-                return await send_json(send, 404, {"code": 404, "message":
-                                                   f"sandbox {m.group(1)} not found"})  # fmt: skip
+                return await send_json(
+                    send, 404, {"code": 404, "message": f"sandbox {m.group(1)} not found"}
+                )
             if method == "GET":
                 await self._forward(scope, receive, send, row)
                 return None
@@ -216,8 +233,12 @@ class Edge:
         except ValueError:
             asked = {}
         sandbox_id = new_sandbox_id()
-        listed = {"sandboxID": sandbox_id, "templateID": asked.get("templateID"),
-                  "metadata": asked.get("metadata") or {}, "state": "running"}  # fmt: skip
+        listed = {
+            "sandboxID": sandbox_id,
+            "templateID": asked.get("templateID"),
+            "metadata": asked.get("metadata") or {},
+            "state": "running",
+        }
         headers = _headers(scope)
         headers.update(
             {
@@ -229,15 +250,18 @@ class Edge:
         reserved: str | None = None
         for host in order(await self.members.candidates(), self.settings.fleet_choices):
             if reserved is None:
-                await asyncio.to_thread(self.catalog.reserve, sandbox_id, team, host.host_id,
-                                        listed)  # fmt: skip
-            elif not await asyncio.to_thread(self.catalog.retarget, sandbox_id, reserved,
-                                             host.host_id):  # fmt: skip
+                await asyncio.to_thread(
+                    self.catalog.reserve, sandbox_id, team, host.host_id, listed
+                )
+            elif not await asyncio.to_thread(
+                self.catalog.retarget, sandbox_id, reserved, host.host_id
+            ):
                 break
             reserved = host.host_id
             try:
-                r = await self.client.post(f"{host.address}{scope['path']}", content=body,
-                                           headers=headers)  # fmt: skip
+                r = await self.client.post(
+                    f"{host.address}{scope['path']}", content=body, headers=headers
+                )
             except httpx.HTTPError as e:
                 log.warning("create on %s failed before an answer: %s", host.host_id, e)
                 continue  # (a create it made after all shows up at the next poll)
@@ -257,8 +281,12 @@ class Edge:
         assert row.host_id is not None
         address = self.members.reachable(row.host_id)
         headers = _headers(scope)
-        headers.update({"X-Sandhold-Fleet-Token": self.members.token,
-                        "X-Sandhold-Generation": str(row.generation)})  # fmt: skip
+        headers.update(
+            {
+                "X-Sandhold-Fleet-Token": self.members.token,
+                "X-Sandhold-Generation": str(row.generation),
+            }
+        )
         url = f"{address}{scope['path']}"
         if scope["query_string"]:
             url += "?" + scope["query_string"].decode("latin-1")
@@ -273,8 +301,9 @@ class Edge:
         if address is None:
             return
         try:
-            r = await self.client.get(f"{address}/fleet/sandboxes/{sandbox_id}",
-                                      headers=self.members.headers)  # fmt: skip
+            r = await self.client.get(
+                f"{address}/fleet/sandboxes/{sandbox_id}", headers=self.members.headers
+            )
         except httpx.HTTPError as e:
             log.info("could not read %s back from %s: %s", sandbox_id, host_id, e)
             return
@@ -282,9 +311,15 @@ class Edge:
             await asyncio.to_thread(self.catalog.forget, sandbox_id, host_id)
         elif r.status_code == 200:
             got = r.json()
-            await asyncio.to_thread(self.catalog.record, sandbox_id, str(got["team"]), host_id,
-                                    int(got["generation"]), dict(got["listed"]),
-                                    float(got["at"]))  # fmt: skip
+            await asyncio.to_thread(
+                self.catalog.record,
+                sandbox_id,
+                str(got["team"]),
+                host_id,
+                int(got["generation"]),
+                dict(got["listed"]),
+                float(got["at"]),
+            )
 
     # -- listing -------------------------------------------------------------------------------
     async def _list(self, send: Any, team: str, q: dict[str, str], v1: bool) -> None:
@@ -308,14 +343,16 @@ class Edge:
         running = sum(1 for r in rows if r.listed.get("state") == "running")
         items = sorted(
             (
-                r for r in rows
+                r
+                for r in rows
                 if r.listed.get("state", r.state) in states
                 and all((r.listed.get("metadata") or {}).get(k) == v for k, v in metadata.items())
                 and (not q.get("template") or r.listed.get("templateID") == q["template"])
                 and (after is None or _started(r) >= after)
             ),
-            key=lambda r: (_started(r), r.sandbox_id), reverse=desc,
-        )  # fmt: skip
+            key=lambda r: (_started(r), r.sandbox_id),
+            reverse=desc,
+        )
         if v1:
             return await send_json(send, 200, [r.listed for r in items])  # type: ignore[arg-type]
         if q.get("nextToken"):
@@ -327,9 +364,17 @@ class Edge:
         if len(items) > limit:
             headers.append((b"x-next-token", _encode(page[-1]).encode()))
         payload = json.dumps([r.listed for r in page]).encode()
-        await send({"type": "http.response.start", "status": 200, "headers": [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(payload)).encode()), *headers]})  # fmt: skip
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(payload)).encode()),
+                    *headers,
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": payload})
 
 
@@ -348,8 +393,10 @@ def _forks(r: httpx.Response) -> list[str]:
 
 
 async def _relay(send: Any, r: httpx.Response) -> None:
-    headers = [(b"content-type", r.headers.get("content-type", "application/json").encode()),
-               (b"content-length", str(len(r.content)).encode())]  # fmt: skip
+    headers = [
+        (b"content-type", r.headers.get("content-type", "application/json").encode()),
+        (b"content-length", str(len(r.content)).encode()),
+    ]
     await send({"type": "http.response.start", "status": r.status_code, "headers": headers})
     await send({"type": "http.response.body", "body": r.content})
 

@@ -93,9 +93,14 @@ class Members:
         reported = {str(s["sandboxID"]): s for s in info.get("sandboxes", [])}
         for sid, s in reported.items():
             fresh = await asyncio.to_thread(
-                self.catalog.record, sid, str(s["team"]), host_id, int(s["generation"]),
-                dict(s["listed"]), float(s["at"]),
-            )  # fmt: skip
+                self.catalog.record,
+                sid,
+                str(s["team"]),
+                host_id,
+                int(s["generation"]),
+                dict(s["listed"]),
+                float(s["at"]),
+            )
             if not fresh:
                 row = await asyncio.to_thread(self.catalog.get, sid)
                 if row is not None and row.generation > int(s["generation"]):

@@ -11,6 +11,8 @@ Modules:
 - ``assembly.py``: A sandbox's directory claimed, its root prepared, and every trace of it removed
 - ``boot.py``: Booting a sandbox's process tree over a prepared root (assembly.prepare_root)
 - ``cgroup_files.py``: What both cgroup backends share: the files, the ``Group`` interface
+- ``cgroup_parent.py``: The cgroup parent of a data dir's sandboxes, and the claim that keeps it
+  theirs
 - ``cgroup_scope.py``: Under systemd (cgroup v2), the sandboxes' scope beside the server's unit
 - ``cgroup_v1.py``: The cgroup v1 backend, for hybrid hosts
 - ``cgroup_v2.py``: The cgroup v2 backend: the unified hierarchy, a delegated subtree

@@ -9,6 +9,7 @@ the (synchronous) runtime's work off the event loop.
 Modules:
 
 - ``builds.py``: Template builds for a team (what E2B's ``Template.build`` drives)
+- ``fleet.py``: What a sandbox carries of the fleet: the id and generation its edge gave it
 - ``forks.py``: Fork through the service
 - ``limits.py``: The bounds of a create, checked before anything is made
 - ``locks.py``: Per-key asyncio locks that do not pile up

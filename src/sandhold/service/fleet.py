@@ -26,8 +26,12 @@ class Assignment:
 assigned: ContextVar[Assignment | None] = ContextVar("sandhold_fleet_assigned", default=None)
 
 
-def stamp(extra: dict[str, Any], generation: int) -> None:
-    extra[KEY] = {"generation": generation}
+def stamp(extra: dict[str, Any], assignment: Assignment | None) -> str | None:
+    """Record an edge's generation in a new sandbox's ``extra``; the id the edge chose."""
+    if assignment is None:
+        return None
+    extra[KEY] = {"generation": assignment.generation}
+    return assignment.sandbox_id
 
 
 def generation_of(extra: dict[str, Any]) -> int:

@@ -4,7 +4,6 @@ of sandboxes on this host, for any surface. See the package docstring."""
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import secrets
 import time
@@ -31,8 +30,8 @@ from sandhold.runtime.records import SandboxInfo
 from sandhold.runtime.runtime import Runtime
 from sandhold.runtime.spec import NetworkPolicy, SandboxSpec, validation_message
 from sandhold.runtime.templates.build import kill_leftovers
-from sandhold.service import fleet
 from sandhold.service.builds import Builds
+from sandhold.service.fleet import stamp as fleet_stamp
 from sandhold.service.limits import check_create
 from sandhold.service.locks import KeyedLocks
 from sandhold.service.metrics import Failures, Sample, Samples
@@ -271,19 +270,13 @@ class SandboxService:
             surface=req.surface,
         )
         extra: dict[str, object] = {RECORD_KEY: life.model_dump()}
-        given = None
-        if req.assigned is not None:
-            given = req.assigned.sandbox_id
-            fleet.stamp(extra, req.assigned.generation)
-        snap = None
-        if not self.runtime.templates.exists(req.template):  # a snapshot's id or name?
-            snap = await find_snapshot(self, req.owner, req.template)
+        given = fleet_stamp(extra, req.assigned)  # the id a fleet's edge chose (or None)
+        exists = self.runtime.templates.exists(req.template)  # else a snapshot's id or name?
+        snap = None if exists else await find_snapshot(self, req.owner, req.template)
         if snap is not None:
             info = await start_snapshot(self, snap, spec, extra, given)
         else:
-            info = await self.offload.run(
-                functools.partial(self.runtime.create, spec, extra, sandbox_id=given)
-            )
+            info = await self.offload.run(self.runtime.create, spec, extra, None, None, given)
             if self.jobs:  # no upkeep with timers=False: no checkpoints, no refills
                 if info.started_from != "warm":
                     self.warmer.kick()  # a template that starts warm, without its checkpoint?
@@ -472,9 +465,8 @@ class SandboxService:
             return await self._resume(sbx, time.time() + timeout)
 
     async def expire(self, sandbox_id: str) -> None:
-        """Pause or kill a sandbox whose end time has passed, judged from its stored record. A
-        failed one made to be killed then is removed then; one made to pause stays, as a paused
-        sandbox would."""
+        """Pause or kill a sandbox whose end time has passed, judged from its stored record (a
+        failed one made to be killed is removed; one made to pause stays, as a paused one)."""
         async with self.lock(sandbox_id):
             sbx = await self.get(sandbox_id)
             if sbx is None or not sbx.expires or sbx.life.end_at > time.time():
