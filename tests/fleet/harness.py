@@ -4,14 +4,20 @@ loopback, driven by the official SDK through an edge."""
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import json
 import os
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
+import boto3
 import httpx
+import pytest
+from moto.server import ThreadedMotoServer
 
 from tests.support.e2b_server import API_KEYS, KEY_A, Server, listen, new_server, start_process
 from tests.support.e2b_server import stop_process as stop
@@ -21,8 +27,10 @@ POLL_S = 0.3
 LOST_AFTER_S = 3.0
 
 
-def new_host(tmp: Path, host_id: str, capacity: int = 8) -> Server:
-    return new_server(tmp, fleet_host_id=host_id, fleet_token=TOKEN, fleet_capacity=str(capacity))
+def new_host(tmp: Path, host_id: str, capacity: int = 8, **settings: str) -> Server:
+    return new_server(
+        tmp, fleet_host_id=host_id, fleet_token=TOKEN, fleet_capacity=str(capacity), **settings
+    )
 
 
 class Edge:
@@ -81,3 +89,32 @@ def wait_for(check, timeout: float, what: str) -> None:  # type: ignore[no-untyp
             return
         time.sleep(0.1)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+BUCKET = "fleet-store"
+
+
+@contextlib.contextmanager
+def s3_store() -> Iterator[dict[str, str]]:
+    """A moto S3 server on loopback with the store's bucket; the hosts' settings for it."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("AWS_ACCESS_KEY_ID", "test")  # the hosts inherit these (boto3's chain)
+        mp.setenv("AWS_SECRET_ACCESS_KEY", "test")
+        moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        moto.start()
+        try:
+            host, port = moto.get_host_and_port()
+            endpoint = f"http://{host}:{port}"
+            boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(
+                Bucket=BUCKET
+            )
+            key = base64.urlsafe_b64encode(os.urandom(32)).decode()
+            yield {
+                "snapshot_s3_bucket": BUCKET,
+                "snapshot_s3_prefix": "sandhold/",
+                "snapshot_s3_endpoint_url": endpoint,
+                "snapshot_s3_region": "us-east-1",
+                "secrets_keys": f'["{key}"]',  # the same on every host
+            }
+        finally:
+            moto.stop()

@@ -33,6 +33,18 @@ class FleetSettings(Layer):
     fleet_capacity: int = Field(
         64, ge=1, description="Sandboxes a host holds at once (running or paused in memory)."
     )
+    fleet_store_after_s: float = Field(
+        5.0,
+        ge=0,
+        description="A paused sandbox is kept in the shared store (snapshot_s3_bucket) this "
+        "long after its pause: only stored sandboxes outlive their host's loss.",
+    )
+    fleet_drain_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        description="Longest drain (SIGTERM or `sandhold host drain`): storing every sandbox "
+        "and waiting for an edge to see it. Keep the pod's termination grace above it.",
+    )
     # -- the edge --
     fleet_edge_host: str = Field("127.0.0.1", description="Address the edge listens on.")
     fleet_edge_port: int = Field(49980, ge=1, le=65535, description="Port of the edge.")

@@ -59,6 +59,8 @@ class E2bApp:
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
         await self.service.open()
+        if self.fleet is not None:
+            self.fleet.jobs.start()
         # Templates that take long to build (code-interpreter-v1: about a minute on a fresh
         # machine) are built in the background, by processes stopped with the server; a create
         # that needs one meanwhile waits for it.
@@ -70,6 +72,8 @@ class E2bApp:
             yield
         finally:
             await asyncio.gather(*(prebuild.stop(p) for p in builds))  # they log their failures
+            if self.fleet is not None:
+                await self.fleet.jobs.stop()
             self.data_plane.agents.close()
             await self.service.close()
             self.data_plane.file_audit.close()

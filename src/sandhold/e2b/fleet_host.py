@@ -4,8 +4,9 @@
 Every request passes ``FleetGate`` before it is served:
 - ``X-Sandhold-Fleet-Token`` marks a request from an edge; a wrong token is refused.
 - ``/fleet/*`` is the edge's alone: ``GET /fleet/info`` (identity, capacity, every sandbox with
-  its generation, polled by every edge) and ``POST /fleet/discard/{id}`` (drop a copy the edge
-  has moved on from).
+  its generation, polled by every edge), ``GET /fleet/sandboxes/{id}``, ``POST
+  /fleet/discard/{id}`` (drop a copy the edge has moved on from), ``POST /fleet/adopt/{id}``
+  (take up a sandbox at a newer generation: service/fleet_jobs.py) and ``POST /fleet/drain``.
 - A create comes from an edge, with the id and generation the edge gave it
   (``X-Sandhold-Sandbox-Id``, ``X-Sandhold-Generation``), and is refused with 503 *before
   anything is made* when the host is full or draining: the edge then tries the next host.
@@ -20,16 +21,22 @@ import hmac
 import logging
 import re
 import secrets
+import signal
 import time
 from collections.abc import Awaitable, Callable
 from importlib.metadata import version
 from typing import Any
+from urllib.parse import parse_qsl
 
 from sandhold.config import Settings
 from sandhold.e2b import wire
+from sandhold.e2b.errors import e2b_status
 from sandhold.e2b.proxy import route, send_json
-from sandhold.service import Sandbox, SandboxService
+from sandhold.errors import SandholdError
+from sandhold.service import Sandbox, SandboxService, migration
 from sandhold.service.fleet import Assignment, assigned, generation_of
+from sandhold.service.fleet import of as fleet_of
+from sandhold.service.fleet_jobs import FleetJobs
 
 TOKEN = b"x-sandhold-fleet-token"
 SANDBOX_ID = b"x-sandhold-sandbox-id"
@@ -37,6 +44,9 @@ GENERATION = b"x-sandhold-generation"
 CREATES = re.compile(r"^/(?:v2/)?sandboxes/?$|^/sandboxes/[^/]+/fork$")
 SANDBOX_PATH = re.compile(r"^/(?:v2/)?sandboxes/([a-z0-9]+)(?:/|$)")
 DISCARD = re.compile(r"^/fleet/discard/([a-z0-9]+)$")
+ADOPT = re.compile(r"^/fleet/adopt/([a-z0-9]+)$")
+FORGET = re.compile(r"^/fleet/forget/([a-z0-9]+)$")
+STORED = re.compile(r"^/fleet/stored/([a-z0-9]+)$")
 ONE = re.compile(r"^/fleet/sandboxes/([a-z0-9]+)$")
 
 log = logging.getLogger(__name__)
@@ -53,7 +63,7 @@ class FleetGate:
         self.host_id = settings.fleet_host_id
         self.token = settings.fleet_token.get_secret_value().encode()
         self.boot_id = secrets.token_hex(8)  # a new one per start: the edge sees restarts
-        self.draining = False
+        self.jobs = FleetJobs(service, settings)
         self.admitting = 0  # creates admitted and not yet done
 
     async def __call__(self, scope: Scope, receive: Any, send: Any, app: App) -> None:
@@ -82,7 +92,7 @@ class FleetGate:
     async def _admit(
         self, scope: Scope, receive: Any, send: Any, app: App, headers: dict[bytes, bytes]
     ) -> None:
-        if self.draining:
+        if self.jobs.draining:
             return await _refuse(send, 503, f"host {self.host_id} is draining")
         used = await self.used()
         if used + self.admitting >= self.settings.fleet_capacity:
@@ -146,8 +156,34 @@ class FleetGate:
     # -- the edge's API ----------------------------------------------------------------------
     async def _fleet(self, scope: Scope, send: Any) -> None:
         path, method = scope["path"], scope["method"]
+        query = dict(parse_qsl(scope["query_string"].decode("latin-1")))
         if path == "/fleet/info" and method == "GET":
             return await send_json(send, 200, await self.info())
+        if path == "/fleet/drain" and method == "POST":
+            # As SIGTERM does: the server drains, then exits (e2b/server.py).
+            signal.raise_signal(signal.SIGTERM)
+            return await send_json(send, 202, {"draining": True})
+        if (m := ADOPT.match(path)) and method == "POST":
+            try:
+                generation, old = int(query["generation"]), int(query["from"])
+            except (KeyError, ValueError):
+                return await _refuse(send, 400, "adopt needs ?generation=N&from=M")
+            try:
+                adopted = await self.jobs.adopt(m.group(1), generation, old, "resume" in query)
+            except SandholdError as e:
+                return await _refuse(send, e2b_status(e), e.message)
+            return await send_json(send, 200, self.entry(adopted, time.time()))
+        if (m := FORGET.match(path)) and method == "POST" and self.jobs.store is not None:
+            generation = int(query.get("generation", "0") or 0)
+            await self.service.offload.run(
+                migration.forget, self.jobs.store, m.group(1), generation
+            )
+            return await send_json(send, 200, {"forgotten": True})
+        if (m := STORED.match(path)) and method == "GET":  # for an edge settling a lost host
+            name = migration.object_name(m.group(1), int(query.get("generation", "0") or 0))
+            store = self.jobs.store
+            there = store is not None and await self.service.offload.run(store.exists, name)
+            return await send_json(send, 200, {"stored": bool(there)})
         if (m := ONE.match(path)) and method == "GET":
             at = time.time()  # before the read: what was read is at least this recent
             sbx = await self.service.get(m.group(1))
@@ -155,9 +191,6 @@ class FleetGate:
                 return await _refuse(send, 404, f"sandbox {m.group(1)} not found")
             return await send_json(send, 200, self.entry(sbx, at))
         if (m := DISCARD.match(path)) and method == "POST":
-            query = dict(
-                p.split("=", 1) for p in scope["query_string"].decode().split("&") if "=" in p
-            )
             try:
                 newer = int(query.get("generation", ""))
             except ValueError:
@@ -169,16 +202,20 @@ class FleetGate:
     def entry(self, sbx: Sandbox, at: float) -> dict[str, Any]:
         """What the edge's catalog keeps of a sandbox (no token), and when this host said it
         (the catalog never lets an older word overwrite a newer one)."""
+        fleet = fleet_of(sbx.info.extra)
         return {
             "at": at,
             "sandboxID": sbx.id,
             "team": sbx.owner,
             "generation": generation_of(sbx.info.extra),
+            "stored": migration.stored_generation(sbx.info) == generation_of(sbx.info.extra),
+            "resumeOnCall": bool(fleet.get("resume_on_call")) and not sbx.running,
             "listed": wire.listed(sbx, self.service.disk_total >> 20),
         }
 
     async def info(self) -> dict[str, Any]:
         at = time.time()  # before the listing: a sandbox made after it is not missing from it
+        self.jobs.polled_at = at
         sandboxes = await self.service.query()
         return {
             "at": at,
@@ -187,7 +224,8 @@ class FleetGate:
             "version": version("sandhold"),
             "capacity": self.settings.fleet_capacity,
             "used": sum(1 for s in sandboxes if not s.info.suspended),
-            "draining": self.draining,
+            "draining": self.jobs.draining,
+            "unstored": self.jobs.unstored(sandboxes),
             "sandboxes": [self.entry(s, at) for s in sandboxes],
         }
 

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import signal
+import socket
+from types import FrameType
 
 import uvicorn
 
 from sandhold.config import Settings
-from sandhold.e2b.app import create_app
+from sandhold.e2b.app import E2bApp, create_app
 from sandhold.e2b.proxy import DeliberateAbort
 from sandhold.listening import listening_host, no_delay
 
@@ -46,6 +50,33 @@ def build_config(settings: Settings, fd: int | None = None) -> uvicorn.Config:
     return config
 
 
+class FleetHostServer(uvicorn.Server):
+    """A fleet host's server: the first SIGTERM drains (every sandbox stored and handed over,
+    e2b/fleet_host.py) while the host keeps answering its edges, then exits; another SIGTERM,
+    or SIGINT, exits at once."""
+
+    def __init__(self, config: uvicorn.Config, app: E2bApp) -> None:
+        super().__init__(config)
+        self.app = app
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        fleet = self.app.fleet
+        if sig == signal.SIGTERM and fleet is not None and self._loop and not fleet.jobs.draining:
+            self._loop.call_soon_threadsafe(
+                lambda: fleet.jobs.drain().add_done_callback(self._exit)
+            )
+            return
+        super().handle_exit(sig, frame)
+
+    def _exit(self, _: object) -> None:
+        self.should_exit = True
+
+
 def run(settings: Settings, fd: int | None = None) -> None:
     # Sandhold's own warnings (a sandbox that exited on its own, a failed expiry) and uvicorn's
     # lines go to the handlers ``sandhold.logs.setup`` installed (`sandhold serve`); to stderr
@@ -53,4 +84,9 @@ def run(settings: Settings, fd: int | None = None) -> None:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    uvicorn.Server(build_config(settings, fd)).run()
+    config = build_config(settings, fd)
+    app = config.app
+    if isinstance(app, E2bApp) and app.fleet is not None:
+        FleetHostServer(config, app).run()
+    else:
+        uvicorn.Server(config).run()

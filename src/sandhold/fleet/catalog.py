@@ -124,7 +124,7 @@ class Catalog:
                     (S.c.generation < generation)
                     | (
                         (S.c.host_id == host_id)
-                        & ((S.c.updated_at <= at) | (S.c.state == "creating"))
+                        & ((S.c.updated_at <= at) | S.c.state.in_(("creating", "moving")))
                     )
                 )
                 .values(**values)
@@ -161,14 +161,47 @@ class Catalog:
             rows = c.execute(select(S).where(S.c.host_id == host_id)).mappings().all()
         return [Row(**r) for r in rows]
 
-    def release(self, sandbox_id: str, host_id: str) -> None:
-        """A stored sandbox whose host is gone: in the store only, resumable anywhere."""
+    def release(self, sandbox_id: str, host_id: str, listed: dict[str, Any] | None = None) -> bool:
+        """A stored sandbox whose host is gone or draining: in the store only, resumable on any
+        host (at the generation it was stored at)."""
+        values: dict[str, Any] = {"host_id": None, "state": "paused", "stored": True}
+        if listed is not None:
+            values["listed"] = listed
         with self.engine.begin() as c:
-            c.execute(
+            got = c.execute(
                 update(S)
                 .where(S.c.sandbox_id == sandbox_id, S.c.host_id == host_id)
-                .values(host_id=None, state="paused", updated_at=time.time())
+                .values(**values)
             )
+        return got.rowcount == 1
+
+    def move(self, sandbox_id: str, generation: int, host_id: str) -> bool:
+        """Give a sandbox that is in the store only (at ``generation``) to ``host_id`` at the
+        next generation; False if another edge moved it first."""
+        with self.engine.begin() as c:
+            got = c.execute(
+                update(S)
+                .where(S.c.sandbox_id == sandbox_id, S.c.generation == generation)
+                .where(S.c.host_id.is_(None))
+                .values(
+                    host_id=host_id,
+                    generation=generation + 1,
+                    state="moving",
+                    updated_at=time.time(),
+                )
+            )
+        return got.rowcount == 1
+
+    def unmove(self, sandbox_id: str, generation: int, host_id: str) -> bool:
+        """Undo a ``move`` to generation ``generation`` that the host did not take up."""
+        with self.engine.begin() as c:
+            got = c.execute(
+                update(S)
+                .where(S.c.sandbox_id == sandbox_id, S.c.generation == generation)
+                .where(S.c.host_id == host_id, S.c.state == "moving")
+                .values(host_id=None, generation=generation - 1, state="paused")
+            )
+        return got.rowcount == 1
 
     def listing(self, team: str) -> list[Row]:
         with self.engine.connect() as c:

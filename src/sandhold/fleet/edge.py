@@ -38,7 +38,8 @@ from sandhold.e2b.control import MAX_PAGE, parse_metadata_filter
 from sandhold.e2b.proxy import READ_CHUNK, exchange, gone, passed_on, route, send_json
 from sandhold.errors import InvalidRequest, SandboxGone, Unauthenticated
 from sandhold.fleet.catalog import Catalog, Row
-from sandhold.fleet.members import HostUnavailable, Members
+from sandhold.fleet.members import HostUnavailable, Members, entry_listed
+from sandhold.fleet.moves import Moves
 from sandhold.fleet.placement import order
 from sandhold.runtime.records import new_sandbox_id
 
@@ -76,6 +77,7 @@ class Edge:
         self.teams = Teams(settings.api_keys)
         self.client = httpx.AsyncClient(timeout=HOST_TIMEOUT_S)
         self.members = Members(settings, self.catalog, self.client)
+        self.moves = Moves(settings, self.catalog, self.members, self.client)
         self.hosts = AgentConnections(READ_CHUNK, self._connect)
         self._poller: asyncio.Task[None] | None = None
 
@@ -139,9 +141,15 @@ class Edge:
         await self._forward(scope, receive, send, row)
 
     async def _where(self, sandbox_id: str) -> Row:
+        """The sandbox's row, on a host: one its host paused when draining is taken up again
+        by its traffic."""
         row = await asyncio.to_thread(self.catalog.get, sandbox_id)
-        if row is None or row.host_id is None:
+        if row is None:
             raise gone(sandbox_id)
+        if row.host_id is None:
+            if not (row.stored and row.listed.get("sandholdResumeOnCall")):
+                raise gone(sandbox_id)
+            row = await self.moves.adopt(row, resume=True)
         return row
 
     async def _connect(self, key: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
@@ -192,10 +200,16 @@ class Edge:
             return await self._list(send, team, query, v1=path == "/sandboxes")
         if (m := SANDBOX_PATH.match(path)) and m.group(1) != "metrics":
             row = await asyncio.to_thread(self.catalog.get, m.group(1))
-            if row is None or row.team != team or row.host_id is None:
+            if row is None or row.team != team or (row.host_id is None and not row.stored):
                 return await send_json(
                     send, 404, {"code": 404, "message": f"sandbox {m.group(1)} not found"}
                 )
+            if row.host_id is None:  # in the store only
+                if method == "POST" and m.group(2) in ("/connect", "/resume"):
+                    row = await self.moves.adopt(row, resume=False)
+                else:
+                    return await self._stored(send, row, method, m.group(2))
+            assert row.host_id is not None
             if method == "GET":
                 await self._forward(scope, receive, send, row)
                 return None
@@ -213,6 +227,17 @@ class Edge:
             return await send_json(send, 503, {"code": 503, "message": NO_HOST})
         stand_in = Row("", team, live[0], 0, "running", False, {}, 0.0, 0.0)
         await self._forward(scope, receive, send, stand_in)
+
+    async def _stored(self, send: Any, row: Row, method: str, op: str | None) -> None:
+        """A call for a sandbox in the store only, other than the resumes that take it up."""
+        if method == "GET" and op is None:
+            return await send_json(send, 200, row.listed)
+        if method == "DELETE" and op is None:
+            await self.moves.forget(row)
+            await send({"type": "http.response.start", "status": 204, "headers": []})
+            return await send({"type": "http.response.body", "body": b""})
+        message = f"sandbox {row.sandbox_id} is paused" + (" already" if op == "/pause" else "")
+        await send_json(send, 409, {"code": 409, "message": message})
 
     async def _body(self, receive: Any) -> bytes:
         body, more = bytearray(), True
@@ -317,8 +342,9 @@ class Edge:
                 str(got["team"]),
                 host_id,
                 int(got["generation"]),
-                dict(got["listed"]),
+                entry_listed(got),
                 float(got["at"]),
+                bool(got.get("stored")),
             )
 
     # -- listing -------------------------------------------------------------------------------

@@ -34,6 +34,15 @@ class HostUnavailable(SandholdError):
     """A sandbox's host did not answer the last poll."""
 
 
+def entry_listed(entry: dict[str, Any]) -> dict[str, Any]:
+    """The catalog's ListedSandbox of a host's entry; a sandbox its host paused when draining
+    carries ``sandholdResumeOnCall`` (traffic takes it up on another host)."""
+    listed = dict(entry["listed"])
+    if entry.get("resumeOnCall"):
+        listed["sandholdResumeOnCall"] = True
+    return listed
+
+
 CREATING_GRACE_S = 120.0  # a reservation older than this belongs to a create that died
 
 
@@ -92,14 +101,19 @@ class Members:
     async def _settle(self, host_id: str, address: str, info: dict[str, Any]) -> None:
         reported = {str(s["sandboxID"]): s for s in info.get("sandboxes", [])}
         for sid, s in reported.items():
+            listed = entry_listed(s)
+            if info.get("draining") and s.get("stored"):  # handed over: resumable anywhere
+                await asyncio.to_thread(self.catalog.release, sid, host_id, listed)
+                continue
             fresh = await asyncio.to_thread(
                 self.catalog.record,
                 sid,
                 str(s["team"]),
                 host_id,
                 int(s["generation"]),
-                dict(s["listed"]),
+                listed,
                 float(s["at"]),
+                bool(s.get("stored")),
             )
             if not fresh:
                 row = await asyncio.to_thread(self.catalog.get, sid)
@@ -109,7 +123,12 @@ class Members:
         for row in await asyncio.to_thread(self.catalog.on_host, host_id):
             if row.sandbox_id in reported or row.updated_at > asked:
                 continue  # (written after the host listed: made meanwhile)
-            if row.state == "creating" and now - row.updated_at < CREATING_GRACE_S:
+            if row.state in ("creating", "moving") and now - row.updated_at < CREATING_GRACE_S:
+                continue
+            if row.state == "moving":  # an adopt whose edge died: back to the store
+                await asyncio.to_thread(
+                    self.catalog.unmove, row.sandbox_id, row.generation, host_id
+                )
                 continue
             await asyncio.to_thread(self._gone, row.sandbox_id, host_id, row.stored)
 
@@ -140,7 +159,31 @@ class Members:
                     "fleet host %s is lost (silent since %.0f)", host.host_id, host.last_seen
                 )
                 for row in await asyncio.to_thread(self.catalog.on_host, host.host_id):
-                    await asyncio.to_thread(self._gone, row.sandbox_id, host.host_id, row.stored)
+                    stored = row.stored or await self._in_store(row.sandbox_id, row.generation)
+                    await asyncio.to_thread(self._gone, row.sandbox_id, host.host_id, stored)
+
+    async def _in_store(self, sandbox_id: str, generation: int) -> bool:
+        """Whether the store keeps the sandbox at ``generation`` (a host stored it just before
+        it was lost, before any edge saw): asked of a live host, which has the store."""
+        for host_id in sorted(self.live):
+            try:
+                r = await self.client.get(
+                    f"{self.address[host_id]}/fleet/stored/{sandbox_id}",
+                    params={"generation": generation},
+                    headers=self.headers,
+                )
+                if r.status_code == 200:
+                    return bool(r.json().get("stored"))
+            except (httpx.HTTPError, ValueError):
+                continue
+        return False
+
+    def holding(self, sandbox_id: str) -> str | None:
+        """A live host that still has a copy of the sandbox (one it drained, say)."""
+        for host_id, info in self.live.items():
+            if any(s["sandboxID"] == sandbox_id for s in info.get("sandboxes", [])):
+                return host_id
+        return None
 
     def reachable(self, host_id: str) -> str:
         """The address of a host that answered the last poll; else HostUnavailable (503: the

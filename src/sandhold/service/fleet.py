@@ -34,6 +34,12 @@ def stamp(extra: dict[str, Any], assignment: Assignment | None) -> str | None:
     return assignment.sandbox_id
 
 
+def of(extra: dict[str, Any]) -> dict[str, Any]:
+    """A copy of what a sandbox's record holds of the fleet ({} for none)."""
+    got = extra.get(KEY)
+    return dict(got) if isinstance(got, dict) else {}
+
+
 def generation_of(extra: dict[str, Any]) -> int:
     """A sandbox's generation: 1 for one no edge placed (a fork, a sandbox of before)."""
     got = extra.get(KEY)
