@@ -1,7 +1,7 @@
-"""Sandboxes that outlive their host (docs/fleet.md): a paused sandbox kept in the shared store
-(moto S3 here) resumes on another host after its own is killed, with its memory and files; a
-draining host hands every sandbox over and exits; a host restarted in place takes its own back
-without a download."""
+"""Sandboxes that outlive their host (docs/fleet.md), with the official SDK through the edge and
+a moto S3 server as the shared store: a stored paused sandbox resumes on another host after its
+own is killed; a draining host hands every sandbox over and exits 0; a host restarted in place
+takes its own back without the store."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import signal
 from collections.abc import Iterator
 from pathlib import Path
 
+import boto3
+import httpx
 import pytest
 from e2b import Sandbox
 from e2b.exceptions import ServiceBusyException
@@ -17,66 +19,79 @@ from sandhold.config import Settings
 from sandhold.runtime.checkpoint.criu import criu_status
 from tests.counter import COUNTER
 from tests.e2b.test_suspend import state
-from tests.fleet.harness import Edge, catalog_url, host_of, new_host, s3_store, wait_for
+from tests.fleet.harness import (
+    BUCKET,
+    TOKEN,
+    Edge,
+    catalog_url,
+    host_of,
+    new_host,
+    s3_store,
+    wait_for,
+)
 from tests.support.e2b_server import Server
-
-STORE_AFTER_S = "0.5"
 
 
 @pytest.fixture(scope="module")
-def fleet(postgres, tmp_path_factory) -> Iterator[tuple[list[Server], Edge]]:  # type: ignore[no-untyped-def]
+def store() -> Iterator[dict[str, str]]:
     ok, detail = criu_status(Settings().criu_path)
     if not ok:
         pytest.skip(f"CRIU unusable here: {detail}")
-    tmp: Path = tmp_path_factory.mktemp("fleet-moves")
-    with s3_store() as store:
-        hosts = [
-            new_host(tmp, f"m{i}", fleet_store_after_s=STORE_AFTER_S, **store) for i in (1, 2)
-        ]
-        edge = Edge(tmp, catalog_url(postgres), hosts)
-        try:
-            for h in hosts:
-                h.start()
-            edge.start()
-            yield hosts, edge
-        finally:
-            edge.stop()
-            for h in hosts:
-                h.destroy()
+    with s3_store() as settings:
+        yield settings
 
 
-def stored(host: Server, sandbox_id: str) -> bool:
-    import httpx
+@pytest.fixture
+def fleet(postgres, store, tmp_path: Path) -> Iterator[tuple[list[Server], Edge]]:  # type: ignore[no-untyped-def]
+    hosts = [
+        new_host(tmp_path, f"m{i}", fleet_store_after_s="0.5", fleet_drain_timeout_s="60", **store)
+        for i in (1, 2)
+    ]
+    edge = Edge(tmp_path, catalog_url(postgres), hosts)
+    try:
+        for h in hosts:
+            h.start()
+        edge.start()
+        yield hosts, edge
+    finally:
+        edge.stop()
+        for h in hosts:
+            h.destroy()
 
-    from tests.fleet.harness import TOKEN
 
+def entry(host: Server, sandbox_id: str) -> dict[str, object] | None:
     r = httpx.get(f"{host.url}/fleet/sandboxes/{sandbox_id}",
                   headers={"X-Sandhold-Fleet-Token": TOKEN}, timeout=10)  # fmt: skip
-    return r.status_code == 200 and r.json()["stored"]
+    return r.json() if r.status_code == 200 else None
+
+
+def paused_at_edge(edge: Edge, sandbox_id: str) -> bool:
+    try:
+        return Sandbox.get_info(sandbox_id, **edge.sdk()).state.value == "paused"
+    except ServiceBusyException:  # its host silent, not yet judged
+        return False
+
+
+def start_counter(edge: Edge) -> tuple[Sandbox, int, str]:
+    sbx = Sandbox.create(timeout=300, **edge.sdk())
+    sbx.commands.run(COUNTER, background=True)
+    n0, secret = state(sbx)
+    sbx.files.write("/home/user/notes.txt", "kept")
+    return sbx, n0, secret
 
 
 def test_a_stored_sandbox_resumes_on_another_host_after_its_own_is_killed(fleet) -> None:  # type: ignore[no-untyped-def]
     hosts, edge = fleet
-    sbx = Sandbox.create(timeout=300, **edge.sdk())
+    sbx, n0, secret = start_counter(edge)
     first = next(h for h in hosts if host_of(h, sbx.sandbox_id))
     other = next(h for h in hosts if h is not first)
     try:
-        sbx.commands.run(COUNTER, background=True)
-        n0, secret = state(sbx)
-        sbx.files.write("/home/user/notes.txt", "kept")
         sbx.pause()
-        wait_for(lambda: stored(first, sbx.sandbox_id), 60, "the paused sandbox to be stored")
+        wait_for(lambda: (entry(first, sbx.sandbox_id) or {}).get("stored"), 60, "the store")
         first.proc.send_signal(signal.SIGKILL)  # type: ignore[union-attr]
         first.proc.wait()  # type: ignore[union-attr]
-        first.sock.close()
-
-        def released() -> bool:  # once the edge has judged the host lost
-            try:
-                return Sandbox.get_info(sbx.sandbox_id, **edge.sdk()).state.value == "paused"
-            except ServiceBusyException:
-                return False
-
-        wait_for(released, 30, "the lost host's stored sandbox to be released")
+        first.sock.close()  # (held by the test: connections would wait in its backlog)
+        wait_for(lambda: paused_at_edge(edge, sbx.sandbox_id), 30, "the host judged lost")
         resumed = Sandbox.connect(sbx.sandbox_id, timeout=300, **edge.sdk())
         assert host_of(other, sbx.sandbox_id)  # the same id, on the other host
         n1, secret1 = state(resumed)
@@ -85,3 +100,43 @@ def test_a_stored_sandbox_resumes_on_another_host_after_its_own_is_killed(fleet)
     finally:
         sbx.kill()
         first.proc = None  # (the fixture's destroy cleans what the kill left)
+
+
+def test_a_draining_host_hands_its_sandboxes_over_and_exits(fleet) -> None:  # type: ignore[no-untyped-def]
+    hosts, edge = fleet
+    sbx, n0, secret = start_counter(edge)
+    first = next(h for h in hosts if host_of(h, sbx.sandbox_id))
+    other = next(h for h in hosts if h is not first)
+    try:
+        first.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+        assert first.proc.wait(90) == 0  # type: ignore[union-attr]
+        first.sock.close()
+        assert paused_at_edge(edge, sbx.sandbox_id)  # handed over before the host went
+        n1, secret1 = state(sbx)  # its traffic takes it up on the other host, running
+        assert host_of(other, sbx.sandbox_id)
+        assert secret1 == secret and n1 > n0
+        assert sbx.files.read("/home/user/notes.txt") == "kept"
+    finally:
+        sbx.kill()
+        first.proc = None
+
+
+def test_a_host_restarted_in_place_takes_its_own_back_without_the_store(fleet, store) -> None:  # type: ignore[no-untyped-def]
+    hosts, edge = fleet
+    sbx, n0, secret = start_counter(edge)
+    first = next(h for h in hosts if host_of(h, sbx.sandbox_id))
+    try:
+        first.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+        assert first.proc.wait(90) == 0  # type: ignore[union-attr]
+        s3 = boto3.client("s3", endpoint_url=store["snapshot_s3_endpoint_url"],
+                          region_name="us-east-1")  # fmt: skip
+        for o in s3.list_objects_v2(Bucket=BUCKET).get("Contents", []):
+            s3.delete_object(Bucket=BUCKET, Key=o["Key"])  # the store lost it all
+        first.start()  # the same host id and data dir
+        wait_for(lambda: entry(first, sbx.sandbox_id) is not None, 30, "the host back")
+        resumed = Sandbox.connect(sbx.sandbox_id, timeout=300, **edge.sdk())
+        assert host_of(first, sbx.sandbox_id)
+        n1, secret1 = state(resumed)
+        assert secret1 == secret and n1 > n0
+    finally:
+        sbx.kill()
