@@ -58,9 +58,15 @@ class Moves:
             if r is not None and r.status_code == 200:
                 got = r.json()
                 await asyncio.to_thread(
-                    self.catalog.record, sid, row.team, host.host_id, stored_at + 1,
-                    entry_listed(got), float(got["at"]), bool(got.get("stored")),
-                )  # fmt: skip
+                    self.catalog.record,
+                    sid,
+                    row.team,
+                    host.host_id,
+                    stored_at + 1,
+                    entry_listed(got),
+                    float(got["at"]),
+                    bool(got.get("stored")),
+                )
                 moved = await asyncio.to_thread(self.catalog.get, sid)
                 if moved is not None and moved.host_id is not None:
                     log.info("sandbox %s taken up by %s", sid, host.host_id)

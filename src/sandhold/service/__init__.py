@@ -10,11 +10,13 @@ Modules:
 
 - ``builds.py``: Template builds for a team (what E2B's ``Template.build`` drives)
 - ``fleet.py``: What a sandbox carries of the fleet: the id and generation its edge gave it
+- ``fleet_jobs.py``: A fleet host's own work: storing paused sandboxes, adopting, draining
 - ``forks.py``: Fork through the service
 - ``limits.py``: The bounds of a create, checked before anything is made
 - ``locks.py``: Per-key asyncio locks that do not pile up
 - ``metadata.py``: Metadata keys with a meaning beyond labels
 - ``metrics.py``: Metrics samples of sandboxes, and the count of sandboxes that failed
+- ``migration.py``: A paused sandbox kept in the fleet's shared store, taken up by any host
 - ``offload.py``: ``Offload``: the one thread pool that moves the runtime's work off the event
   loop, handed to each part that calls the runtime
 - ``pooler.py``: Keeping the pools of sandboxes booted ahead (runtime/pool.py) filled to
