@@ -19,13 +19,10 @@ answers, and passes it on; a host checks it again, and checks the sandboxes' own
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import contextlib
 import json
 import logging
 import re
-from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
@@ -34,9 +31,9 @@ import httpx
 from sandhold.config import Settings
 from sandhold.e2b.agent_conns import AgentConnections
 from sandhold.e2b.auth import Teams
-from sandhold.e2b.control import MAX_PAGE, parse_metadata_filter
 from sandhold.e2b.proxy import READ_CHUNK, exchange, gone, passed_on, route, send_json
 from sandhold.errors import InvalidRequest, SandboxGone, Unauthenticated
+from sandhold.fleet import listing
 from sandhold.fleet.catalog import Catalog, Row
 from sandhold.fleet.members import HostUnavailable, Members, entry_listed
 from sandhold.fleet.moves import Moves
@@ -197,7 +194,8 @@ class Edge:
         if path in CREATES and method == "POST":
             return await self._create(scope, receive, send, team)
         if path in CREATES and method == "GET":
-            return await self._list(send, team, query, v1=path == "/sandboxes")
+            rows = await asyncio.to_thread(self.catalog.listing, team)
+            return await listing.answer(send, rows, query, v1=path == "/sandboxes")
         if (m := SANDBOX_PATH.match(path)) and m.group(1) != "metrics":
             row = await asyncio.to_thread(self.catalog.get, m.group(1))
             if row is None or row.team != team or (row.host_id is None and not row.stored):
@@ -348,60 +346,6 @@ class Edge:
             )
 
     # -- listing -------------------------------------------------------------------------------
-    async def _list(self, send: Any, team: str, q: dict[str, str], v1: bool) -> None:
-        states = {"running"} if v1 else {"running", "paused"}
-        if q.get("state") and not v1:
-            states = set(q["state"].split(","))
-            if bad := states - {"running", "paused"}:
-                raise InvalidRequest(f"invalid state {sorted(bad)[0]!r}: use running or paused")
-        metadata = parse_metadata_filter(q["metadata"]) if q.get("metadata") else {}
-        after = _started_after(q.get("startedAfter"))
-        desc = (q.get("order") or "desc") == "desc"
-        if (q.get("order") or "desc") not in ("asc", "desc"):
-            raise InvalidRequest(f"invalid order {q['order']!r}: use asc or desc")
-        try:
-            limit = int(q.get("limit") or MAX_PAGE)
-        except ValueError:
-            raise InvalidRequest(f"invalid limit {q['limit']!r}") from None
-        if not 1 <= limit <= MAX_PAGE:
-            raise InvalidRequest(f"limit must be between 1 and {MAX_PAGE}")
-        rows = await asyncio.to_thread(self.catalog.listing, team)
-        running = sum(1 for r in rows if r.listed.get("state") == "running")
-        items = sorted(
-            (
-                r
-                for r in rows
-                if r.listed.get("state", r.state) in states
-                and all((r.listed.get("metadata") or {}).get(k) == v for k, v in metadata.items())
-                and (not q.get("template") or r.listed.get("templateID") == q["template"])
-                and (after is None or _started(r) >= after)
-            ),
-            key=lambda r: (_started(r), r.sandbox_id),
-            reverse=desc,
-        )
-        if v1:
-            return await send_json(send, 200, [r.listed for r in items])  # type: ignore[arg-type]
-        if q.get("nextToken"):
-            cursor = _decode(q["nextToken"])
-            keep = (lambda k: k < cursor) if desc else (lambda k: k > cursor)
-            items = [r for r in items if keep((_started(r), r.sandbox_id))]
-        page = items[:limit]
-        headers = [(b"x-total-running", str(running).encode())]
-        if len(items) > limit:
-            headers.append((b"x-next-token", _encode(page[-1]).encode()))
-        payload = json.dumps([r.listed for r in page]).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 200,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(payload)).encode()),
-                    *headers,
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": payload})
 
 
 def _headers(scope: Scope) -> dict[str, str]:
@@ -425,34 +369,3 @@ async def _relay(send: Any, r: httpx.Response) -> None:
     ]
     await send({"type": "http.response.start", "status": r.status_code, "headers": headers})
     await send({"type": "http.response.body", "body": r.content})
-
-
-def _started_after(raw: str | None) -> float | None:
-    if not raw:
-        return None
-    try:
-        when = datetime.fromisoformat(raw)
-    except ValueError:
-        raise InvalidRequest(f"invalid startedAfter {raw!r}") from None
-    return (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
-
-
-def _started(row: Row) -> float:
-    """When the host started it (what the wire says), else when the edge placed it."""
-    with contextlib.suppress(KeyError, ValueError, TypeError):
-        return datetime.fromisoformat(row.listed["startedAt"]).timestamp()
-    return row.started_at
-
-
-def _encode(row: Row) -> str:
-    raw = f"{_started(row)!r}__{row.sandbox_id}".encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def _decode(token: str) -> tuple[float, str]:
-    try:
-        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
-        started, _, sandbox_id = raw.partition("__")
-        return float(started), sandbox_id
-    except (ValueError, UnicodeDecodeError, binascii.Error):
-        raise InvalidRequest(f"invalid nextToken {token!r}") from None
