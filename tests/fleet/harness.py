@@ -8,6 +8,7 @@ import base64
 import contextlib
 import json
 import os
+import subprocess
 import tempfile
 import time
 import uuid
@@ -34,14 +35,18 @@ def new_host(tmp: Path, host_id: str, capacity: int = 8, **settings: str) -> Ser
 
 
 class Edge:
-    def __init__(self, tmp: Path, catalog_url: str, hosts: list[Server]) -> None:
+    """`sandhold edge serve` on loopback; static discovery of ``hosts`` unless ``settings``
+    say otherwise (``fleet_discovery="dns"``, ...)."""
+
+    def __init__(self, tmp: Path, catalog_url: str, hosts: list[Server], **settings: str) -> None:
         self.sock = listen()
         self.port = self.sock.getsockname()[1]
         self.data_dir = Path(tempfile.mkdtemp(prefix="sandhold-edge-", dir=tmp))
         self.log = tmp / f"edge-{self.port}.log"
         self.catalog_url = catalog_url
         self.hosts = hosts
-        self.proc = None
+        self.settings = settings
+        self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
@@ -60,6 +65,7 @@ class Edge:
             SANDHOLD_FLEET_LOST_AFTER_S=str(LOST_AFTER_S),
             NO_PROXY="127.0.0.1,localhost",
         )
+        env.update({f"SANDHOLD_{k.upper()}": v for k, v in self.settings.items()})
         self.proc = start_process(["edge", "serve"], env, self.log, self.sock)
 
     def stop(self) -> None:
@@ -76,9 +82,13 @@ def catalog_url(postgres: object) -> str:
 
 
 def host_of(host: Server, sandbox_id: str) -> bool:
-    """Whether ``host`` holds the sandbox (its own fleet API says so)."""
-    r = httpx.get(f"{host.url}/fleet/sandboxes/{sandbox_id}",
-                  headers={"X-Sandhold-Fleet-Token": TOKEN}, timeout=10)  # fmt: skip
+    """Whether ``host`` holds the sandbox (its own fleet API says so; a host that does not
+    answer holds nothing)."""
+    try:
+        r = httpx.get(f"{host.url}/fleet/sandboxes/{sandbox_id}",
+                      headers={"X-Sandhold-Fleet-Token": TOKEN}, timeout=3)  # fmt: skip
+    except httpx.HTTPError:
+        return False
     return r.status_code == 200
 
 
@@ -95,12 +105,12 @@ BUCKET = "fleet-store"
 
 
 @contextlib.contextmanager
-def s3_store() -> Iterator[dict[str, str]]:
-    """A moto S3 server on loopback with the store's bucket; the hosts' settings for it."""
+def s3_store(ip: str = "127.0.0.1") -> Iterator[dict[str, str]]:
+    """A moto S3 server at ``ip`` with the store's bucket; the hosts' settings for it."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("AWS_ACCESS_KEY_ID", "test")  # the hosts inherit these (boto3's chain)
         mp.setenv("AWS_SECRET_ACCESS_KEY", "test")
-        moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        moto = ThreadedMotoServer(ip_address=ip, port=0, verbose=False)
         moto.start()
         try:
             host, port = moto.get_host_and_port()

@@ -48,7 +48,7 @@ def start_process(
     """Start `sandhold <args> --fd N` serving on ``sock`` (run by the ``under`` command line:
     an init, a namespace) and wait until its /health answers."""
     fd = sock.fileno()
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    url = "http://{}:{}".format(*sock.getsockname()[:2])
     with open(log, "ab") as out:
         proc = subprocess.Popen(
             [*under, sys.executable, "-m", "sandhold.cli", *args, "--fd", str(fd)], env=env,
@@ -80,7 +80,7 @@ class Server:
     def __init__(self, data_dir: Path, sock: socket.socket, log: Path, **settings: str) -> None:
         self.data_dir = data_dir
         self.sock = sock
-        self.port: int = sock.getsockname()[1]
+        self.address, self.port = sock.getsockname()[:2]
         self.log = log
         self.settings = settings
         self.under: list[str] = []  # what the server runs under (start_process)
@@ -88,7 +88,7 @@ class Server:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.address}:{self.port}"
 
     def start(self) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SANDHOLD_")}

@@ -62,6 +62,8 @@ DROP = frozenset(
     }
 )
 HOST_TIMEOUT_S = 120.0  # a create that builds its template's warm start can take a minute
+CONNECT_TIMEOUT_S = 5.0
+READ_TIMEOUT_S = 30.0  # a GET (info, metrics, logs): a host that takes longer is not well
 NO_HOST = "no host has room for the sandbox: every host is full, draining or unreachable"
 
 
@@ -166,8 +168,8 @@ class Edge:
         if scope["query_string"]:
             target += b"?" + scope["query_string"]
         try:
-            streams = await self.hosts.checkout(key)
-        except OSError:
+            streams = await asyncio.wait_for(self.hosts.checkout(key), CONNECT_TIMEOUT_S)
+        except (OSError, TimeoutError):
             raise gone(row.sandbox_id) from None
         clean = False
         try:
@@ -208,11 +210,11 @@ class Edge:
                 else:
                     return await self._stored(send, row, method, m.group(2))
             assert row.host_id is not None
-            if method == "GET":
-                await self._forward(scope, receive, send, row)
-                return None
-            # Answered once the catalog has what it changed: the caller's next call may list.
+            # Whole, with a deadline (a host that died since the last poll must not hold the
+            # caller); a change is answered once the catalog has it (the caller may list next).
             r = await self._call(scope, await self._body(receive), row)
+            if method == "GET":
+                return await _relay(send, r)
             if m.group(2) == "/fork" and r.status_code < 300:
                 for sid in _forks(r):
                     await self._refresh(sid, row.host_id)
@@ -314,7 +316,13 @@ class Edge:
         if scope["query_string"]:
             url += "?" + scope["query_string"].decode("latin-1")
         try:
-            return await self.client.request(scope["method"], url, content=body, headers=headers)
+            return await self.client.request(
+                scope["method"], url, content=body, headers=headers, timeout=_timeout(scope)
+            )
+        except httpx.TimeoutException:
+            raise HostUnavailable(
+                f"the sandbox's host {row.host_id} did not answer; retry"
+            ) from None
         except httpx.HTTPError:
             raise gone(row.sandbox_id) from None
 
@@ -346,6 +354,11 @@ class Edge:
             )
 
     # -- listing -------------------------------------------------------------------------------
+
+
+def _timeout(scope: Scope) -> httpx.Timeout:
+    read = READ_TIMEOUT_S if scope["method"] == "GET" else HOST_TIMEOUT_S
+    return httpx.Timeout(read, connect=CONNECT_TIMEOUT_S)
 
 
 def _headers(scope: Scope) -> dict[str, str]:
