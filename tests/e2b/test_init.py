@@ -47,7 +47,7 @@ def the_server(init: int) -> int:
 
 def test_the_server_restarts_in_place_and_its_sandboxes_live_on(tmp_path) -> None:
     srv = new_server(tmp_path)
-    srv.under = POD
+    srv.under, srv.pod = POD, True
     srv.start()
     try:
         assert srv.proc is not None

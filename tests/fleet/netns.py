@@ -144,6 +144,7 @@ def host_in(network: Network, index: int, server: Server, shared: Path | None = 
         pod += ["sh", "-c", bind]
         server.settings["data_dir"] = str(shared)
     server.under = ["nsenter", f"--net=/run/netns/{ns}", *pod, *INIT]
+    server.pod = True
     server.namespace = ns  # type: ignore[attr-defined]
     return server
 

@@ -84,6 +84,9 @@ class Server:
         self.log = log
         self.settings = settings
         self.under: list[str] = []  # what the server runs under (start_process)
+        # Under `unshare --fork` (a pod): stop signals unshare's child, the pod's PID 1, as a
+        # kubelet does (unshare itself holds SIGTERM blocked while it waits for its child).
+        self.pod = False
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -102,6 +105,14 @@ class Server:
         self.proc = start_process(["serve"], env, self.log, self.sock, self.under)
 
     def stop(self) -> None:
+        if self.pod and self.proc is not None and self.proc.poll() is None:
+            pid = self.proc.pid
+            for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+                os.kill(int(child), signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                pass
         stop_process(self.proc)
         self.proc = None
 
