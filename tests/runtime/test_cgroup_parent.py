@@ -43,6 +43,10 @@ def test_two_data_dirs_can_never_open_on_one_parent(top: Path) -> None:
         assert (registry / "cgroup-sandhold-shared-t").read_text().split()[0] == instance.read(
             top / "b"
         )
+        cgroup_parent.release(first)  # not its claim: kept
+        assert (registry / "cgroup-sandhold-shared-t").exists()
+        cgroup_parent.release(second)
+        assert not (registry / "cgroup-sandhold-shared-t").exists()
     finally:
         cgroups.remove_parent("sandhold-shared-t")
 

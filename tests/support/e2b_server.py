@@ -157,5 +157,6 @@ def destroy_runtime_dir(data_dir: Path) -> list[str]:
             mounts.umount(Path(target))
             errors.append(f"left mounted: {target}")
         cgroups.remove_parent(cgroup_parent.name(settings))
+        cgroup_parent.release(settings)
         safefs.remove_quietly(data_dir)  # (a template's tree may be deep)
     return errors

@@ -75,6 +75,15 @@ def claim(settings: Settings, group: str) -> None:
     raise ConfigError(f"cgroup parent {group!r}: its claim {path} keeps changing")
 
 
+def release(settings: Settings) -> None:
+    """Give up this data dir's claim (it is being removed, with its parent group)."""
+    ours = instance.read(settings.data_dir)
+    path = settings.uid_registry / f"cgroup-{name(settings)}"
+    held = (_read(path) or "").splitlines()
+    if ours is not None and held and held[0] == ours:
+        path.unlink(missing_ok=True)
+
+
 def prune(registry: Path) -> int:
     """Remove the claims of data dirs that are surely gone (as ``claim`` judges); returns how
     many: a test's or a wiped host's data dir leaves one behind."""
