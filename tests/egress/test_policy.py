@@ -7,6 +7,8 @@ import ipaddress
 import pytest
 from pydantic import ValidationError
 
+from sandhold.config import Settings
+from sandhold.egress.config import EgressConfig
 from sandhold.egress.policy import CompiledPolicy, EgressPolicy, Guard, parse_rule
 
 A = ipaddress.ip_address
@@ -102,6 +104,32 @@ def test_the_operator_can_open_an_internal_range() -> None:
     policy = CompiledPolicy(EgressPolicy(mode="allowlist", allow=["10.9.1.2"]))
     assert policy.decide("10.9.1.2", [A("10.9.1.2")], guard).allowed
     assert not policy.decide("10.8.1.2", [A("10.8.1.2")], guard).allowed
+
+
+def test_the_fleets_addresses_stay_closed_inside_an_opened_range() -> None:
+    guard = Guard(open_cidrs=["10.9.0.0/16"], deny_cidrs=["10.9.1.0/24", f"{PUBLIC}.7/32"])
+    policy = CompiledPolicy(EgressPolicy(mode="open"))
+    assert policy.decide("10.9.2.2", [A("10.9.2.2")], guard).allowed  # opened
+    for addr in ("10.9.1.2", f"{PUBLIC}.7", "::ffff:10.9.1.2"):  # the fleet's, in any form
+        got = policy.decide(addr, [A(addr)], guard)
+        assert not got.allowed and "an address of the fleet" in got.describe(), addr
+    assert policy.decide(f"{PUBLIC}.8", [A(f"{PUBLIC}.8")], guard).allowed
+
+
+def test_a_host_finds_the_fleets_addresses_it_knows(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    s = Settings(
+        snapshot_s3_endpoint_url="http://203.0.113.9:9000",
+        fleet_hosts=["http://[2001:db8::5]:49982", "http://198.51.100.4:49982"],
+        egress_deny_cidrs=["10.0.0.0/16"],
+    )
+    assert EgressConfig.from_settings(s).deny_cidrs == [
+        "10.0.0.0/16",
+        "10.96.0.1/32",
+        "198.51.100.4/32",
+        "2001:db8::5/128",
+        "203.0.113.9/32",
+    ]
 
 
 def test_names_outside_an_allow_list_are_refused_before_any_lookup() -> None:

@@ -34,6 +34,16 @@ from tests.support.e2b_server import Server
 NAME = "sandhold-hosts.fleet.test"
 
 
+def egress(network: Network) -> dict[str, str]:
+    """Sandboxes may ask for egress; the fleet's network is opened as if it were the internet
+    and closed again as the fleet's own (what a fleet on public addresses configures)."""
+    return {
+        "egress_e2b_enabled": "true",
+        "egress_open_cidrs": '["198.19.0.0/16"]',
+        "egress_deny_cidrs": f'["{network.cidr}"]',
+    }
+
+
 @pytest.fixture(scope="module")
 def fleet(
     postgres, tmp_path_factory
@@ -49,7 +59,7 @@ def fleet(
     try:
         with s3_store(network.bridge_ip) as store:
             for i in (1, 2, 3):
-                srv = new_host(tmp, f"n{i}", fleet_store_after_s="0.5", **store)
+                srv = new_host(tmp, f"n{i}", fleet_store_after_s="0.5", **store, **egress(network))
                 hosts.append(host_in(network, i, srv))
             for h in hosts:
                 h.start()
@@ -137,5 +147,19 @@ def test_a_partitioned_hosts_sandbox_moves_and_the_stale_copy_is_discarded(fleet
         holders = [h for h in hosts if host_of(h, sbx.sandbox_id)]
         assert len(holders) == 1 and holders[0] is not cut
         assert state(moved)[1] == secret
+    finally:
+        sbx.kill()
+
+
+def test_sandboxes_reach_no_host_of_the_fleet_nor_its_store(fleet) -> None:  # type: ignore[no-untyped-def]
+    hosts, (one, _), network, _ = fleet
+    sbx = Sandbox.create(allow_internet_access=True, **one.sdk())
+    try:
+        mine = next(h for h in hosts if host_of(h, sbx.sandbox_id))
+        store = mine.settings["snapshot_s3_endpoint_url"]
+        for url in [f"{h.url}/health" for h in hosts] + [f"{store}/"]:
+            r = sbx.commands.run(f"curl -s -i --max-time 10 {url} || true")
+            assert "403 Forbidden" in r.stdout, (url, r.stdout)
+            assert "address of the" in r.stdout, (url, r.stdout)  # the host's own, the fleet's
     finally:
         sbx.kill()

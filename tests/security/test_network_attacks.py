@@ -160,6 +160,37 @@ async def test_a_fleets_networks_are_unreachable_unless_the_operator_opens_them(
         await factory.cleanup()
 
 
+@pytest.fixture(scope="module")
+def fleet_runtime(internet: Internet) -> Iterator[Runtime]:
+    """Egress through the test internet, opened as if it were the internet, on a host of a
+    fleet whose own addresses are two of it: one configured (egress_deny_cidrs), one found (the
+    Kubernetes API a pod's environment names)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("KUBERNETES_SERVICE_HOST", internet.evil_ip)
+        fleet = settings_over(
+            internet, "sandhold-egress-fleet-", egress_deny_cidrs=[f"{internet.plain_ip}/32"]
+        )
+        yield from runtime_over(fleet)
+
+
+async def test_the_fleets_own_addresses_stay_closed_inside_an_opened_range(
+    fleet_runtime, internet
+):
+    factory = EgressSandboxes(fleet_runtime)
+    try:
+        sbx = await factory(mode="open", allow=["0.0.0.0/0", "::/0"])
+        mark = internet.mark()
+        assert await status(sbx, "http://api.example.test/") == "200"  # the opened range
+        for url in (f"http://{internet.plain_ip}/", "http://plain.example.test/",
+                    f"http://{internet.evil_ip}/", "http://evil.test/"):  # fmt: skip
+            r = await sh(sbx, f"curl -s -i --max-time 10 {url}")
+            assert "403 Forbidden" in r.text and "an address of the fleet" in r.text, (url, r.text)
+        seen = [r for r in internet.since(mark) if r.get("kind") != "dns"]
+        assert {r.get("server") for r in seen} == {internet.api_ip}, seen
+    finally:
+        await factory.cleanup()
+
+
 async def test_no_route_around_the_proxy(egress_sandbox, internet):
     sbx = await egress_sandbox(mode="open")
     mark = internet.mark()

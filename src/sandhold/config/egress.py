@@ -23,6 +23,13 @@ class EgressSettings(Layer):
         description="Internal ranges (loopback, RFC 1918, link-local, ...) that sandboxes with a "
         "matching allow rule may reach after all; empty keeps every internal range closed.",
     )
+    egress_deny_cidrs: list[str] = Field(
+        [],
+        description="The fleet's own addresses (node, pod and service networks, the store, the "
+        "database, the edge): never dialled, even inside egress_open_cidrs. The Kubernetes API "
+        "(KUBERNETES_SERVICE_HOST), the snapshot store's endpoint and static fleet_hosts are "
+        "added by themselves.",
+    )
     egress_hosts: dict[str, list[str]] = Field(
         default_factory=dict,
         description="Static name -> addresses map the egress proxy resolves with first.",
@@ -80,12 +87,13 @@ class EgressSettings(Layer):
                 "no network at all. Set SANDHOLD_EGRESS_E2B_ENABLED=true, or leave "
                 "egress_e2b_default at none."
             )
-        for cidr in self.egress_open_cidrs:
+        for cidr in [*self.egress_open_cidrs, *self.egress_deny_cidrs]:
             try:
                 ipaddress.ip_network(cidr, strict=False)
             except ValueError:
                 raise ConfigError(
-                    f"egress_open_cidrs: {cidr!r} is not an IP network (e.g. 10.0.0.0/8)"
+                    f"egress_open_cidrs/egress_deny_cidrs: {cidr!r} is not an IP network "
+                    "(e.g. 10.0.0.0/8)"
                 ) from None
         for name, addresses in self.egress_hosts.items():
             for address in addresses:

@@ -3,7 +3,11 @@ the runtime with every sync (the daemon serves whichever runtime configured it l
 
 from __future__ import annotations
 
+import ipaddress
+import os
+import socket
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict
 
@@ -15,6 +19,7 @@ class EgressConfig(BaseModel):
 
     data_dir: Path
     open_cidrs: list[str] = []
+    deny_cidrs: list[str] = []
     hosts: dict[str, list[str]] = {}
     dns_servers: list[str] = []
     upstream_ca_file: Path | None = None
@@ -32,6 +37,7 @@ class EgressConfig(BaseModel):
         return cls(
             data_dir=s.data_dir,
             open_cidrs=s.egress_open_cidrs,
+            deny_cidrs=[*s.egress_deny_cidrs, *fleet_addresses(s)],
             hosts=s.egress_hosts,
             dns_servers=s.egress_dns_servers,
             upstream_ca_file=s.egress_upstream_ca_file,
@@ -40,3 +46,24 @@ class EgressConfig(BaseModel):
             secrets_keys=s.secrets_keys,
             secrets_key_file=s.secrets_key_file,
         )
+
+
+def fleet_addresses(s: Settings) -> list[str]:
+    """Addresses of the fleet a host knows of itself: the Kubernetes API (a pod's
+    ``KUBERNETES_SERVICE_HOST``), the snapshot store's endpoint and static ``fleet_hosts`` (the
+    names resolved now, as the proxy would). Sandboxes never dial them."""
+    hosts = [os.environ.get("KUBERNETES_SERVICE_HOST", "")]
+    hosts += [
+        urlsplit(u).hostname or "" for u in [s.snapshot_s3_endpoint_url or "", *s.fleet_hosts]
+    ]
+    out: list[str] = []
+    for host in filter(None, hosts):
+        try:
+            ips = [str(ipaddress.ip_address(host.strip("[]")))]
+        except ValueError:
+            try:
+                ips = sorted({str(a[4][0]) for a in socket.getaddrinfo(host, None)})
+            except OSError:
+                continue  # a name that does not resolve here is not dialled either
+        out += [f"{ip}/{32 if ':' not in ip else 128}" for ip in ips]
+    return sorted(set(out))

@@ -97,7 +97,7 @@ class Daemon:
             store = None
         old_audit = self.shared.audit if self.shared else None
         self.shared = Shared(
-            guard=Guard(cfg.open_cidrs, host_addresses()),
+            guard=Guard(cfg.open_cidrs, host_addresses(), cfg.deny_cidrs),
             resolver=Resolver(cfg.hosts, cfg.dns_servers),
             audit=old_audit or AuditLog(self.root / "audit", EGRESS_FIELDS),
             upstream_tls=upstream,

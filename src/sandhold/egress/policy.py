@@ -9,11 +9,13 @@ Whatever the rules say, addresses that are not globally routable (loopback, link
 metadata address, RFC 1918, CGNAT, the benchmarking and documentation ranges, unique-local IPv6,
 multicast, the host's own addresses) are never dialled,
 unless the operator opened a range (``Settings.egress_open_cidrs``): the tenant's rules cannot
-reach them. An address is judged in every form it stands for (``forms``): without its scope id,
-and as each IPv4 address it embeds (IPv4-mapped and -compatible, NAT64, 6to4, Teredo, ISATAP),
-each of which must pass on its own. Domain rules are checked against the name the client asked
-for *and* every address that name resolved to, and the proxy dials only an address it checked
-(no DNS rebinding).
+reach them. The host's own addresses and the fleet's (``egress_deny_cidrs``, and what
+``EgressConfig`` finds: the Kubernetes API, the store, static fleet hosts) stay closed even
+inside an opened range. An address is judged in every form it stands for (``forms``): without
+its scope id, and as each IPv4 address it embeds (IPv4-mapped and -compatible, NAT64, 6to4,
+Teredo, ISATAP), each of which must pass on its own. Domain rules are checked against the name
+the client asked for *and* every address that name resolved to, and the proxy dials only an
+address it checked (no DNS rebinding).
 """
 
 from __future__ import annotations
@@ -233,8 +235,14 @@ class Decision:
 class Guard:
     """The always-on part: addresses no tenant rule may reach."""
 
-    def __init__(self, open_cidrs: Iterable[str] = (), host_addresses: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        open_cidrs: Iterable[str] = (),
+        host_addresses: Iterable[str] = (),
+        deny_cidrs: Iterable[str] = (),
+    ) -> None:
         self.open = [ipaddress.ip_network(c, strict=False) for c in open_cidrs]
+        self.fleet = [ipaddress.ip_network(c, strict=False) for c in deny_cidrs]
         self.host_addresses: set[IPAddress] = set()
         self.set_host_addresses(host_addresses)
 
@@ -257,6 +265,9 @@ class Guard:
     def _judge(self, addr: IPAddress) -> str | None:
         if addr in self.host_addresses:  # even inside a range the operator opened
             return "an address of the sandbox host"
+        for net in self.fleet:  # so are the fleet's own (egress_deny_cidrs)
+            if addr.version == net.version and addr in net:
+                return f"an address of the fleet ({net})"
         if any(addr.version == n.version and addr in n for n in self.open):
             return None
         for net in INTERNAL_NETWORKS:
