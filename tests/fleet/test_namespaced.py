@@ -152,7 +152,7 @@ def test_a_partitioned_hosts_sandbox_moves_and_the_stale_copy_is_discarded(fleet
 
 
 def test_sandboxes_reach_no_host_of_the_fleet_nor_its_store(fleet) -> None:  # type: ignore[no-untyped-def]
-    hosts, (one, _), network, _ = fleet
+    hosts, (one, _), _, _ = fleet
     sbx = Sandbox.create(allow_internet_access=True, **one.sdk())
     try:
         mine = next(h for h in hosts if host_of(h, sbx.sandbox_id))

@@ -173,9 +173,7 @@ def fleet_runtime(internet: Internet) -> Iterator[Runtime]:
         yield from runtime_over(fleet)
 
 
-async def test_the_fleets_own_addresses_stay_closed_inside_an_opened_range(
-    fleet_runtime, internet
-):
+async def test_the_fleets_own_addresses_stay_closed_inside_an_opened_range(fleet_runtime, internet):
     factory = EgressSandboxes(fleet_runtime)
     try:
         sbx = await factory(mode="open", allow=["0.0.0.0/0", "::/0"])
