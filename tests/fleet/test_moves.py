@@ -1,11 +1,14 @@
 """Sandboxes that outlive their host (docs/fleet.md), with the official SDK through the edge and
 a moto S3 server as the shared store: a stored paused sandbox resumes on another host after its
 own is killed; a draining host hands every sandbox over and exits 0; a host restarted in place
-takes its own back without the store."""
+takes its own back without the store (drained by `sandhold host drain`, a pod's preStop)."""
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -126,8 +129,13 @@ def test_a_host_restarted_in_place_takes_its_own_back_without_the_store(fleet, s
     sbx, n0, secret = start_counter(edge)
     first = next(h for h in hosts if host_of(h, sbx.sandbox_id))
     try:
-        first.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
-        assert first.proc.wait(90) == 0  # type: ignore[union-attr]
+        drain = subprocess.run(
+            [sys.executable, "-m", "sandhold.cli", "host", "drain", "--url", first.url],
+            env={**os.environ, "SANDHOLD_FLEET_TOKEN": TOKEN}, capture_output=True, text=True,
+            timeout=120,
+        )  # fmt: skip
+        assert drain.returncode == 0 and "drained" in drain.stdout, drain.stdout + drain.stderr
+        assert first.proc.wait(30) == 0  # type: ignore[union-attr]
         s3 = boto3.client("s3", endpoint_url=store["snapshot_s3_endpoint_url"],
                           region_name="us-east-1")  # fmt: skip
         for o in s3.list_objects_v2(Bucket=BUCKET).get("Contents", []):

@@ -8,6 +8,7 @@ Modules:
 - ``errors.py``: The CLI's wire table: the exit status of a command that failed with a leaf of the
   error
 - ``edge.py``: `sandhold edge serve`: the fleet's edge (docs/fleet.md)
+- ``host.py``: `sandhold host drain`: drain the fleet host on this machine (a pod's preStop)
 - ``gateway.py``: `sandhold gateway`: the session gateway, serving its tools (REST and MCP) and
   administered
 - ``init.py``: `sandhold init -- COMMAND...`: a small init for a container or pod, whose PID 1 it
@@ -38,6 +39,7 @@ from sandhold.cli import (
     audit,
     edge,
     gateway,
+    host,
     init,
     logs,
     sandboxes,
@@ -61,6 +63,7 @@ app.add_typer(sessions.app, name="session")
 app.add_typer(secrets.app, name="secret")
 app.add_typer(tunnel.app, name="tunnel")
 app.add_typer(edge.app, name="edge")
+app.add_typer(host.app, name="host")
 
 __all__ = ["app"]
 
