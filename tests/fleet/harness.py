@@ -128,3 +128,19 @@ def s3_store(ip: str = "127.0.0.1") -> Iterator[dict[str, str]]:
             }
         finally:
             moto.stop()
+
+
+def scrape(url: str, key: str = KEY_A) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """A /metrics page: (sample name, its labels) -> value."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{url}/metrics", headers={"X-API-KEY": key}, timeout=10).text
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def total(metrics: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str) -> float:
+    return sum(v for (n, _), v in metrics.items() if n == name)

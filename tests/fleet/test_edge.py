@@ -19,6 +19,8 @@ from tests.fleet.harness import (
     catalog_url,
     host_of,
     new_host,
+    scrape,
+    total,
     wait_for,
 )
 from tests.support.e2b_server import KEY_B, Server
@@ -77,7 +79,7 @@ def test_the_sdk_works_through_either_edge(fleet) -> None:  # type: ignore[no-un
 
 def test_creates_fill_every_host_and_no_host_goes_over(fleet) -> None:  # type: ignore[no-untyped-def]
     hosts, edges = fleet
-    total = 3 * len(hosts)
+    capacity = 3 * len(hosts)
 
     def create(i: int) -> Sandbox | Exception:
         try:
@@ -85,15 +87,25 @@ def test_creates_fill_every_host_and_no_host_goes_over(fleet) -> None:  # type: 
         except ServiceBusyException as e:
             return e
 
+    before = [scrape(e.url) for e in edges]
     with ThreadPoolExecutor(10) as pool:
-        got = list(pool.map(create, range(total + 4)))
+        got = list(pool.map(create, range(50)))
     made = [s for s in got if isinstance(s, Sandbox)]
     try:
-        assert len(made) == total  # the excess refused, nothing over capacity
+        assert len(made) == capacity  # the excess refused, nothing over capacity
         refused = [e for e in got if isinstance(e, Exception)]
         assert all("no host has room" in str(e) for e in refused), refused
         per_host = [sum(host_of(h, s.sandbox_id) for s in made) for h in hosts]
         assert per_host == [3, 3]
+        after = [scrape(e.url) for e in edges]
+        placed = sum(
+            total(a, "sandhold_fleet_placements_total")
+            - total(b, "sandhold_fleet_placements_total")
+            for a, b in zip(after, before, strict=True)
+        )
+        assert placed == capacity
+        assert all(total(a, "sandhold_fleet_free_slots") == 0 for a in after)
+        assert all(total(a, "sandhold_fleet_host_used") == capacity for a in after)
     finally:
         for s in made:
             s.kill()
@@ -119,6 +131,7 @@ def test_a_lost_hosts_sandboxes_are_gone_and_creates_avoid_it(fleet) -> None:  #
             return False
 
         wait_for(gone, LOST_AFTER_S * 5, "the lost host's sandbox to be gone")
+        assert sum(total(scrape(e.url), "sandhold_fleet_lost_hosts_total") for e in (one, two)) == 1
         fresh = [Sandbox.create(**one.sdk()) for _ in range(2)]
         assert all(host_of(survivor, s.sandbox_id) for s in fresh)
         for s in fresh:

@@ -30,6 +30,7 @@ from tests.fleet.harness import (
     host_of,
     new_host,
     s3_store,
+    scrape,
     wait_for,
 )
 from tests.support.e2b_server import Server
@@ -91,6 +92,8 @@ def test_a_stored_sandbox_resumes_on_another_host_after_its_own_is_killed(fleet)
     try:
         sbx.pause()
         wait_for(lambda: (entry(first, sbx.sandbox_id) or {}).get("stored"), 60, "the store")
+        assert ("sandhold_fleet_unstored_paused", ()) in (m := scrape(first.url))
+        assert m[("sandhold_fleet_unstored_paused", ())] == 0  # its memory is in the store
         first.proc.send_signal(signal.SIGKILL)  # type: ignore[union-attr]
         first.proc.wait()  # type: ignore[union-attr]
         first.sock.close()  # (held by the test: connections would wait in its backlog)

@@ -23,10 +23,13 @@ import re
 import secrets
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from importlib.metadata import version
 from typing import Any
 from urllib.parse import parse_qsl
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from sandhold.config import Settings
 from sandhold.e2b import wire
@@ -65,6 +68,7 @@ class FleetGate:
         self.boot_id = secrets.token_hex(8)  # a new one per start: the edge sees restarts
         self.jobs = FleetJobs(service, settings)
         self.admitting = 0  # creates admitted and not yet done
+        service.prom.registry.register(_Unstored(self))
 
     async def __call__(self, scope: Scope, receive: Any, send: Any, app: App) -> None:
         headers = dict(scope["headers"])
@@ -228,6 +232,26 @@ class FleetGate:
             "unstored": self.jobs.unstored(sandboxes),
             "sandboxes": [self.entry(s, at) for s in sandboxes],
         }
+
+
+class _Unstored(Collector):
+    """The host's ``/metrics``: paused sandboxes whose memory is not in the shared store yet
+    (they die with this host)."""
+
+    def __init__(self, gate: FleetGate) -> None:
+        self.gate = gate
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # computed at scrape (as service/prom.py's)
+
+    def collect(self) -> Iterable[Metric]:
+        g = GaugeMetricFamily(
+            "sandhold_fleet_unstored_paused",
+            "Paused sandboxes of this fleet host not yet in the shared store.",
+        )
+        runtime = self.gate.service.runtime
+        g.add_metric([], sum(1 for i in runtime.list() if self.gate.jobs.due(i, float("inf"))))
+        yield g
 
 
 def _sandbox_of(scope: Scope) -> str | None:

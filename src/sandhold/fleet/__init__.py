@@ -4,6 +4,7 @@ sandbox on a host, keeps where it is in a shared catalog and routes every call t
 - ``catalog.py``: the catalog (which host holds each sandbox, at which generation).
 - ``discovery.py``: where the hosts are (a headless Service's DNS, or a static list).
 - ``listing.py``: the edge's listing, from the catalog.
+- ``metrics.py``: the edge's Prometheus metrics.
 - ``members.py``: what each host last said, polled by every edge; lost hosts.
 - ``moves.py``: sandboxes in the store only, taken up by a host when a call needs them.
 - ``placement.py``: which host takes a create.

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import logging
 import re
@@ -28,6 +29,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 import httpx
 
+from sandhold import http_edge
 from sandhold.config import Settings
 from sandhold.e2b.agent_conns import AgentConnections
 from sandhold.e2b.auth import Teams
@@ -36,9 +38,11 @@ from sandhold.errors import InvalidRequest, SandboxGone, Unauthenticated
 from sandhold.fleet import listing
 from sandhold.fleet.catalog import Catalog, Row
 from sandhold.fleet.members import HostUnavailable, Members, entry_listed
+from sandhold.fleet.metrics import EdgeMetrics
 from sandhold.fleet.moves import Moves
 from sandhold.fleet.placement import order
 from sandhold.runtime.records import new_sandbox_id
+from sandhold.service.prom import CONTENT_TYPE
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +80,8 @@ class Edge:
         self.teams = Teams(settings.api_keys)
         self.client = httpx.AsyncClient(timeout=HOST_TIMEOUT_S)
         self.members = Members(settings, self.catalog, self.client)
-        self.moves = Moves(settings, self.catalog, self.members, self.client)
+        self.metrics = EdgeMetrics(self.members)
+        self.moves = Moves(settings, self.catalog, self.members, self.client, self.metrics)
         self.hosts = AgentConnections(READ_CHUNK, self._connect)
         self._poller: asyncio.Task[None] | None = None
 
@@ -191,6 +196,8 @@ class Edge:
                 send, 200 if ready else 503, {"status": "ready" if ready else "no host answers"}
             )
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        if path == "/metrics":
+            return await self._metrics(send, headers)
         team = self.teams.team_of(headers)
         query = dict(parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True))
         if path in CREATES and method == "POST":
@@ -227,6 +234,16 @@ class Edge:
             return await send_json(send, 503, {"code": 503, "message": NO_HOST})
         stand_in = Row("", team, live[0], 0, "running", False, {}, 0.0, 0.0)
         await self._forward(scope, receive, send, stand_in)
+
+    async def _metrics(self, send: Any, headers: dict[str, str]) -> None:
+        """Any team's key, or the metrics token as a bearer token (as a host's /metrics)."""
+        token, given = self.settings.server_metrics_token, http_edge.bearer(headers)
+        if not (token and given and hmac.compare_digest(given.encode(), token.encode())):
+            self.teams.team_of(headers)
+        text = self.metrics.exposition()
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", CONTENT_TYPE.encode())]})  # fmt: skip
+        await send({"type": "http.response.body", "body": text})
 
     async def _stored(self, send: Any, row: Row, method: str, op: str | None) -> None:
         """A call for a sandbox in the store only, other than the resumes that take it up."""
@@ -291,14 +308,17 @@ class Edge:
                 log.warning("create on %s failed before an answer: %s", host.host_id, e)
                 continue  # (a create it made after all shows up at the next poll)
             if r.status_code == 503:
+                self.metrics.refusals.labels(host.host_id).inc()
                 continue  # refused before anything was made: the next one
             if r.status_code < 300:
+                self.metrics.placements.labels(host.host_id).inc()
                 await self._refresh(sandbox_id, host.host_id)
             else:
                 await asyncio.to_thread(self.catalog.forget, sandbox_id, host.host_id)
             return await _relay(send, r)
         if reserved is not None:
             await asyncio.to_thread(self.catalog.forget, sandbox_id, reserved)
+        self.metrics.unplaced.inc()
         await send_json(send, 503, {"code": 503, "message": NO_HOST})
 
     async def _call(self, scope: Scope, body: bytes, row: Row) -> httpx.Response:

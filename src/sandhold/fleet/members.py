@@ -56,6 +56,7 @@ class Members:
         self.live: dict[str, dict[str, Any]] = {}  # host id -> its last /fleet/info
         self.address: dict[str, str] = {}  # host id -> base URL
         self.polled = asyncio.Event()  # set after the first poll
+        self.lost = 0  # hosts this edge judged lost
 
     @property
     def headers(self) -> dict[str, str]:
@@ -158,6 +159,7 @@ class Members:
                 log.warning(
                     "fleet host %s is lost (silent since %.0f)", host.host_id, host.last_seen
                 )
+                self.lost += 1
                 for row in await asyncio.to_thread(self.catalog.on_host, host.host_id):
                     stored = row.stored or await self._in_store(row.sandbox_id, row.generation)
                     await asyncio.to_thread(self._gone, row.sandbox_id, host.host_id, stored)

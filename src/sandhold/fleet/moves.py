@@ -19,6 +19,7 @@ from sandhold.config import Settings
 from sandhold.e2b.proxy import gone
 from sandhold.fleet.catalog import Catalog, Row
 from sandhold.fleet.members import HostUnavailable, Members, entry_listed
+from sandhold.fleet.metrics import EdgeMetrics
 from sandhold.fleet.placement import order
 
 log = logging.getLogger(__name__)
@@ -26,9 +27,15 @@ log = logging.getLogger(__name__)
 
 class Moves:
     def __init__(
-        self, settings: Settings, catalog: Catalog, members: Members, client: httpx.AsyncClient
+        self,
+        settings: Settings,
+        catalog: Catalog,
+        members: Members,
+        client: httpx.AsyncClient,
+        metrics: EdgeMetrics,
     ) -> None:
         self.settings = settings
+        self.metrics = metrics
         self.catalog = catalog
         self.members = members
         self.client = client
@@ -70,6 +77,7 @@ class Moves:
                 moved = await asyncio.to_thread(self.catalog.get, sid)
                 if moved is not None and moved.host_id is not None:
                     log.info("sandbox %s taken up by %s", sid, host.host_id)
+                    self.metrics.migrations.labels(host.host_id).inc()
                     return moved
             elif r is not None:
                 log.warning("host %s refused to take up %s: %s", host.host_id, sid, r.text[:300])
