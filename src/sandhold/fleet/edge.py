@@ -241,8 +241,13 @@ class Edge:
         if not (token and given and hmac.compare_digest(given.encode(), token.encode())):
             self.teams.team_of(headers)
         text = self.metrics.exposition()
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", CONTENT_TYPE.encode())]})  # fmt: skip
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", CONTENT_TYPE.encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": text})
 
     async def _stored(self, send: Any, row: Row, method: str, op: str | None) -> None:
