@@ -3,10 +3,10 @@
 - **Store** (``store``): a paused sandbox is suspended to disk if it is not yet, then its memory
   image (``checkpoint/``) and its layer image (``disk.img``) are uploaded, sealed, with its record
   (spec, template, ``extra``: tokens, lifecycle, generation) under ``<snapshot_s3_prefix>fleet/``,
-  as ``<id>.g<generation>``: an edge that only lists the store's keys learns which generation is
-  kept there, without the key ring. The host's own copy stays: a restart in place resumes it
-  without the store. A fleet host stores a paused sandbox ``fleet_store_after_s`` after its pause
-  (``FleetStorer``), and every sandbox when it drains.
+  as ``<id>.g<generation>``: whether a generation is kept there is one HEAD request (a host
+  answers an edge's ``/fleet/stored``), without the key ring. The host's own copy stays: a
+  restart in place resumes it without the store. A fleet host stores a paused sandbox
+  ``fleet_store_after_s`` after its pause, and every sandbox when it drains (fleet_jobs.py).
 - **Adopt** (``adopt``): a host given the sandbox at a newer generation resumes its own suspended
   copy if it has one, else fetches the stored one and restores it under the same id, tokens and
   lifecycle, in a uid range of this host (``fork.start``, as a fork restores).
