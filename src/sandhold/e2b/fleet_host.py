@@ -36,6 +36,7 @@ from sandhold.e2b import wire
 from sandhold.e2b.errors import e2b_status
 from sandhold.e2b.proxy import route, send_json
 from sandhold.errors import SandholdError
+from sandhold.runtime.checkpoint.snapshots import SnapshotStore
 from sandhold.service import Sandbox, SandboxService, migration
 from sandhold.service.fleet import Assignment, assigned, generation_of
 from sandhold.service.fleet import of as fleet_of
@@ -217,6 +218,15 @@ class FleetGate:
             "listed": wire.listed(sbx, self.service.disk_total >> 20),
         }
 
+    def _local(self) -> list[str]:
+        """Templates and snapshots on this host's disk (by id and name): placement prefers a
+        host that has what a create starts from."""
+        runtime = self.service.runtime
+        names = {t.name for t in runtime.templates.list()}
+        for snap in SnapshotStore(runtime).local():
+            names |= {snap.id, *snap.names}
+        return sorted(names)
+
     async def info(self) -> dict[str, Any]:
         at = time.time()  # before the listing: a sandbox made after it is not missing from it
         self.jobs.polled_at = at
@@ -231,6 +241,7 @@ class FleetGate:
             "draining": self.jobs.draining,
             "unstored": self.jobs.unstored(sandboxes),
             "sandboxes": [self.entry(s, at) for s in sandboxes],
+            "local": await self.service.offload.run(self._local),
         }
 
 

@@ -225,6 +225,10 @@ class Edge:
             if m.group(2) == "/fork" and r.status_code < 300:
                 for sid in _forks(r):
                     await self._refresh(sid, row.host_id)
+            elif m.group(2) == "/snapshots" and r.status_code < 300:
+                with contextlib.suppress(ValueError, TypeError, AttributeError):
+                    got = r.json()  # its host has it now, before the next poll says so
+                    self.members.note(row.host_id, [got["snapshotID"], *got.get("names", [])])
             elif r.status_code < 500:
                 await self._refresh(row.sandbox_id, row.host_id)
             return await _relay(send, r)
@@ -295,7 +299,11 @@ class Edge:
             }
         )
         reserved: str | None = None
-        for host in order(await self.members.candidates(), self.settings.fleet_choices):
+        missing: httpx.Response | None = None
+        template = str(asked.get("templateID") or "base")
+        prefer = self.members.having(template)
+        candidates = await self.members.candidates()
+        for host in order(candidates, self.settings.fleet_choices, prefer):
             if reserved is None:
                 await asyncio.to_thread(
                     self.catalog.reserve, sandbox_id, team, host.host_id, listed
@@ -315,6 +323,9 @@ class Edge:
             if r.status_code == 503:
                 self.metrics.refusals.labels(host.host_id).inc()
                 continue  # refused before anything was made: the next one
+            if r.status_code == 404:  # not this host's template or snapshot (also made nothing)
+                missing = missing or r
+                continue
             if r.status_code < 300:
                 self.metrics.placements.labels(host.host_id).inc()
                 await self._refresh(sandbox_id, host.host_id)
@@ -323,6 +334,8 @@ class Edge:
             return await _relay(send, r)
         if reserved is not None:
             await asyncio.to_thread(self.catalog.forget, sandbox_id, reserved)
+        if missing is not None:  # no host has what it starts from
+            return await _relay(send, missing)
         self.metrics.unplaced.inc()
         await send_json(send, 503, {"code": 503, "message": NO_HOST})
 

@@ -180,6 +180,15 @@ class Members:
                 continue
         return False
 
+    def note(self, host_id: str, names: list[str]) -> None:
+        """What a host has on disk since the last poll (a snapshot taken through this edge)."""
+        if (info := self.live.get(host_id)) is not None:
+            info["local"] = [*info.get("local", ()), *names]
+
+    def having(self, template: str) -> set[str]:
+        """Live hosts that have ``template`` (or the snapshot of that id or name) on disk."""
+        return {h for h, info in self.live.items() if template in info.get("local", ())}
+
     def holding(self, sandbox_id: str) -> str | None:
         """A live host that still has a copy of the sandbox (one it drained, say)."""
         for host_id, info in self.live.items():

@@ -43,7 +43,8 @@ class Moves:
     async def adopt(self, row: Row, resume: bool) -> Row:
         """``row``'s sandbox on a host (resumed with ``resume``); its row then."""
         sid, stored_at = row.sandbox_id, row.generation
-        prefer = self.members.holding(sid)
+        holder = self.members.holding(sid)
+        prefer = {holder} if holder else set()
         for host in order(await self.members.candidates(), self.settings.fleet_choices, prefer):
             if not await asyncio.to_thread(self.catalog.move, sid, stored_at, host.host_id):
                 moved = await asyncio.to_thread(self.catalog.get, sid)

@@ -7,6 +7,7 @@ host filled up meanwhile, or started draining) moves on to the next."""
 from __future__ import annotations
 
 import random
+from collections.abc import Collection
 from dataclasses import dataclass
 
 
@@ -27,14 +28,17 @@ class Candidate:
 
 
 def order(
-    hosts: list[Candidate], k: int, prefer: str | None = None, rng: random.Random | None = None
+    hosts: list[Candidate],
+    k: int,
+    prefer: Collection[str] = (),
+    rng: random.Random | None = None,
 ) -> list[Candidate]:
-    """The hosts to try, in order; ``prefer`` (the source of a fork or a snapshot) first when it
-    fits."""
+    """The hosts to try, in order; those in ``prefer`` (that have the template or snapshot
+    already, or the sandbox's own copy) first when they fit, emptiest first."""
     rng = rng or random.Random()
     fitting = [h for h in hosts if h.free > 0]
-    first = [h for h in fitting if h.host_id == prefer]
-    rest = [h for h in fitting if h.host_id != prefer]
+    first = sorted((h for h in fitting if h.host_id in prefer), key=lambda h: (h.use, h.host_id))
+    rest = [h for h in fitting if h.host_id not in prefer]
     sample = sorted(rng.sample(rest, min(k, len(rest))), key=lambda h: (h.use, h.host_id))
     others = sorted((h for h in rest if h not in sample), key=lambda h: (h.use, h.host_id))
     return first + sample + others

@@ -126,6 +126,10 @@ class SnapshotStore:
             raise TemplateNotFound(f"snapshot {snapshot_id!r} does not exist")
         return snap
 
+    def local(self) -> list[Snapshot]:
+        """The snapshots with a copy on this host's disk."""
+        return self._list_local()
+
     def _list_local(self) -> list[Snapshot]:
         if not self.root.is_dir():
             return []
