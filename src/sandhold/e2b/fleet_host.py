@@ -68,7 +68,7 @@ class FleetGate:
         self.token = settings.fleet_token.get_secret_value().encode()
         self.boot_id = secrets.token_hex(8)  # a new one per start: the edge sees restarts
         self.jobs = FleetJobs(service, settings)
-        self.admitting = 0  # creates admitted and not yet done
+        self.admitting: set[str] = set()  # creates admitted and not done: their ids
         service.prom.registry.register(_Unstored(self))
 
     async def __call__(self, scope: Scope, receive: Any, send: Any, app: App) -> None:
@@ -99,29 +99,32 @@ class FleetGate:
     ) -> None:
         if self.jobs.draining:
             return await _refuse(send, 503, f"host {self.host_id} is draining")
-        used = await self.used()
-        if used + self.admitting >= self.settings.fleet_capacity:
-            return await _refuse(
-                send, 503, f"host {self.host_id} is full ({self.settings.fleet_capacity})"
-            )
-        token = None
-        if SANDBOX_ID in headers:
-            try:
-                generation = int(headers.get(GENERATION, b"1"))
-            except ValueError:
-                return await _refuse(send, 400, "invalid X-Sandhold-Generation")
-            token = assigned.set(Assignment(headers[SANDBOX_ID].decode("latin-1"), generation))
-        self.admitting += 1
+        given = headers[SANDBOX_ID].decode("latin-1") if SANDBOX_ID in headers else None
         try:
+            generation = int(headers.get(GENERATION, b"1"))
+        except ValueError:
+            return await _refuse(send, 400, "invalid X-Sandhold-Generation")
+        # Counted before the first await: creates admitted at once see each other.
+        ticket = given or secrets.token_hex(8)  # (a fork: no id given)
+        self.admitting.add(ticket)
+        token = None
+        try:
+            used = sum(
+                1
+                for s in await self.service.query()
+                if not s.info.suspended and s.id not in self.admitting
+            )
+            if used + len(self.admitting) > self.settings.fleet_capacity:
+                return await _refuse(
+                    send, 503, f"host {self.host_id} is full ({self.settings.fleet_capacity})"
+                )
+            if given is not None:
+                token = assigned.set(Assignment(given, generation))
             await app(scope, receive, send)
         finally:
-            self.admitting -= 1
+            self.admitting.discard(ticket)
             if token is not None:
                 assigned.reset(token)
-
-    async def used(self) -> int:
-        """Sandboxes that hold memory here: running, or paused in the freezer."""
-        return sum(1 for s in await self.service.query() if not s.info.suspended)
 
     # -- fencing -----------------------------------------------------------------------------
     async def _fenced(self, sandbox_id: str, raw: bytes, send: Any) -> bool:
