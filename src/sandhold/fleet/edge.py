@@ -24,6 +24,8 @@ import hmac
 import json
 import logging
 import re
+import time
+from collections import OrderedDict
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
@@ -65,6 +67,8 @@ DROP = frozenset(
         b"x-sandhold-sandbox-id",
     }
 )
+ROUTE_TTL_S = 1.0
+ROUTES_KEPT = 100_000
 HOST_TIMEOUT_S = 120.0  # a create that builds its template's warm start can take a minute
 CONNECT_TIMEOUT_S = 5.0
 READ_TIMEOUT_S = 30.0  # a GET (info, metrics, logs): a host that takes longer is not well
@@ -84,6 +88,10 @@ class Edge:
         self.moves = Moves(settings, self.catalog, self.members, self.client, self.metrics)
         self.hosts = AgentConnections(READ_CHUNK, self._connect)
         self._poller: asyncio.Task[None] | None = None
+        # sandbox id -> (when read, its row): the data plane reads the catalog once a second
+        # per sandbox, not per request; a move answers the old route 404/409/502 (fencing),
+        # which drops it
+        self._routes: OrderedDict[str, tuple[float, Row]] = OrderedDict()
 
     # -- ASGI ----------------------------------------------------------------------------------
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
@@ -104,6 +112,10 @@ class Edge:
         except (Unauthenticated, InvalidRequest) as e:
             status = 401 if isinstance(e, Unauthenticated) else 400
             await send_json(send, status, {"code": status, "message": e.message})
+        except Exception:
+            log.exception("edge: %s %s failed", scope["method"], scope["path"])
+            with contextlib.suppress(Exception):  # (unless the answer had started)
+                await send_json(send, 500, {"code": 500, "message": "internal error"})
 
     async def _lifespan(self, receive: Any, send: Any) -> None:
         while True:
@@ -142,11 +154,16 @@ class Edge:
                 },
             )
         row = await self._where(sandbox_id)
-        await self._forward(scope, receive, send, row)
+        status = await self._forward(scope, receive, send, row)
+        if status in (404, 409, 502):  # gone or moved: read the catalog again next time
+            self._routes.pop(sandbox_id, None)
 
     async def _where(self, sandbox_id: str) -> Row:
         """The sandbox's row, on a host: one its host paused when draining is taken up again
         by its traffic."""
+        known = self._routes.get(sandbox_id)
+        if known is not None and time.monotonic() - known[0] < ROUTE_TTL_S:
+            return known[1]
         row = await asyncio.to_thread(self.catalog.get, sandbox_id)
         if row is None:
             raise gone(sandbox_id)
@@ -154,14 +171,17 @@ class Edge:
             if not (row.stored and row.listed.get("sandholdResumeOnCall")):
                 raise gone(sandbox_id)
             row = await self.moves.adopt(row, resume=True)
+        self._routes[sandbox_id] = (time.monotonic(), row)
+        if len(self._routes) > ROUTES_KEPT:
+            self._routes.popitem(last=False)
         return row
 
     async def _connect(self, key: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         host, _, port = key.rpartition(":")
         return await asyncio.open_connection(host.strip("[]"), int(port), limit=READ_CHUNK)
 
-    async def _forward(self, scope: Scope, receive: Any, send: Any, row: Row) -> None:
-        """Stream the request to ``row``'s host and its answer back."""
+    async def _forward(self, scope: Scope, receive: Any, send: Any, row: Row) -> int | None:
+        """Stream the request to ``row``'s host and its answer back; the answer's status."""
         assert row.host_id is not None
         key = urlsplit(self.members.reachable(row.host_id)).netloc
         headers = [
@@ -176,14 +196,24 @@ class Edge:
             streams = await asyncio.wait_for(self.hosts.checkout(key), CONNECT_TIMEOUT_S)
         except (OSError, TimeoutError):
             raise gone(row.sandbox_id) from None
-        clean = False
+        clean, status = False, None
+
+        async def observed(msg: dict[str, Any]) -> None:
+            nonlocal status
+            if msg["type"] == "http.response.start":
+                status = msg["status"]
+            await send(msg)
+
         try:
-            clean = await exchange(scope, receive, send, *streams, headers, target, row.sandbox_id)
+            clean = await exchange(
+                scope, receive, observed, *streams, headers, target, row.sandbox_id
+            )
         finally:
             if clean:
                 self.hosts.checkin(key, streams)
             else:
                 streams[1].close()
+        return status
 
     # -- the control plane ---------------------------------------------------------------------
     async def _control(self, scope: Scope, receive: Any, send: Any) -> None:
