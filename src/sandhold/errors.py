@@ -34,7 +34,8 @@ answers in envd's own codes, which ``EnvdError`` carries back.
     │   ├── SessionBusy                    session_busy      another replica holds the session
     │   ├── LockLost                       lock_lost         our lease ran out mid-operation
     │   ├── EgressUnavailable              egress_unavailable
-    │   └── GuestUnresponsive              guest_unresponsive  the sandbox's agent does not answer
+    │   ├── GuestUnresponsive              guest_unresponsive  the sandbox's agent does not answer
+    │   └── HostUnavailable                host_unavailable  a fleet's host does not answer now
     ├── SandboxStartFailed                 sandbox_start_failed
     ├── TemplateBuildFailed                template_build_failed
     ├── CheckpointFailed                   checkpoint_failed  a dump or restore did not work
@@ -202,6 +203,14 @@ class GuestUnresponsive(Unavailable):
     a healthy guest (a strict pause) was refused; nothing was changed."""
 
     code = "guest_unresponsive"
+
+
+class HostUnavailable(Unavailable):
+    """The fleet host that holds a sandbox did not answer the edge's last poll (or the call),
+    or no host could take a sandbox up; the SDK retries (503), and a host silent for long is
+    lost (docs/fleet.md)."""
+
+    code = "host_unavailable"
 
 
 class SandboxStartFailed(SandholdError):

@@ -35,6 +35,7 @@ EXIT_STATUS: dict[type[SandholdError], int] = {
     e.LockLost: 75,
     e.EgressUnavailable: 75,
     e.GuestUnresponsive: 75,
+    e.HostUnavailable: 75,
     e.SandboxStartFailed: 70,
     e.TemplateBuildFailed: 70,
     e.CheckpointFailed: 70,

@@ -40,6 +40,7 @@ E2B_STATUS: dict[type[SandholdError], int] = {
     # E2B's own answer to a strict pause (requireHealthyGuest) of an unresponsive guest: the
     # SDK raises ServiceBusyException (after its retries, each one checked again).
     e.GuestUnresponsive: 503,
+    e.HostUnavailable: 503,
     e.SandboxStartFailed: 500,
     e.TemplateBuildFailed: 500,
     e.CheckpointFailed: 500,

@@ -36,10 +36,10 @@ from sandhold.config import Settings
 from sandhold.e2b.agent_conns import AgentConnections
 from sandhold.e2b.auth import Teams
 from sandhold.e2b.proxy import READ_CHUNK, exchange, gone, passed_on, route, send_json
-from sandhold.errors import InvalidRequest, SandboxGone, Unauthenticated
+from sandhold.errors import HostUnavailable, InvalidRequest, SandboxGone, Unauthenticated
 from sandhold.fleet import listing
 from sandhold.fleet.catalog import Catalog, Row
-from sandhold.fleet.members import HostUnavailable, Members, entry_listed
+from sandhold.fleet.members import Members, entry_listed
 from sandhold.fleet.metrics import EdgeMetrics
 from sandhold.fleet.moves import Moves
 from sandhold.fleet.placement import order

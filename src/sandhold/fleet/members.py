@@ -22,16 +22,12 @@ from typing import Any
 import httpx
 
 from sandhold.config import Settings
-from sandhold.errors import SandholdError
+from sandhold.errors import HostUnavailable
 from sandhold.fleet.catalog import Catalog
 from sandhold.fleet.discovery import Discovery
 from sandhold.fleet.placement import Candidate
 
 log = logging.getLogger(__name__)
-
-
-class HostUnavailable(SandholdError):
-    """A sandbox's host did not answer the last poll."""
 
 
 def entry_listed(entry: dict[str, Any]) -> dict[str, Any]:

@@ -17,8 +17,9 @@ import httpx
 
 from sandhold.config import Settings
 from sandhold.e2b.proxy import gone
+from sandhold.errors import HostUnavailable
 from sandhold.fleet.catalog import Catalog, Row
-from sandhold.fleet.members import HostUnavailable, Members, entry_listed
+from sandhold.fleet.members import Members, entry_listed
 from sandhold.fleet.metrics import EdgeMetrics
 from sandhold.fleet.placement import order
 

@@ -34,6 +34,7 @@ REST_STATUS: dict[type[SandholdError], int] = {
     e.LockLost: 503,
     e.EgressUnavailable: 503,
     e.GuestUnresponsive: 503,
+    e.HostUnavailable: 503,
     e.SandboxStartFailed: 500,
     e.TemplateBuildFailed: 500,
     e.CheckpointFailed: 500,
