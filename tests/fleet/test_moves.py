@@ -145,6 +145,8 @@ def test_a_host_restarted_in_place_takes_its_own_back_without_the_store(fleet, s
             s3.delete_object(Bucket=BUCKET, Key=o["Key"])  # the store lost it all
         first.start()  # the same host id and data dir
         wait_for(lambda: entry(first, sbx.sandbox_id) is not None, 30, "the host back")
+        back = ("sandhold_fleet_host_draining", (("host", first.settings["fleet_host_id"]),))
+        wait_for(lambda: scrape(edge.url).get(back) == 0, 30, "the edge to see it back")
         resumed = Sandbox.connect(sbx.sandbox_id, timeout=300, **edge.sdk())
         assert host_of(first, sbx.sandbox_id)
         n1, secret1 = state(resumed)

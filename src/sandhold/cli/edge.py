@@ -24,13 +24,15 @@ def serve(
     import uvicorn
 
     from sandhold.fleet.edge import Edge
-    from sandhold.listening import listening_host
+    from sandhold.listening import listening_host, no_delay
     from sandhold.logs import setup
 
     try:
         settings = load_settings(fleet_edge_host=host, fleet_edge_port=port)
         setup(settings, "edge")
         settings.check_server_serve(settings.fleet_edge_host if fd is None else listening_host(fd))
+        if fd is not None:
+            no_delay(fd)
         uvicorn.run(
             Edge(settings),
             host=settings.fleet_edge_host,

@@ -18,6 +18,7 @@ Every request passes ``FleetGate`` before it is served:
 from __future__ import annotations
 
 import hmac
+import json
 import logging
 import re
 import secrets
@@ -45,6 +46,7 @@ from sandhold.service.fleet_jobs import FleetJobs
 TOKEN = b"x-sandhold-fleet-token"
 SANDBOX_ID = b"x-sandhold-sandbox-id"
 GENERATION = b"x-sandhold-generation"
+ENTRY = b"x-sandhold-entry"
 CREATES = re.compile(r"^/(?:v2/)?sandboxes/?$|^/sandboxes/[^/]+/fork$")
 SANDBOX_PATH = re.compile(r"^/(?:v2/)?sandboxes/([a-z0-9]+)(?:/|$)")
 DISCARD = re.compile(r"^/fleet/discard/([a-z0-9]+)$")
@@ -120,11 +122,27 @@ class FleetGate:
                 )
             if given is not None:
                 token = assigned.set(Assignment(given, generation))
+                send = self._with_entry(given, send)
             await app(scope, receive, send)
         finally:
             self.admitting.discard(ticket)
             if token is not None:
                 assigned.reset(token)
+
+    def _with_entry(self, sandbox_id: str, send: Any) -> Any:
+        """``send`` that adds the new sandbox's entry to a create's answer (X-Sandhold-Entry):
+        the edge records it without asking again."""
+
+        async def sending(msg: dict[str, Any]) -> None:
+            if msg["type"] == "http.response.start" and msg["status"] == 201:
+                at = time.time()
+                sbx = self.service.peek(sandbox_id) or await self.service.get(sandbox_id)
+                if sbx is not None:
+                    entry = json.dumps(self.entry(sbx, at)).encode()
+                    msg = {**msg, "headers": [*msg.get("headers", []), (ENTRY, entry)]}
+            await send(msg)
+
+        return sending
 
     # -- fencing -----------------------------------------------------------------------------
     async def _fenced(self, sandbox_id: str, raw: bytes, send: Any) -> bool:

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, cast
 
-from sqlalchemy import Table, delete, func, insert, select, update
+from sqlalchemy import Table, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from sandhold.store.engine import make_engine
@@ -211,16 +211,6 @@ class Catalog:
                 .all()
             )
         return [Row(**r) for r in rows]
-
-    def load(self) -> dict[str, int]:
-        """Sandboxes each host holds or is being given (its reservations)."""
-        with self.engine.connect() as c:
-            rows = c.execute(
-                select(S.c.host_id, func.count())
-                .where(S.c.host_id.is_not(None))
-                .group_by(S.c.host_id)
-            ).all()
-        return {str(h): int(n) for h, n in rows}
 
     # -- hosts ---------------------------------------------------------------------------------
     def seen(self, address: str, info: dict[str, Any]) -> HostRow | None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from typing import Any
 
 import httpx
@@ -53,6 +54,7 @@ class Members:
         self.address: dict[str, str] = {}  # host id -> base URL
         self.polled = asyncio.Event()  # set after the first poll
         self.lost = 0  # hosts this edge judged lost
+        self.given: Counter[str] = Counter()  # creates sent to each host since its last poll
 
     @property
     def headers(self) -> dict[str, str]:
@@ -76,6 +78,7 @@ class Members:
                 continue
             live[str(info["hostId"])] = info
             self.address[str(info["hostId"])] = address
+            self.given[str(info["hostId"])] = 0  # (in its "used" now, or refused)
             await asyncio.to_thread(self.catalog.seen, address, info)
             await self._settle(str(info["hostId"]), address, info)
         self.live = live
@@ -200,10 +203,16 @@ class Members:
         return self.address[host_id]
 
     async def candidates(self) -> list[Candidate]:
-        """Hosts that may take a create now: answering this edge, ready, not draining."""
-        load = await asyncio.to_thread(self.catalog.load)
+        """Hosts that may take a create now: answering this edge, ready, not draining; their
+        load is what they said at the last poll and what this edge gave them since (other
+        edges' creates meanwhile are the host's to refuse: admission)."""
         return [
-            Candidate(host_id, self.address[host_id], int(info["capacity"]), load.get(host_id, 0))
+            Candidate(
+                host_id,
+                self.address[host_id],
+                int(info["capacity"]),
+                int(info["used"]) + self.given[host_id],
+            )
             for host_id, info in self.live.items()
             if not info.get("draining")
         ]

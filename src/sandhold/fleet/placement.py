@@ -7,7 +7,7 @@ host filled up meanwhile, or started draining) moves on to the next."""
 from __future__ import annotations
 
 import random
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 
@@ -37,8 +37,13 @@ def order(
     already, or the sandbox's own copy) first when they fit, emptiest first."""
     rng = rng or random.Random()
     fitting = [h for h in hosts if h.free > 0]
-    first = sorted((h for h in fitting if h.host_id in prefer), key=lambda h: (h.use, h.host_id))
+    # Ties go to chance: hosts equally empty (as every host looks to an edge between two polls)
+    # must not all send their creates to the first by name.
+    def emptiest(hosts: Iterable[Candidate]) -> list[Candidate]:
+        return sorted(hosts, key=lambda h: (h.use, rng.random()))
+
+    first = emptiest(h for h in fitting if h.host_id in prefer)
     rest = [h for h in fitting if h.host_id not in prefer]
-    sample = sorted(rng.sample(rest, min(k, len(rest))), key=lambda h: (h.use, h.host_id))
-    others = sorted((h for h in rest if h not in sample), key=lambda h: (h.use, h.host_id))
+    sample = emptiest(rng.sample(rest, min(k, len(rest))))
+    others = emptiest(h for h in rest if h not in sample)
     return first + sample + others

@@ -7,8 +7,9 @@ store, taking up sandboxes an edge hands it, and draining.
 - **Adopting**: an edge gives this host a sandbox at a newer generation (migration.adopt), and
   with ``resume`` (traffic for a sandbox that was running when its host drained) resumes it.
 - **Draining** (SIGTERM, or ``POST /fleet/drain``): no more creates; every running sandbox is
-  paused, every sandbox stored; then the host waits until an edge has read its ``/fleet/info``
-  after that (so the catalog knows each is in the store), within ``fleet_drain_timeout_s``.
+  paused, every sandbox stored; then the host waits until an edge has polled its ``/fleet/info``
+  twice after that (its second poll comes after it wrote the first's news in the catalog),
+  within ``fleet_drain_timeout_s``.
 """
 
 from __future__ import annotations
@@ -139,7 +140,11 @@ class FleetJobs:
                     handed += await self.store_one(sbx.id)
             except SandholdError as e:
                 log.error("draining: sandbox %s stays on this host: %s", sbx.id, e)
-        done = time.time()
-        while handed and self.polled_at <= done and time.monotonic() < deadline:
-            await asyncio.sleep(0.1)  # until an edge has seen what is stored
+        # Until an edge has seen what is stored and written it: its second poll from now (an
+        # edge polls, settles the catalog, then polls again).
+        seen, last = 0, time.time()
+        while handed and seen < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+            if self.polled_at > last:
+                seen, last = seen + 1, self.polled_at
         log.warning("drained: %d sandboxes handed over", handed)
