@@ -37,6 +37,7 @@ def order(
     already, or the sandbox's own copy) first when they fit, emptiest first."""
     rng = rng or random.Random()
     fitting = [h for h in hosts if h.free > 0]
+
     # Ties go to chance: hosts equally empty (as every host looks to an edge between two polls)
     # must not all send their creates to the first by name.
     def emptiest(hosts: Iterable[Candidate]) -> list[Candidate]:
