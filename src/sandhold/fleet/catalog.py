@@ -8,11 +8,12 @@ never both win. Methods are short synchronous transactions; the edge runs them o
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from typing import Any, cast
 
-from sqlalchemy import Table, delete, insert, select, update
+from sqlalchemy import Connection, Table, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from sandhold.store.engine import make_engine
@@ -50,6 +51,18 @@ class HostRow:
 class Catalog:
     def __init__(self, url: str) -> None:
         self.engine = make_engine(url)
+        # Each method is a statement or two, each complete on its own (the compare-and-sets
+        # need no transaction around them): on PostgreSQL in autocommit, one round trip each.
+        self.auto = self.engine.execution_options(isolation_level="AUTOCOMMIT")
+        self.sqlite = self.engine.dialect.name == "sqlite"
+
+    def _conn(self) -> contextlib.AbstractContextManager[Connection]:
+        return self.engine.begin() if self.sqlite else self.auto.connect()
+
+    def _savepoint(self, c: Connection) -> contextlib.AbstractContextManager[object]:
+        """Where a failed insert must not end the transaction (SQLite's); in autocommit
+        (PostgreSQL) there is none to end."""
+        return c.begin_nested() if self.sqlite else contextlib.nullcontext()
 
     def migrate(self) -> None:
         run_migrations(self.engine)
@@ -59,38 +72,9 @@ class Catalog:
 
     # -- sandboxes -----------------------------------------------------------------------------
     def get(self, sandbox_id: str) -> Row | None:
-        with self.engine.connect() as c:
+        with self._conn() as c:
             r = c.execute(select(S).where(S.c.sandbox_id == sandbox_id)).mappings().first()
         return Row(**r) if r is not None else None
-
-    def reserve(self, sandbox_id: str, team: str, host_id: str, listed: dict[str, Any]) -> None:
-        """A create on its way to ``host_id``: counted against the host from now on."""
-        now = time.time()
-        with self.engine.begin() as c:
-            c.execute(
-                insert(S).values(
-                    sandbox_id=sandbox_id,
-                    team=team,
-                    host_id=host_id,
-                    generation=1,
-                    state="creating",
-                    stored=False,
-                    listed=listed,
-                    started_at=now,
-                    updated_at=now,
-                )
-            )
-
-    def retarget(self, sandbox_id: str, old_host: str, new_host: str) -> bool:
-        """A reserved create refused by ``old_host`` goes to ``new_host`` instead."""
-        with self.engine.begin() as c:
-            got = c.execute(
-                update(S)
-                .where(S.c.sandbox_id == sandbox_id, S.c.host_id == old_host)
-                .where(S.c.state == "creating")
-                .values(host_id=new_host, updated_at=time.time())
-            )
-        return got.rowcount == 1
 
     def record(
         self,
@@ -116,7 +100,7 @@ class Catalog:
         }
         if stored is not None:
             values["stored"] = stored
-        with self.engine.begin() as c:
+        with self._conn() as c:
             got = c.execute(
                 update(S)
                 .where(S.c.sandbox_id == sandbox_id, S.c.generation <= generation)
@@ -134,7 +118,7 @@ class Catalog:
             if c.execute(select(S.c.sandbox_id).where(S.c.sandbox_id == sandbox_id)).first():
                 return False
             try:
-                with c.begin_nested():
+                with self._savepoint(c):
                     c.execute(
                         insert(S).values(
                             sandbox_id=sandbox_id,
@@ -153,11 +137,11 @@ class Catalog:
         q = delete(S).where(S.c.sandbox_id == sandbox_id)
         if host_id is not None:
             q = q.where(S.c.host_id == host_id)
-        with self.engine.begin() as c:
+        with self._conn() as c:
             return c.execute(q).rowcount == 1
 
     def on_host(self, host_id: str) -> list[Row]:
-        with self.engine.connect() as c:
+        with self._conn() as c:
             rows = c.execute(select(S).where(S.c.host_id == host_id)).mappings().all()
         return [Row(**r) for r in rows]
 
@@ -167,7 +151,7 @@ class Catalog:
         values: dict[str, Any] = {"host_id": None, "state": "paused", "stored": True}
         if listed is not None:
             values["listed"] = listed
-        with self.engine.begin() as c:
+        with self._conn() as c:
             got = c.execute(
                 update(S)
                 .where(S.c.sandbox_id == sandbox_id, S.c.host_id == host_id)
@@ -178,7 +162,7 @@ class Catalog:
     def move(self, sandbox_id: str, generation: int, host_id: str) -> bool:
         """Give a sandbox that is in the store only (at ``generation``) to ``host_id`` at the
         next generation; False if another edge moved it first."""
-        with self.engine.begin() as c:
+        with self._conn() as c:
             got = c.execute(
                 update(S)
                 .where(S.c.sandbox_id == sandbox_id, S.c.generation == generation)
@@ -194,7 +178,7 @@ class Catalog:
 
     def unmove(self, sandbox_id: str, generation: int, host_id: str) -> bool:
         """Undo a ``move`` to generation ``generation`` that the host did not take up."""
-        with self.engine.begin() as c:
+        with self._conn() as c:
             got = c.execute(
                 update(S)
                 .where(S.c.sandbox_id == sandbox_id, S.c.generation == generation)
@@ -204,7 +188,7 @@ class Catalog:
         return got.rowcount == 1
 
     def listing(self, team: str) -> list[Row]:
-        with self.engine.connect() as c:
+        with self._conn() as c:
             rows = (
                 c.execute(select(S).where(S.c.team == team, S.c.state != "creating"))
                 .mappings()
@@ -225,11 +209,11 @@ class Catalog:
             "info": {k: v for k, v in info.items() if k != "sandboxes"},
             "last_seen": now,
         }
-        with self.engine.begin() as c:
+        with self._conn() as c:
             old = c.execute(select(H).where(H.c.host_id == host_id)).mappings().first()
             if old is None:
                 try:
-                    with c.begin_nested():
+                    with self._savepoint(c):
                         c.execute(insert(H).values(host_id=host_id, **values))
                 except IntegrityError:
                     c.execute(update(H).where(H.c.host_id == host_id).values(**values))
@@ -238,14 +222,14 @@ class Catalog:
         return HostRow(**old) if old is not None else None
 
     def hosts(self) -> list[HostRow]:
-        with self.engine.connect() as c:
+        with self._conn() as c:
             rows = c.execute(select(H)).mappings().all()
         return [HostRow(**r) for r in rows]
 
     def lose(self, host_id: str, silent_since: float) -> bool:
         """Mark a host lost if it has not been seen since ``silent_since``; True for the one
         edge that did it (and must now settle its sandboxes)."""
-        with self.engine.begin() as c:
+        with self._conn() as c:
             got = c.execute(
                 update(H)
                 .where(H.c.host_id == host_id, H.c.state != "lost")

@@ -1,9 +1,10 @@
 """The edge (``sandhold edge serve``): one E2B endpoint in front of the fleet's hosts. Stateless:
 any number of replicas share the catalog (catalog.py) and each polls the hosts (members.py).
 
-- **Creates** are placed (placement.py): the edge reserves the sandbox in the catalog under an
-  id it chooses, and asks the first candidate host to create it with that id at generation 1; a
-  host that refuses before doing anything (503: full, draining) passes it to the next one.
+- **Creates** are placed (placement.py): the edge asks the first candidate host to create the
+  sandbox under an id the edge chooses, at generation 1; a host that refuses before doing
+  anything (503: full, draining; 404: not its template) passes it to the next one. The host's
+  answer carries the sandbox's entry, which goes into the catalog before the caller hears.
 - **Listing** is the catalog's (team, state, metadata, template, startedAfter, order, pages),
   never a fan-out to hosts.
 - **Everything about one sandbox**, control calls and its data plane (``E2b-Sandbox-Id`` or a
@@ -320,13 +321,9 @@ class Edge:
             asked = json.loads(body or b"{}")
         except ValueError:
             asked = {}
+        # The catalog learns of the sandbox from its host's answer (or, should this edge die
+        # first, from the host's next poll): nothing is written before the host has it.
         sandbox_id = new_sandbox_id()
-        listed = {
-            "sandboxID": sandbox_id,
-            "templateID": asked.get("templateID"),
-            "metadata": asked.get("metadata") or {},
-            "state": "running",
-        }
         headers = _headers(scope)
         headers.update(
             {
@@ -335,21 +332,10 @@ class Edge:
                 "X-Sandhold-Generation": "1",
             }
         )
-        reserved: str | None = None
         missing: httpx.Response | None = None
-        template = str(asked.get("templateID") or "base")
-        prefer = self.members.having(template)
+        prefer = self.members.having(str(asked.get("templateID") or "base"))
         candidates = await self.members.candidates()
         for host in order(candidates, self.settings.fleet_choices, prefer):
-            if reserved is None:
-                await asyncio.to_thread(
-                    self.catalog.reserve, sandbox_id, team, host.host_id, listed
-                )
-            elif not await asyncio.to_thread(
-                self.catalog.retarget, sandbox_id, reserved, host.host_id
-            ):
-                break
-            reserved = host.host_id
             self.members.given[host.host_id] += 1
             try:
                 r = await self.client.post(
@@ -367,11 +353,7 @@ class Edge:
             if r.status_code < 300:
                 self.metrics.placements.labels(host.host_id).inc()
                 await self._record(r, sandbox_id, host.host_id)
-            else:
-                await asyncio.to_thread(self.catalog.forget, sandbox_id, host.host_id)
             return await _relay(send, r)
-        if reserved is not None:
-            await asyncio.to_thread(self.catalog.forget, sandbox_id, reserved)
         if missing is not None:  # no host has what it starts from
             return await _relay(send, missing)
         self.metrics.unplaced.inc()
