@@ -55,6 +55,7 @@ bench: install
 	$(BENCH)/fork_bench.py --n 3 --out $(BENCH_OUT)/fork.json
 	$(BENCH)/template_bench.py --n 2 --creates 5 --out $(BENCH_OUT)/templates.json
 	$(BENCH)/soak_bench.py --cycles 1000 --kill-every 250 --out $(BENCH_OUT)/soak.json
+	$(BENCH)/fleet_bench.py --n 10 --out $(BENCH_OUT)/fleet.json
 	$(BENCH)/charts.py --results $(BENCH_OUT) --out $(BENCH_IMG)
 
 clean:
