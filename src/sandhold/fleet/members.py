@@ -100,11 +100,19 @@ class Members:
 
     async def _settle(self, host_id: str, address: str, info: dict[str, Any]) -> None:
         reported = {str(s["sandboxID"]): s for s in info.get("sandboxes", [])}
+        known = {r.sandbox_id: r for r in await asyncio.to_thread(self.catalog.on_host, host_id)}
         for sid, s in reported.items():
             listed = entry_listed(s)
             if info.get("draining") and s.get("stored"):  # handed over: resumable anywhere
                 await asyncio.to_thread(self.catalog.release, sid, host_id, listed)
                 continue
+            row = known.get(sid)
+            if row is not None and (row.generation, row.listed, row.stored) == (
+                s["generation"],
+                listed,
+                s["stored"],
+            ):
+                continue  # nothing new: no write (every edge polls every host)
             fresh = await asyncio.to_thread(
                 self.catalog.record,
                 sid,
@@ -120,7 +128,7 @@ class Members:
                 if row is not None and row.generation > int(s["generation"]):
                     await self.discard(address, sid, row.generation)
         now, asked = time.time(), float(info["at"])
-        for row in await asyncio.to_thread(self.catalog.on_host, host_id):
+        for row in known.values():
             if row.sandbox_id in reported or row.updated_at > asked:
                 continue  # (written after the host listed: made meanwhile)
             if row.state in ("creating", "moving") and now - row.updated_at < CREATING_GRACE_S:
