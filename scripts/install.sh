@@ -20,9 +20,15 @@ APT_PACKAGES=(bubblewrap util-linux e2fsprogs libseccomp2 python3 python3-pip py
 # chromium: the console's browser tests, driven by Playwright from the venv; qemu-system-x86,
 # busybox-static, kmod: the cgroup v2 guest of tests/guest (tests/support/guest.py)
 TEST_PACKAGES=(postgresql docker-registry prometheus chromium qemu-system-x86 busybox-static kmod)
-if [[ ${1:-} == --test ]]; then
-  APT_PACKAGES+=("${TEST_PACKAGES[@]}")
-fi
+# --no-venv: the system's part only (scripts/build-image.sh installs the wheel itself).
+venv=1
+for arg in "$@"; do
+  case $arg in
+    --test) APT_PACKAGES+=("${TEST_PACKAGES[@]}") ;;
+    --no-venv) venv=0 ;;
+    *) echo "install: unknown option $arg" >&2; exit 2 ;;
+  esac
+done
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -67,7 +73,7 @@ scripts/install-criu.sh
 
 PY=${PYTHON:-python3}
 stamp=.venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)
-if [[ ! -f $stamp ]]; then
+if ((venv)) && [[ ! -f $stamp ]]; then
   echo "install: venv at .venv"
   [[ -x .venv/bin/python ]] || "$PY" -m venv .venv
   .venv/bin/pip install -q --upgrade pip
