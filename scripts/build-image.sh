@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds Sandhold's OCI image (the fleet's hosts, edges and gateway: deploy/k8s) on this machine,
+# Builds Sandhold's OCI image (the fleet's hosts, edges and gateway: deploy/k8s/base) on this machine,
 # with no container engine: a Debian trixie root debootstrapped from the machine's own archive
 # (scripts/prove-debian.sh), Sandhold installed in it as on a server (scripts/install.sh: its
 # packages and CRIU 4.1 with the project's patches; the wheel in /opt/sandhold/venv, `sandhold` on

@@ -1,8 +1,9 @@
-"""The Kubernetes packaging (deploy/k8s): it renders with `kubectl kustomize`, every object
-validates against the Kubernetes 1.35 schemas (strict: no unknown field), and it asks for
-privilege only where the design needs it: the host DaemonSet alone is privileged and on the
-node's network; it drains in preStop within a grace that covers the drain budget; hosts and edges
-have disruption budgets; no component gets Kubernetes API access."""
+"""The Kubernetes packaging (deploy/k8s): the base and its EndpointSlices overlay render with
+`kubectl kustomize`, every object validates against the Kubernetes 1.35 schemas (strict: no
+unknown field), and they ask for privilege only where the design needs it: the host DaemonSet
+alone is privileged and on the node's network; it drains in preStop within a grace that covers the
+drain budget; hosts and edges have disruption budgets; the base gives no component Kubernetes API
+access, the overlay gives the edges `list` on endpointslices and nothing else."""
 
 from __future__ import annotations
 
@@ -28,11 +29,15 @@ def kubectl() -> str:
     return found
 
 
-@pytest.fixture(scope="module")
-def objects() -> list[dict[str, Any]]:
-    out = subprocess.run([kubectl(), "kustomize", str(REPO / "deploy" / "k8s")],
+def render(path: str) -> list[dict[str, Any]]:
+    out = subprocess.run([kubectl(), "kustomize", str(REPO / "deploy" / "k8s" / path)],
                          check=True, capture_output=True, text=True).stdout  # fmt: skip
     return [o for o in yaml.safe_load_all(out) if o]
+
+
+@pytest.fixture(scope="module")
+def objects() -> list[dict[str, Any]]:
+    return render("base")
 
 
 def by_kind(objects: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
@@ -105,3 +110,25 @@ def test_no_component_gets_kubernetes_api_access(objects) -> None:  # type: igno
     for sa in by_kind(objects, "ServiceAccount").values():
         assert sa["automountServiceAccountToken"] is False
     assert all(not o.get("data") for o in objects if o["kind"] == "Secret")  # none shipped
+
+
+def test_the_endpointslices_overlay_grants_list_on_endpointslices_only() -> None:
+    objects = render("overlays/endpointslices")
+    for o in objects:
+        kubernetes_validate.validate(o, KUBERNETES, strict=True)
+        assert o["metadata"]["namespace"] == "sandhold"
+    (role,) = by_kind(objects, "Role").values()
+    assert role["rules"] == [
+        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list"]}
+    ]
+    (binding,) = by_kind(objects, "RoleBinding").values()
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "sandhold-edge", "namespace": "sandhold"}
+    ]
+    assert not {o["kind"] for o in objects} & {"ClusterRole", "ClusterRoleBinding"}
+    specs = pod_specs(objects)
+    assert specs["sandhold-edge"]["automountServiceAccountToken"] is True
+    assert specs["sandhold-host"]["automountServiceAccountToken"] is False
+    assert specs["sandhold-gateway"]["automountServiceAccountToken"] is False
+    config = by_kind(objects, "ConfigMap")["sandhold"]["data"]
+    assert config["SANDHOLD_FLEET_DISCOVERY"] == "kubernetes"

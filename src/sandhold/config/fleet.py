@@ -53,8 +53,11 @@ class FleetSettings(Layer):
         description="SQLAlchemy URL of the catalog (postgresql+psycopg://...): every edge "
         "replica shares it. A SQLite file in data_dir when unset (one edge only).",
     )
-    fleet_discovery: Literal["dns", "static"] = Field(
-        "dns", description="How the edge finds hosts: a headless Service's DNS, or a list."
+    fleet_discovery: Literal["dns", "static", "kubernetes"] = Field(
+        "dns",
+        description="How the edge finds hosts: a headless Service's DNS, a list, or the "
+        "Service's EndpointSlices through the Kubernetes API (tells a draining host from a "
+        "dead one; needs list on endpointslices: deploy/k8s/components/endpointslices).",
     )
     fleet_hosts: list[str] = Field(
         [], description="static discovery: the hosts' base URLs (http://10.0.0.5:49982)."
@@ -68,6 +71,14 @@ class FleetSettings(Layer):
     )
     fleet_host_port: int = Field(
         49982, ge=1, le=65535, description="dns discovery: the port hosts serve on."
+    )
+    fleet_kubernetes_api: str | None = Field(
+        None,
+        description="kubernetes discovery: the API's URL; in a pod, from KUBERNETES_SERVICE_HOST "
+        "and _PORT, with the pod's service account token, CA and namespace.",
+    )
+    fleet_kubernetes_namespace: str | None = Field(
+        None, description="kubernetes discovery: the hosts' namespace (default: the pod's)."
     )
     fleet_poll_s: float = Field(2.0, gt=0, description="How often the edge asks each host.")
     fleet_lost_after_s: float = Field(

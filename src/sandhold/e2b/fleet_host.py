@@ -80,6 +80,8 @@ class FleetGate:
         path, method = scope["path"], scope["method"]
         if given is not None and not from_edge:
             return await _refuse(send, 401, "invalid fleet token")
+        if path == "/ready" and self.jobs.draining:  # out of the Service's endpoints
+            return await send_json(send, 503, {"status": "draining", "checks": {}})
         if path.startswith("/fleet/"):
             if not from_edge:
                 return await _refuse(send, 401, "the fleet API needs the fleet token")

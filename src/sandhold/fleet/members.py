@@ -70,7 +70,9 @@ class Members:
             await asyncio.sleep(self.settings.fleet_poll_s)
 
     async def poll(self) -> None:
-        addresses = await self.discovery.addresses()
+        # Found, and known hosts that still answer (a draining host leaves discovery first).
+        found = await self.discovery.addresses()
+        addresses = sorted({*found, *(self.address[h] for h in self.live)})
         answers = await asyncio.gather(*(self._ask(a) for a in addresses))
         live: dict[str, dict[str, Any]] = {}
         for address, info in zip(addresses, answers, strict=True):
