@@ -152,6 +152,7 @@ def host_in(network: Network, index: int, server: Server, shared: Path | None = 
 def relisten(network: Network, server: Server) -> None:
     """A new listening socket for a host whose old one was closed (a node's port refuses while
     nothing serves it; the test's open socket would queue connections instead)."""
+    server.sock.close()
     server.sock = network.listen(server.namespace, server.address, HOST_PORT)  # type: ignore[attr-defined]
 
 

@@ -6,6 +6,7 @@ namespace) healed afterwards: exactly one copy of a moved sandbox answers."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -163,3 +164,26 @@ def test_sandboxes_reach_no_host_of_the_fleet_nor_its_store(fleet) -> None:  # t
             assert "address of the" in r.stdout, (url, r.stdout)  # the host's own, the fleet's
     finally:
         sbx.kill()
+
+
+def test_a_draining_host_that_leaves_dns_still_hands_its_sandbox_over(fleet) -> None:  # type: ignore[no-untyped-def]
+    """A draining pod fails its readiness and leaves the headless Service at once; the edges
+    still poll it (they know it), so it hands over well within its drain budget (300 s)."""
+    hosts, (one, _), network, service = fleet
+    sbx = Sandbox.create(timeout=300, **one.sdk())
+    sbx.commands.run("echo kept > /tmp/kept")
+    draining = next(h for h in hosts if host_of(h, sbx.sandbox_id))
+    pod = draining.proc
+    try:
+        service.records.remove(draining.address)
+        t0 = time.monotonic()
+        draining.stop()  # SIGTERM to the pod's init: the server drains, then both exit
+        assert pod is not None and pod.returncode == 0
+        assert time.monotonic() - t0 < 60  # handed over, not timed out
+        assert sbx.commands.run("cat /tmp/kept").stdout == "kept\n"  # on another host
+        assert not host_of(draining, sbx.sandbox_id)
+    finally:
+        sbx.kill()
+        relisten(network, draining)
+        draining.start()
+        service.records.append(draining.address)
