@@ -61,8 +61,9 @@ def parse_metadata_filter(raw: str) -> dict[str, str]:
     return out
 
 
-def encode_token(sbx: Sandbox) -> str:
-    raw = f"{sbx.info.created_at!r}__{sbx.id}".encode()
+def encode_token(started: float, sandbox_id: str) -> str:
+    """A page's ``nextToken``: the last item's start time and id (a fleet's edge pages so too)."""
+    raw = f"{started!r}__{sandbox_id}".encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
@@ -282,7 +283,7 @@ class ControlPlane:
         running = sum(1 for s in mine if s.state == "running")
         headers = {"X-Total-Running": str(running)}
         if len(items) > limit:
-            headers["X-Next-Token"] = encode_token(page[-1])
+            headers["X-Next-Token"] = encode_token(page[-1].info.created_at, page[-1].id)
         size = self.disk_size_mb
         return JSONResponse([wire.listed(s, size) for s in page], headers=headers)
 

@@ -51,8 +51,8 @@ Send = Any
 
 READ_CHUNK = 256 * 1024
 HOST_RE = re.compile(r"^(\d{1,5})-([a-z0-9]+)(?:-[a-z0-9]+)?\.")
-# Hop-by-hop headers, our routing headers and the tokens: none of them is for the sandbox.
-DROP_REQUEST = frozenset(
+# Hop-by-hop headers: never passed on by a relay (this one, a fleet's edge).
+HOP_BY_HOP = frozenset(
     {
         b"connection",
         b"keep-alive",
@@ -62,6 +62,11 @@ DROP_REQUEST = frozenset(
         b"trailer",
         b"upgrade",
         b"expect",
+    }
+)
+# Those, our routing headers and the tokens: none of them is for the sandbox.
+DROP_REQUEST = HOP_BY_HOP | frozenset(
+    {
         b"host",
         b"x-access-token",
         b"e2b-traffic-access-token",

@@ -30,7 +30,7 @@ class Row:
     team: str
     host_id: str | None
     generation: int
-    state: str  # creating | running | paused
+    state: str  # running | paused | moving (being taken up by a host)
     stored: bool
     listed: dict[str, Any]
     started_at: float
@@ -108,7 +108,7 @@ class Catalog:
                     (S.c.generation < generation)
                     | (
                         (S.c.host_id == host_id)
-                        & ((S.c.updated_at <= at) | S.c.state.in_(("creating", "moving")))
+                        & ((S.c.updated_at <= at) | (S.c.state == "moving"))
                     )
                 )
                 .values(**values)
@@ -189,11 +189,7 @@ class Catalog:
 
     def listing(self, team: str) -> list[Row]:
         with self._conn() as c:
-            rows = (
-                c.execute(select(S).where(S.c.team == team, S.c.state != "creating"))
-                .mappings()
-                .all()
-            )
+            rows = c.execute(select(S).where(S.c.team == team)).mappings().all()
         return [Row(**r) for r in rows]
 
     # -- hosts ---------------------------------------------------------------------------------

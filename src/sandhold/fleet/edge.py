@@ -37,11 +37,19 @@ from sandhold import http_edge
 from sandhold.config import Settings
 from sandhold.e2b.agent_conns import AgentConnections
 from sandhold.e2b.auth import Teams
-from sandhold.e2b.proxy import READ_CHUNK, exchange, gone, passed_on, route, send_json
+from sandhold.e2b.proxy import (
+    HOP_BY_HOP,
+    READ_CHUNK,
+    exchange,
+    gone,
+    passed_on,
+    route,
+    send_json,
+)
 from sandhold.errors import HostUnavailable, InvalidRequest, SandboxGone, Unauthenticated
 from sandhold.fleet import listing
 from sandhold.fleet.catalog import Catalog, Row
-from sandhold.fleet.members import Members, entry_listed
+from sandhold.fleet.members import Members
 from sandhold.fleet.metrics import EdgeMetrics
 from sandhold.fleet.moves import Moves
 from sandhold.fleet.placement import order
@@ -54,16 +62,8 @@ Scope = dict[str, Any]
 CREATES = frozenset({"/sandboxes", "/v2/sandboxes"})
 SANDBOX_PATH = re.compile(r"^/(?:v2/)?sandboxes/([a-z0-9]+)(?:-[a-z0-9]+)?(/[a-z]+)?$")
 # Hop-by-hop headers and the fleet's own (never taken from a client).
-DROP = frozenset(
+DROP = HOP_BY_HOP | frozenset(
     {
-        b"connection",
-        b"keep-alive",
-        b"proxy-connection",
-        b"transfer-encoding",
-        b"te",
-        b"trailer",
-        b"upgrade",
-        b"expect",
         b"x-sandhold-fleet-token",
         b"x-sandhold-generation",
         b"x-sandhold-sandbox-id",
@@ -390,16 +390,7 @@ class Edge:
             got = json.loads(r.headers["x-sandhold-entry"])
         except (KeyError, ValueError):
             return await self._refresh(sandbox_id, host_id)
-        await asyncio.to_thread(
-            self.catalog.record,
-            sandbox_id,
-            str(got["team"]),
-            host_id,
-            int(got["generation"]),
-            entry_listed(got),
-            float(got["at"]),
-            bool(got.get("stored")),
-        )
+        await self.members.record(host_id, got)
 
     async def _refresh(self, sandbox_id: str, host_id: str) -> None:
         """Read a sandbox back from its host into the catalog (gone: out of it)."""
@@ -416,17 +407,7 @@ class Edge:
         if r.status_code == 404:
             await asyncio.to_thread(self.catalog.forget, sandbox_id, host_id)
         elif r.status_code == 200:
-            got = r.json()
-            await asyncio.to_thread(
-                self.catalog.record,
-                sandbox_id,
-                str(got["team"]),
-                host_id,
-                int(got["generation"]),
-                entry_listed(got),
-                float(got["at"]),
-                bool(got.get("stored")),
-            )
+            await self.members.record(host_id, r.json())
 
     # -- listing -------------------------------------------------------------------------------
 

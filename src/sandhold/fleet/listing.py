@@ -4,14 +4,12 @@ fan-out to hosts, with E2B's filters (state, metadata, template, startedAfter), 
 
 from __future__ import annotations
 
-import base64
-import binascii
 import contextlib
 import json
 from datetime import UTC, datetime
 from typing import Any
 
-from sandhold.e2b.control import MAX_PAGE, parse_metadata_filter
+from sandhold.e2b.control import MAX_PAGE, decode_token, encode_token, parse_metadata_filter
 from sandhold.e2b.proxy import send_json
 from sandhold.errors import InvalidRequest
 from sandhold.fleet.catalog import Row
@@ -51,13 +49,15 @@ async def answer(send: Any, rows: list[Row], q: dict[str, str], v1: bool) -> Non
     if v1:
         return await send_json(send, 200, [r.listed for r in items])  # type: ignore[arg-type]
     if q.get("nextToken"):
-        cursor = _decode(q["nextToken"])
+        cursor = decode_token(q["nextToken"])
         keep = (lambda k: k < cursor) if desc else (lambda k: k > cursor)
         items = [r for r in items if keep((_started(r), r.sandbox_id))]
     page = items[:limit]
     headers = [(b"x-total-running", str(running).encode())]
     if len(items) > limit:
-        headers.append((b"x-next-token", _encode(page[-1]).encode()))
+        headers.append(
+            (b"x-next-token", encode_token(_started(page[-1]), page[-1].sandbox_id).encode())
+        )
     payload = json.dumps([r.listed for r in page]).encode()
     await send(
         {
@@ -88,17 +88,3 @@ def _started(row: Row) -> float:
     with contextlib.suppress(KeyError, ValueError, TypeError):
         return datetime.fromisoformat(row.listed["startedAt"]).timestamp()
     return row.started_at
-
-
-def _encode(row: Row) -> str:
-    raw = f"{_started(row)!r}__{row.sandbox_id}".encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def _decode(token: str) -> tuple[float, str]:
-    try:
-        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
-        started, _, sandbox_id = raw.partition("__")
-        return float(started), sandbox_id
-    except (ValueError, UnicodeDecodeError, binascii.Error):
-        raise InvalidRequest(f"invalid nextToken {token!r}") from None

@@ -40,7 +40,7 @@ def entry_listed(entry: dict[str, Any]) -> dict[str, Any]:
     return listed
 
 
-CREATING_GRACE_S = 120.0  # a reservation older than this belongs to a create that died
+MOVING_GRACE_S = 120.0  # a move not taken up by then belongs to an edge that died
 
 
 class Members:
@@ -115,17 +115,7 @@ class Members:
                 s["stored"],
             ):
                 continue  # nothing new: no write (every edge polls every host)
-            fresh = await asyncio.to_thread(
-                self.catalog.record,
-                sid,
-                str(s["team"]),
-                host_id,
-                int(s["generation"]),
-                listed,
-                float(s["at"]),
-                bool(s.get("stored")),
-            )
-            if not fresh:
+            if not await self.record(host_id, s):
                 row = await asyncio.to_thread(self.catalog.get, sid)
                 if row is not None and row.generation > int(s["generation"]):
                     await self.discard(address, sid, row.generation)
@@ -133,14 +123,27 @@ class Members:
         for row in known.values():
             if row.sandbox_id in reported or row.updated_at > asked:
                 continue  # (written after the host listed: made meanwhile)
-            if row.state in ("creating", "moving") and now - row.updated_at < CREATING_GRACE_S:
-                continue
-            if row.state == "moving":  # an adopt whose edge died: back to the store
-                await asyncio.to_thread(
-                    self.catalog.unmove, row.sandbox_id, row.generation, host_id
-                )
+            if row.state == "moving":  # being taken up: by an edge that died, if it is old
+                if now - row.updated_at >= MOVING_GRACE_S:
+                    await asyncio.to_thread(
+                        self.catalog.unmove, row.sandbox_id, row.generation, host_id
+                    )
                 continue
             await asyncio.to_thread(self._gone, row.sandbox_id, host_id, row.stored)
+
+    async def record(self, host_id: str, entry: dict[str, Any]) -> bool:
+        """What ``host_id`` says of one of its sandboxes (an entry of its ``/fleet/info``, or
+        of an answer) into the catalog; False: the catalog holds a newer word (Catalog.record)."""
+        return await asyncio.to_thread(
+            self.catalog.record,
+            str(entry["sandboxID"]),
+            str(entry["team"]),
+            host_id,
+            int(entry["generation"]),
+            entry_listed(entry),
+            float(entry["at"]),
+            bool(entry.get("stored")),
+        )
 
     def _gone(self, sandbox_id: str, host_id: str, stored: bool) -> None:
         if stored:

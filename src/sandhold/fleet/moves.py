@@ -19,7 +19,7 @@ from sandhold.config import Settings
 from sandhold.e2b.proxy import gone
 from sandhold.errors import HostUnavailable
 from sandhold.fleet.catalog import Catalog, Row
-from sandhold.fleet.members import Members, entry_listed
+from sandhold.fleet.members import Members
 from sandhold.fleet.metrics import EdgeMetrics
 from sandhold.fleet.placement import order
 
@@ -65,17 +65,7 @@ class Moves:
                 r = None
                 log.warning("host %s could not take up %s: %s", host.host_id, sid, e)
             if r is not None and r.status_code == 200:
-                got = r.json()
-                await asyncio.to_thread(
-                    self.catalog.record,
-                    sid,
-                    row.team,
-                    host.host_id,
-                    stored_at + 1,
-                    entry_listed(got),
-                    float(got["at"]),
-                    bool(got.get("stored")),
-                )
+                await self.members.record(host.host_id, r.json())
                 moved = await asyncio.to_thread(self.catalog.get, sid)
                 if moved is not None and moved.host_id is not None:
                     log.info("sandbox %s taken up by %s", sid, host.host_id)

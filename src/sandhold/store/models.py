@@ -211,7 +211,7 @@ class FleetSandbox(Base):
     team: Mapped[str] = mapped_column(String(64))
     host_id: Mapped[str | None] = mapped_column(String(64), index=True)
     generation: Mapped[int] = mapped_column(Integer)
-    state: Mapped[str] = mapped_column(String(16))  # creating | running | paused
+    state: Mapped[str] = mapped_column(String(16))  # running | paused | moving
     stored: Mapped[bool] = mapped_column(Boolean, default=False)  # a copy in the shared store
     listed: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # E2B's ListedSandbox
     started_at: Mapped[float] = mapped_column(Float)
