@@ -42,15 +42,16 @@ NAMES = (
 )
 
 
-def _run(*argv: str) -> str:
+def run(*argv: str) -> str:
     return subprocess.run(argv, check=True, capture_output=True, text=True).stdout
 
 
-def _used_subnets() -> set[int]:
+def used_subnets(prefix: str) -> set[int]:
+    """The third octets in use on this machine under ``prefix`` ("198.18.")."""
     used = set()
-    for link in json.loads(_run("ip", "-j", "addr", "show")):
+    for link in json.loads(run("ip", "-j", "addr", "show")):
         for a in link.get("addr_info", []):
-            if a.get("local", "").startswith("198.18."):
+            if a.get("local", "").startswith(prefix):
                 used.add(int(a["local"].split(".")[2]))
     return used
 
@@ -118,7 +119,7 @@ class Internet:
         self.files = self.dir / "files"  # served at /files/ (a directory: its index.html)
         self.files.mkdir(exist_ok=True)
         self.ca, self.cert, self.key = make_ca(self.dir)
-        free = [n for n in range(16, 250) if n not in _used_subnets()]
+        free = [n for n in range(16, 250) if n not in used_subnets("198.18.")]
         self.net = secrets.choice(free)
         self.host_ip = f"198.18.{self.net}.1"
         self.api_ip = f"198.18.{self.net}.2"
@@ -147,8 +148,8 @@ class Internet:
             raise
 
     def _up(self) -> None:
-        _run("ip", "netns", "add", self.ns)
-        _run(
+        run("ip", "netns", "add", self.ns)
+        run(
             "ip",
             "link",
             "add",
@@ -161,17 +162,17 @@ class Internet:
             "netns",
             self.ns,
         )
-        _run("ip", "addr", "add", f"{self.host_ip}/24", "dev", self.veth_host)
-        _run("ip", "link", "set", self.veth_host, "up")
+        run("ip", "addr", "add", f"{self.host_ip}/24", "dev", self.veth_host)
+        run("ip", "link", "set", self.veth_host, "up")
         for ip in (self.api_ip, self.evil_ip, self.plain_ip):
-            _run("ip", "-n", self.ns, "addr", "add", f"{ip}/24", "dev", self.veth_ns)
-        _run("ip", "-n", self.ns, "link", "set", self.veth_ns, "up")
-        _run("ip", "-n", self.ns, "link", "set", "lo", "up")
-        _run("ip", "addr", "add", f"{self.host_ip6}/64", "dev", self.veth_host, "nodad")
-        _run("ip", "-n", self.ns, "addr", "add", f"{self.ns_ip6}/64", "dev", self.veth_ns, "nodad")
+            run("ip", "-n", self.ns, "addr", "add", f"{ip}/24", "dev", self.veth_ns)
+        run("ip", "-n", self.ns, "link", "set", self.veth_ns, "up")
+        run("ip", "-n", self.ns, "link", "set", "lo", "up")
+        run("ip", "addr", "add", f"{self.host_ip6}/64", "dev", self.veth_host, "nodad")
+        run("ip", "-n", self.ns, "addr", "add", f"{self.ns_ip6}/64", "dev", self.veth_ns, "nodad")
         for addr in self.trap_forms.values():
-            _run("ip", "-n", self.ns, "addr", "add", f"{addr}/128", "dev", "lo", "nodad")
-            _run(
+            run("ip", "-n", self.ns, "addr", "add", f"{addr}/128", "dev", "lo", "nodad")
+            run(
                 "ip", "-6", "route", "add", f"{addr}/128", "via", self.ns_ip6, "dev", self.veth_host
             )
         # The forms the host delivers itself: the IPv4-mapped one, and the host's own address.
@@ -259,7 +260,7 @@ class Internet:
             time.sleep(0.05)
 
     def exists(self) -> bool:
-        return self.ns in _run("ip", "netns", "list") or bool(
+        return self.ns in run("ip", "netns", "list") or bool(
             subprocess.run(["ip", "link", "show", self.veth_host], capture_output=True).returncode
             == 0
         )

@@ -77,19 +77,40 @@ class Edge:
         return {"api_url": self.url, "sandbox_url": self.url, "api_key": key}
 
 
+@contextlib.contextmanager
+def running(hosts: list[Server], edges: list[Edge]) -> Iterator[None]:
+    """The hosts started, then the edges; afterwards the edges stopped and the hosts destroyed
+    (their sandboxes, data dirs, cgroups), whatever failed on the way."""
+    try:
+        for h in hosts:
+            h.start()
+        for e in edges:
+            e.start()
+        yield
+    finally:
+        for e in edges:
+            e.stop()
+        for h in hosts:
+            h.destroy()
+
+
 def catalog_url(postgres: object) -> str:
     return postgres.database(f"fleet{uuid.uuid4().hex[:10]}")  # type: ignore[attr-defined]
 
 
+def entry(host: Server, sandbox_id: str, timeout: float = 10) -> dict[str, object] | None:
+    """The host's own word on the sandbox (its fleet API), None if it does not hold it."""
+    r = httpx.get(f"{host.url}/fleet/sandboxes/{sandbox_id}",
+                  headers={"X-Sandhold-Fleet-Token": TOKEN}, timeout=timeout)  # fmt: skip
+    return r.json() if r.status_code == 200 else None
+
+
 def host_of(host: Server, sandbox_id: str) -> bool:
-    """Whether ``host`` holds the sandbox (its own fleet API says so; a host that does not
-    answer holds nothing)."""
+    """Whether ``host`` holds the sandbox (a host that does not answer holds nothing)."""
     try:
-        r = httpx.get(f"{host.url}/fleet/sandboxes/{sandbox_id}",
-                      headers={"X-Sandhold-Fleet-Token": TOKEN}, timeout=3)  # fmt: skip
+        return entry(host, sandbox_id, timeout=3) is not None
     except httpx.HTTPError:
         return False
-    return r.status_code == 200
 
 
 def wait_for(check, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]

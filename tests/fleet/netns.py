@@ -12,7 +12,6 @@ removes the namespaces, the veths and the bridge.
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import secrets
 import signal
@@ -22,6 +21,7 @@ import sys
 import threading
 from pathlib import Path
 
+from tests.egress.internet import run, used_subnets
 from tests.support.e2b_server import Server
 
 INIT = [sys.executable, "-m", "sandhold.cli", "init", "--"]
@@ -29,31 +29,18 @@ CLONE_NEWNET = 0x40000000  # (os.setns is Python 3.12's)
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-def _run(*argv: str) -> str:
-    return subprocess.run(argv, check=True, capture_output=True, text=True).stdout
-
-
-def _used_subnets() -> set[int]:
-    used = set()
-    for link in json.loads(_run("ip", "-j", "addr", "show")):
-        for a in link.get("addr_info", []):
-            if a.get("local", "").startswith("198.19."):
-                used.add(int(a["local"].split(".")[2]))
-    return used
-
-
 class Network:
     def __init__(self) -> None:
         self.tag = secrets.token_hex(2)
         self.bridge = f"shfb{self.tag}"
-        self.net = secrets.choice([n for n in range(16, 250) if n not in _used_subnets()])
+        self.net = secrets.choice([n for n in range(16, 250) if n not in used_subnets("198.19.")])
         self.bridge_ip = f"198.19.{self.net}.1"
         self.namespaces: list[str] = []
         self.veths: list[str] = []
         try:
-            _run("ip", "link", "add", self.bridge, "type", "bridge")
-            _run("ip", "addr", "add", f"{self.bridge_ip}/24", "dev", self.bridge)
-            _run("ip", "link", "set", self.bridge, "up")
+            run("ip", "link", "add", self.bridge, "type", "bridge")
+            run("ip", "addr", "add", f"{self.bridge_ip}/24", "dev", self.bridge)
+            run("ip", "link", "set", self.bridge, "up")
         except BaseException:
             self.close()
             raise
@@ -66,14 +53,14 @@ class Network:
         """A host's namespace on the bridge; its name and address."""
         ns, veth = f"shfn{self.tag}h{index}", f"shfv{self.tag}h{index}"
         ip = f"198.19.{self.net}.{10 + index}"
-        _run("ip", "netns", "add", ns)
+        run("ip", "netns", "add", ns)
         self.namespaces.append(ns)
-        _run("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
+        run("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
         self.veths.append(veth)
-        _run("ip", "link", "set", veth, "master", self.bridge, "up")
-        _run("ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", "eth0")
-        _run("ip", "-n", ns, "link", "set", "eth0", "up")
-        _run("ip", "-n", ns, "link", "set", "lo", "up")
+        run("ip", "link", "set", veth, "master", self.bridge, "up")
+        run("ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", "eth0")
+        run("ip", "-n", ns, "link", "set", "eth0", "up")
+        run("ip", "-n", ns, "link", "set", "lo", "up")
         return ns, ip
 
     def listen(self, ns: str, ip: str, port: int = 0) -> socket.socket:
@@ -116,7 +103,7 @@ class Network:
                        check=True, text=True)  # fmt: skip
 
     def heal(self, ns: str) -> None:
-        _run("nsenter", f"--net=/run/netns/{ns}", "nft", "delete", "table", "inet", "shfleet")
+        run("nsenter", f"--net=/run/netns/{ns}", "nft", "delete", "table", "inet", "shfleet")
 
     def close(self) -> None:
         for veth in self.veths:

@@ -19,6 +19,7 @@ from tests.fleet.harness import (
     catalog_url,
     host_of,
     new_host,
+    running,
     scrape,
     total,
     wait_for,
@@ -32,17 +33,8 @@ def fleet(postgres, tmp_path_factory) -> Iterator[tuple[list[Server], list[Edge]
     hosts = [new_host(tmp, f"h{i}", capacity=3) for i in (1, 2)]
     url = catalog_url(postgres)
     edges = [Edge(tmp, url, hosts) for _ in range(2)]
-    try:
-        for h in hosts:
-            h.start()
-        for e in edges:
-            e.start()
+    with running(hosts, edges):
         yield hosts, edges
-    finally:
-        for e in edges:
-            e.stop()
-        for h in hosts:
-            h.destroy()
 
 
 def test_the_sdk_works_through_either_edge(fleet) -> None:  # type: ignore[no-untyped-def]

@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import boto3
-import httpx
 import pytest
 from e2b import Sandbox
 from e2b.exceptions import ServiceBusyException
@@ -27,8 +26,10 @@ from tests.fleet.harness import (
     TOKEN,
     Edge,
     catalog_url,
+    entry,
     host_of,
     new_host,
+    running,
     s3_store,
     scrape,
     wait_for,
@@ -52,21 +53,8 @@ def fleet(postgres, store, tmp_path: Path) -> Iterator[tuple[list[Server], Edge]
         for i in (1, 2)
     ]
     edge = Edge(tmp_path, catalog_url(postgres), hosts)
-    try:
-        for h in hosts:
-            h.start()
-        edge.start()
+    with running(hosts, [edge]):
         yield hosts, edge
-    finally:
-        edge.stop()
-        for h in hosts:
-            h.destroy()
-
-
-def entry(host: Server, sandbox_id: str) -> dict[str, object] | None:
-    r = httpx.get(f"{host.url}/fleet/sandboxes/{sandbox_id}",
-                  headers={"X-Sandhold-Fleet-Token": TOKEN}, timeout=10)  # fmt: skip
-    return r.json() if r.status_code == 200 else None
 
 
 def paused_at_edge(edge: Edge, sandbox_id: str) -> bool:

@@ -23,13 +23,14 @@ from tests.fleet.harness import (
     LOST_AFTER_S,
     Edge,
     catalog_url,
+    entry,
     host_of,
     new_host,
     s3_store,
     wait_for,
 )
 from tests.fleet.netns import HOST_PORT, Network, host_in, kill_namespace, relisten
-from tests.fleet.test_moves import entry, paused_at_edge
+from tests.fleet.test_moves import paused_at_edge
 from tests.support.e2b_server import Server
 
 NAME = "sandhold-hosts.fleet.test"

@@ -18,7 +18,7 @@ from sandhold.config import Settings
 from sandhold.runtime.checkpoint.criu import criu_status
 from tests.counter import COUNTER
 from tests.e2b.test_suspend import state
-from tests.fleet.harness import Edge, catalog_url, host_of, new_host
+from tests.fleet.harness import Edge, catalog_url, host_of, new_host, running
 from tests.support.e2b_server import Server
 from tests.support.interpreter import InterpreterServer
 
@@ -30,24 +30,15 @@ def fleet(postgres, tmp_path_factory) -> Iterator[tuple[list[Server], list[Edge]
         pytest.skip(f"CRIU unusable here: {detail}")
     tmp: Path = tmp_path_factory.mktemp("fleet-tour")
     hosts: list[Server] = []
-    edges: list[Edge] = []
-    try:
-        for i in (1, 2):
-            srv = new_host(tmp, f"t{i}")
-            srv.__class__ = InterpreterServer  # (its template built in the data dir)
-            srv.build_template()  # type: ignore[attr-defined]
-            hosts.append(srv)
-            srv.start()
-        url = catalog_url(postgres)
-        edges = [Edge(tmp, url, hosts) for _ in range(2)]
-        for e in edges:
-            e.start()
+    for i in (1, 2):
+        srv = new_host(tmp, f"t{i}")
+        srv.__class__ = InterpreterServer  # (its template built in the data dir)
+        srv.build_template()  # type: ignore[attr-defined]
+        hosts.append(srv)
+    url = catalog_url(postgres)
+    edges = [Edge(tmp, url, hosts) for _ in range(2)]
+    with running(hosts, edges):
         yield hosts, edges
-    finally:
-        for e in edges:
-            e.stop()
-        for h in hosts:
-            h.destroy()
 
 
 def test_the_sdks_tour_through_the_edge(fleet) -> None:  # type: ignore[no-untyped-def]
