@@ -245,7 +245,7 @@ class FleetGate:
         """Templates and snapshots on this host's disk (by id and name): placement prefers a
         host that has what a create starts from."""
         runtime = self.service.runtime
-        names = {t.name for t in runtime.templates.list()}
+        names = {t.name for t in runtime.templates.list() if not t.stub}
         for snap in SnapshotStore(runtime).local():
             names |= {snap.id, *snap.names}
         return sorted(names)

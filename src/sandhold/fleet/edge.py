@@ -270,12 +270,19 @@ class Edge:
             elif r.status_code < 500:
                 await self._refresh(row.sandbox_id, row.host_id)
             return await _relay(send, r)
-        # templates, snapshots, volumes, secrets: one host answers for all
-        live = sorted(self.members.live)
-        if not live:
-            return await send_json(send, 503, {"code": 503, "message": NO_HOST})
-        stand_in = Row("", team, live[0], 0, "running", False, {}, 0.0, 0.0)
-        await self._forward(scope, receive, send, stand_in)
+        # templates, snapshots, volumes, secrets: one host answers for all, the first live one
+        # (by id) that takes a connection (one that died since the last poll does not)
+        for host_id in sorted(self.members.live):
+            key = urlsplit(self.members.reachable(host_id)).netloc
+            try:
+                streams = await asyncio.wait_for(self.hosts.checkout(key), CONNECT_TIMEOUT_S)
+            except (OSError, TimeoutError):
+                continue
+            self.hosts.checkin(key, streams)  # (_forward takes it again)
+            stand_in = Row("", team, host_id, 0, "running", False, {}, 0.0, 0.0)
+            await self._forward(scope, receive, send, stand_in)
+            return
+        await send_json(send, 503, {"code": 503, "message": NO_HOST})
 
     async def _metrics(self, send: Any, headers: dict[str, str]) -> None:
         """Any team's key, or the metrics token as a bearer token (as a host's /metrics)."""

@@ -10,6 +10,8 @@ Modules:
 
 - ``builds.py``: Template builds for a team (what E2B's ``Template.build`` drives)
 - ``fleet.py``: What a sandbox carries of the fleet: the id and generation its edge gave it
+- ``fleet_templates.py``: Templates in the fleet's shared store: published by their maker,
+  fetched on first use
 - ``fleet_jobs.py``: A fleet host's own work: storing paused sandboxes, adopting, draining
 - ``forks.py``: Fork through the service
 - ``limits.py``: The bounds of a create, checked before anything is made
@@ -29,6 +31,7 @@ Modules:
 - ``suspender.py``: Suspend to disk, on a timer
 - ``template_listing.py``: E2B's read-only views of templates, as a team sees them: * ``GET
   /templates``
+- ``template_sync.py``: Keeping a fleet host's templates and the fleet's store in step
 - ``timers.py``: The timer: every ``interval_s`` it expires each running sandbox whose stored end
   time has
 - ``uploads.py``: A template build's uploaded COPY files, kept per team

@@ -6,6 +6,8 @@ store, taking up sandboxes an edge hands it, and draining.
   ``unstored()`` counts those for the metrics.
 - **Adopting**: an edge gives this host a sandbox at a newer generation (migration.adopt), and
   with ``resume`` (traffic for a sandbox that was running when its host drained) resumes it.
+- **Templates**: a team's templates are kept in step with the shared store
+  (template_sync.py), so every host can start them.
 - **Draining** (SIGTERM, or ``POST /fleet/drain``): no more creates; every running sandbox is
   paused, every sandbox stored; then the host waits until an edge has polled its ``/fleet/info``
   twice after that (its second poll comes after it wrote the first's news in the catalog),
@@ -24,6 +26,7 @@ from sandhold.errors import Conflict, SandboxNotFound, SandholdError
 from sandhold.service import migration
 from sandhold.service.fleet import generation_of
 from sandhold.service.fleet import of as fleet_of
+from sandhold.service.template_sync import TemplateSync
 from sandhold.service.timers import Periodic
 
 if TYPE_CHECKING:
@@ -47,6 +50,9 @@ class FleetJobs:
         self._drain: asyncio.Task[None] | None = None
         self._failed: set[str] = set()
         self._timer = Periodic(self.tick, STORE_CHECK_S, "sandhold-fleet-store")
+        self.templates = (
+            None if self.store is None else TemplateSync(service.runtime, settings, service.offload)
+        )
 
     def start(self) -> None:
         if self.store is None:
@@ -55,9 +61,13 @@ class FleetJobs:
                 "dies with this host, and draining cannot hand sandboxes over"
             )
         self._timer.start()
+        if self.templates is not None:
+            self.templates.start()
 
     async def stop(self) -> None:
         await self._timer.stop()
+        if self.templates is not None:
+            await self.templates.stop()
 
     # -- storing -------------------------------------------------------------------------------
     def due(self, info: SandboxInfo, now: float) -> bool:

@@ -56,7 +56,9 @@ class Warmer:
         rt = self.runtime
         for template in await self.offload.run(rt.templates.list):
             name = template.name
-            if not template.warm or time.time() - self._failed_at.get(name, 0) < RETRY_S:
+            if not template.warm or template.stub:  # (a stub's files come at its first use)
+                continue
+            if time.time() - self._failed_at.get(name, 0) < RETRY_S:
                 continue
             if template.owner is not None and not template.tags:
                 continue  # a team's build no name points at (replaced or deleted): going

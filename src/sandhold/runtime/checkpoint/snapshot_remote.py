@@ -35,18 +35,20 @@ log = logging.getLogger(__name__)
 PART = 16 << 20  # multipart upload part (S3's least is 5 MiB)
 MAX_META = 4 << 20
 META_FILE = "snapshot.json"  # in the local directory (snapshots.META)
-TOP_LEVEL = {"disk.img", "checkpoint"}  # what a snapshot's directory holds besides its META
+# What a snapshot's directory holds besides its META (a fleet's template data: its own).
+TOP_LEVEL = frozenset({"disk.img", "checkpoint"})
 
 
 class S3Remote:
     """The snapshots of one bucket and prefix; thread-safe (the service calls it from its
     worker threads)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, top_level: frozenset[str] = TOP_LEVEL) -> None:
         import boto3
         from botocore.config import Config
 
         self.settings = settings
+        self.top_level = top_level
         self.bucket = str(settings.snapshot_s3_bucket)
         self.prefix = settings.snapshot_s3_prefix
         self.url = f"s3://{self.bucket}/{self.prefix}"
@@ -299,7 +301,7 @@ class S3Remote:
             parts = PurePosixPath(rel).parts
             if (
                 not parts
-                or parts[0] not in TOP_LEVEL
+                or parts[0] not in self.top_level
                 or ".." in parts
                 or rel.startswith("/")
                 or not isinstance(want, int)

@@ -22,10 +22,11 @@ import shutil
 import stat
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from sandhold.errors import HostUnsupported, InvalidRequest, TemplateNotFound
 from sandhold.runtime import safefs, staging
@@ -54,9 +55,11 @@ BASE_BIN = "/opt/sandhold/bin"  # commands of `base`'s own (after the host's, on
 SUDO_CLIENT = Path(__file__).parents[1] / "sudo_client.py"  # sandhold.runtime
 
 # Where the store's work is staged (staging.py): a template's, the one it replaced, debootstrap's,
-# an image's pull (from_image.py), a manifest fetch's (oci.py: its auth file too).
+# an image's pull (from_image.py), a manifest fetch's (oci.py: its auth file too), a transfer
+# to or from the fleet's store (service/fleet_templates.py).
 BUILD, OLD, DEBOOTSTRAP, PULL = ".build-", ".old-", ".debootstrap-", ".pull-"
-STAGING = (BUILD, OLD, DEBOOTSTRAP, PULL, oci.WORK)
+FLEET = ".fleet-"
+STAGING = (BUILD, OLD, DEBOOTSTRAP, PULL, FLEET, oci.WORK)
 
 # Templates that are built on first use: name -> "module:function(store, name) -> Template".
 BUILTIN_TEMPLATES = {
@@ -107,6 +110,17 @@ class Template:
     # Directories under a read-only bind of the host's (``/usr/local`` of a template built on
     # `base`) that its sandboxes write, kept in their root (``.sandhold-rw/<dir>``) like any file.
     rw_dirs: list[str] = field(default_factory=list)
+    # When its record last changed (a build, tags, public): the fleet's newest wins.
+    updated_at: float = 0.0
+    # Its place in the fleet's shared store (service/template_share.py), None if it was
+    # never there: {"stub": its files not fetched yet, "layers": ids, "rootfs_of": the template
+    # whose root it stands on | "root": its own root's object, "uid_base": the maker's}.
+    fleet: dict[str, Any] | None = None
+
+    @property
+    def stub(self) -> bool:
+        """Known from the fleet's store, its files not on this host yet."""
+        return bool(self.fleet and self.fleet.get("stub"))
 
     def lowers(self) -> list[Path]:
         """The overlay's lower directories, the topmost first."""
@@ -182,6 +196,8 @@ class TemplateStore:
     def __init__(self, root: Path, uid_base: int) -> None:
         self.root = root
         self.uid_base = uid_base
+        # Fetches a stub's files (a fleet host's, service/template_share.py); None: no store.
+        self.fetch: Callable[[Template], Template] | None = None
         self.root.mkdir(parents=True, exist_ok=True)
         staging.sweep(self.root, STAGING)  # what work cut short by a crash left
 
@@ -220,6 +236,20 @@ class TemplateStore:
                 shared = {t.name for t in self.list() if t.owner is None}
                 known = ", ".join(sorted(shared | set(BUILTIN_TEMPLATES)))
                 raise TemplateNotFound(f"template {name!r} does not exist (known: {known})")
+        tpl = Template.from_json(json.loads(meta.read_text()))
+        if tpl.stub:
+            if self.fetch is None:
+                raise TemplateNotFound(
+                    f"template {name!r} is in the fleet's store, which this host cannot reach"
+                )
+            return self.fetch(tpl)
+        return tpl
+
+    def get_record(self, name: str) -> Template | None:
+        """The template's record as it is on disk (a stub stays one), None if there is none."""
+        meta = self._dir(name) / "template.json"
+        if not NAME_RE.match(name) or not meta.exists():
+            return None
         return Template.from_json(json.loads(meta.read_text()))
 
     def build_builtin(self, name: str) -> Template:
@@ -247,40 +277,54 @@ class TemplateStore:
         else:
             staged.rename(final)
 
-    def _commit(self, tpl: Template, staging: Path, rootfs: bool = True) -> Template:
-        """Record ``tpl`` from its staging directory; ``rootfs``: its root is in there."""
+    def _commit(
+        self, tpl: Template, staging: Path, rootfs: bool = True, made: bool = True
+    ) -> Template:
+        """Record ``tpl`` from its staging directory; ``rootfs``: its root is in there;
+        ``made``: it is new (not a copy of one made elsewhere)."""
         if rootfs:
             tpl.rootfs = self._dir(tpl.name) / "rootfs"
-        tpl.created_at = time.time()
+        if made:
+            tpl.created_at = tpl.updated_at = time.time()
         (staging / "template.json").write_text(json.dumps(tpl.to_json(), indent=2))
         self.swap_in(staging, tpl.name)
         return tpl
 
-    def add(self, tpl: Template) -> Template:
-        """Record a template whose root is another's (a built one: build.py), replacing one of
-        the same name."""
-        staging = self._staging(tpl.name)
+    def add(self, tpl: Template, made: bool = True) -> Template:
+        """Record a template whose root is another's (a built one: build.py; a copy of one
+        made elsewhere, ``made=False``), replacing one of the same name."""
+        staging = self.staging_dir(tpl.name)
+        return self.add_staged(tpl, staging, rootfs=False, made=made)
+
+    def add_staged(
+        self, tpl: Template, staging: Path, rootfs: bool = True, made: bool = True
+    ) -> Template:
+        """Record ``tpl`` from a staging directory of ``staging_dir()`` (``rootfs``: its root
+        is in there); the directory is gone either way."""
         try:
-            return self._commit(tpl, staging, rootfs=False)
+            return self._commit(tpl, staging, rootfs, made)
         except BaseException:
             safefs.remove_quietly(staging)
             raise
 
-    def update(self, tpl: Template) -> None:
-        """Rewrite a template's record in place (its tags: service/builds.py)."""
+    def update(self, tpl: Template, touch: bool = True) -> None:
+        """Rewrite a template's record in place (its tags: service/builds.py); ``touch``: a
+        change of this host's (not one learnt from the fleet's store)."""
+        if touch:
+            tpl.updated_at = time.time()
         meta = self._dir(tpl.name) / "template.json"
         part = meta.with_name(".template.json.new")
         part.write_text(json.dumps(tpl.to_json(), indent=2))
         part.rename(meta)
 
-    def _staging(self, name: str) -> Path:
+    def staging_dir(self, name: str) -> Path:
         if not NAME_RE.match(name):
             raise InvalidRequest(f"template name {name!r} is not valid")
         return staging.make(self.root, BUILD)
 
     def build_base(self, name: str = "base") -> Template:
         """The host-backed template: our skeleton root plus the host's /usr, read-only."""
-        staging = self._staging(name)
+        staging = self.staging_dir(name)
         try:
             rootfs = staging / "rootfs"
             for d in (
@@ -366,7 +410,7 @@ class TemplateStore:
                     raise InvalidRequest(
                         f"{source} has no /usr/bin/python3, which the in-sandbox agent needs"
                     )
-        staging = self._staging(name)
+        staging = self.staging_dir(name)
         try:
             rootfs = staging / "rootfs"
             if copy:
