@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import array
 import contextlib
+import json
 import os
 import shutil
 import socket
@@ -26,7 +27,14 @@ import lz4.frame
 
 from sandhold.errors import CheckpointFailed
 from sandhold.runtime.checkpoint.criuimg import remap_userns
-from sandhold.runtime.launcher import BOOT_ID, BOOT_ID_FILE, HANDOFF, HANDOFF_AT, JOIN_AND_EXEC
+from sandhold.runtime.launcher import (
+    BOOT_ID,
+    BOOT_ID_FILE,
+    HANDOFF,
+    HANDOFF_AT,
+    JOIN_AND_EXEC,
+    RW_DIRS,
+)
 from sandhold.runtime.uids import VIEW_LIST
 
 IMAGES = "checkpoint"  # in the sandbox's directory
@@ -46,6 +54,11 @@ COVERS = {
     for name in ("oom_score_adj", "oom_adj")
 }
 BOOT_ID_KEY = "boot_id"  # the sandbox's own boot id file (launcher.BOOT_ID), found again by key
+# A template's writable dirs under a read-only bind (launcher.RW_DIRS: /usr/local of a template
+# built on `base`) are binds of the sandbox's own root: "auto" would find them again at the
+# path of the root that was dumped, another sandbox's (a fork's source, a warm start's maker,
+# gone or on another host). They are named instead (key -> path in the root), in the images.
+RW_BINDS = "sandhold-rw-binds.json"
 
 
 @dataclass(frozen=True)
@@ -150,6 +163,17 @@ def _views(d: Path) -> dict[str, tuple[str, str]]:
     return out
 
 
+def _rw_binds(init_pid: int) -> dict[str, tuple[str, str]]:
+    """key -> (mount point, path in the root) of the sandbox's binds of its own RW_DIRS."""
+    out: dict[str, tuple[str, str]] = {}
+    with open(f"/proc/{init_pid}/mountinfo") as f:
+        for line in f:
+            root, mountpoint = line.split()[3:5]
+            if root.startswith(f"/{RW_DIRS}/"):
+                out[f"rw{len(out)}"] = (mountpoint, root)
+    return out
+
+
 def dump(
     criu: Criu, d: Path, init_pid: int, images: Path | None = None, *, freezer: Path | None = None
 ) -> Path:
@@ -158,11 +182,14 @@ def dump(
     images = images or d / IMAGES
     images.mkdir(mode=0o700, exist_ok=True)
     _set_pings(init_pid)
+    rw = _rw_binds(init_pid)
+    (images / RW_BINDS).write_text(json.dumps({k: root for k, (_m, root) in rw.items()}))
     named = {
         **COVERS,
         HANDOFF_AT: HANDOFF,
         BOOT_ID: BOOT_ID_KEY,
         **{m: k for m, (k, _v) in _views(d).items()},
+        **{m: k for k, (m, _root) in rw.items()},
     }
     keep = ["--freeze-cgroup", str(freezer), "--leave-running"] if freezer else []
     criu.run(
@@ -209,6 +236,9 @@ def restore(criu: Criu, d: Path, cgroup_procs: list[str], host_uid: int, own: bo
         maps += ["--ext-mount-map", f"{key}:{covers / key}"]
     for key, view in _views(d).values():
         maps += ["--ext-mount-map", f"{key}:{view}"]
+    with contextlib.suppress(FileNotFoundError):  # (images from before it was written)
+        for key, root in json.loads((images / RW_BINDS).read_text()).items():
+            maps += ["--ext-mount-map", f"{key}:{d / 'root'}{root}"]
     pidfile = images / "restored.pid"
     pidfile.unlink(missing_ok=True)
     criu.run(
