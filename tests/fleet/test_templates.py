@@ -5,6 +5,7 @@ store. The official SDK builds and starts it; a moto S3 server is the shared sto
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from collections.abc import Iterator
@@ -13,9 +14,11 @@ from pathlib import Path
 import boto3
 import httpx
 import pytest
-from e2b import Sandbox, Template
+from e2b import Sandbox, Template, wait_for_port
 from e2b.exceptions import SandboxException
 
+from sandhold.config import Settings
+from sandhold.runtime.checkpoint.criu import criu_status
 from sandhold.service.fleet_templates import _rebase
 from tests.fleet.harness import (
     BUCKET,
@@ -25,6 +28,7 @@ from tests.fleet.harness import (
     new_host,
     running,
     s3_store,
+    scrape,
     wait_for,
 )
 from tests.support.e2b_server import KEY_A, KEY_B, Server
@@ -104,6 +108,59 @@ def test_a_template_built_on_one_host_starts_on_another_after_its_maker_is_gone(
 
     wait_for(out_of_store, 30, "the template's record out of the store")
     maker.proc = None  # (the fixture's destroy cleans what the kill left)
+
+
+def store_keys(store: dict[str, str]) -> list[str]:
+    s3 = boto3.client("s3", endpoint_url=store["snapshot_s3_endpoint_url"], region_name="us-east-1")
+    return [o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET).get("Contents", [])]
+
+
+def knows_warm(host: Server, tid: str) -> bool:
+    """Whether the host's record of the template (a stub) names its maker's checkpoint."""
+    for record in (host.data_dir / "templates").glob(f"{tid}.*/template.json"):
+        return "warm" in (json.loads(record.read_text()).get("fleet") or {})
+    return False
+
+
+def warm_starts(host: Server) -> float:
+    return scrape(host.url)[("sandhold_create_duration_seconds_count", (("start", "warm"),))]
+
+
+def test_a_warm_template_starts_warm_on_a_host_that_never_ran_it(fleet) -> None:  # type: ignore[no-untyped-def]
+    ok, detail = criu_status(Settings().criu_path)
+    if not ok:
+        pytest.skip(f"CRIU unusable here: {detail}")
+    hosts, edge, store = fleet
+    tpl = (
+        Template()
+        .from_base_image()
+        .run_cmd("mkdir -p /home/user/site && echo served > /home/user/site/w")
+        .set_workdir("/home/user/site")
+        .set_start_cmd("python3 -m http.server 8000", wait_for_port(8000))
+    )
+    tid = Template.build(tpl, "warmed", **edge.sdk()).template_id
+    maker = next(h for h in hosts if built_here(h, tid))
+    other = next(h for h in hosts if h is not maker)
+    Sandbox.create("warmed", **edge.sdk()).kill()  # cold, on its maker: which then makes the
+    wait_for(  # checkpoint, and publishes it
+        lambda: any("fleet-template-data/meta/warm-" in k for k in store_keys(store)),
+        120,
+        "the maker's checkpoint in the store",
+    )
+    wait_for(lambda: knows_warm(other, tid), 30, "the other host to learn of the checkpoint")
+
+    maker.proc.send_signal(signal.SIGKILL)  # type: ignore[union-attr]
+    maker.proc.wait()  # type: ignore[union-attr]
+    maker.sock.close()
+    wait_for(lambda: tid in listed(edge), 30, "the edge to list it from the other host")
+    assert warm_starts(other) == 0
+    sbx = Sandbox.create("warmed", timeout=120, **edge.sdk())
+    try:
+        assert sbx.commands.run("curl -sf localhost:8000/w").stdout.strip() == "served"
+    finally:
+        sbx.kill()
+    assert warm_starts(other) == 1  # its first sandbox there: from the maker's checkpoint
+    maker.proc = None
 
 
 def test_a_fetched_tree_moves_to_this_hosts_owners(tmp_path: Path) -> None:

@@ -11,6 +11,9 @@ snapshot's (snapshot_remote.py):
 - ``fleet-template-data/``: ``layer-<id>`` (``layer.tar``) and ``root-<name>-<ms>``
   (``rootfs.tar``): GNU tar archives with numeric owners, xattrs (overlayfs' opaque marks) and
   devices (its whiteouts). A layer's id is its build cache key, so a layer is uploaded once.
+  ``warm-<name>-<key>``: a template's warm start checkpoint (runtime/checkpoint/warm.py) as its
+  maker made it, taken by a host whose key for it is the same (the same CRIU build, agent and
+  ``uid_base``); any other host makes its own.
 
 A host learns a record as a **stub**: the record alone, with ``fleet["stub"]``; the first
 ``get`` of it fetches its files (``fetch``), under the template's lock, and records it whole.
@@ -28,9 +31,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sandhold.errors import TemplateNotFound, Unavailable
-from sandhold.runtime import safefs, staging
-from sandhold.runtime.checkpoint.snapshot_remote import S3Remote
+from sandhold.errors import SandholdError, TemplateNotFound, Unavailable
+from sandhold.runtime import disk, safefs, staging
+from sandhold.runtime.checkpoint import process_tree, warm
+from sandhold.runtime.checkpoint.snapshot_remote import META_FILE, S3Remote
 from sandhold.runtime.templates.layers import NEW
 from sandhold.runtime.templates.store import FLEET, Template, flocked
 from sandhold.runtime.uids import ID_RANGE
@@ -44,6 +48,7 @@ log = logging.getLogger(__name__)
 
 RECORDS, DATA = "fleet-templates/", "fleet-template-data/"
 LAYER, ROOT = "layer.tar", "rootfs.tar"
+WARM_FILES = frozenset({disk.IMAGE, process_tree.IMAGES, warm.META})
 LOCKS = ".fleet-locks"
 MAX_DEPTH = 8  # templates standing on shared templates, fetched in turn
 TAR_OPTIONS = ["--numeric-owner", "--xattrs", "--xattrs-include=*", "--sparse"]
@@ -56,17 +61,24 @@ def shared(t: Template) -> bool:
 
 
 class SharedTemplates:
-    def __init__(self, settings: Settings, templates: TemplateStore, layers: LayerStore) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        templates: TemplateStore,
+        layers: LayerStore,
+        warm_starts: warm.WarmStarts,
+    ) -> None:
         def remote(prefix: str) -> S3Remote:
             s = settings.model_copy(
                 update={"snapshot_s3_prefix": settings.snapshot_s3_prefix + prefix}
             )
-            return S3Remote(s, top_level=frozenset({LAYER, ROOT}))
+            return S3Remote(s, top_level=frozenset({LAYER, ROOT}) | WARM_FILES)
 
         self.records = remote(RECORDS)
         self.data = remote(DATA)
         self.templates = templates
         self.layers = layers
+        self.warm = warm_starts
 
     def listing(self) -> dict[str, dict[str, Any]]:
         """Every template record in the store, by store name."""
@@ -97,6 +109,16 @@ class SharedTemplates:
         t.fleet = place
         self.templates.update(t, touch=False)
         return t
+
+    def publish_warm(self, t: Template, checkpoint: Path) -> Template:
+        """Put ``t``'s warm start checkpoint (made here) in the store, and say so in its record."""
+        assert t.fleet is not None, "its files first"
+        object_id = f"warm-{t.name}-{checkpoint.name}"
+        if not self.data.exists(object_id):
+            self.data.put({"id": object_id}, checkpoint)
+        t.fleet = {**t.fleet, "warm": checkpoint.name}
+        t.updated_at = time.time()
+        return self.publish(t)
 
     def _place(self, t: Template) -> dict[str, Any]:
         if t.fleet is not None:  # published (or fetched) before: its files are in the store
@@ -179,8 +201,34 @@ class SharedTemplates:
                 except BaseException:
                     safefs.remove_quietly(work)
                     raise
+        if got.warm:
+            try:
+                self.warm.take(got)  # its first sandbox here starts warm too
+            except SandholdError as e:
+                log.warning("template %s boots cold here: %s", got.name, e)
         log.info("template %s fetched from the store in %.1f s", now.name, time.monotonic() - t0)
         return got
+
+    def fetch_warm(self, t: Template, target: Path) -> bool:
+        """The maker's warm start checkpoint of ``t`` into ``target`` (WarmStarts.fetch), if the
+        store has one under this host's key."""
+        key = (t.fleet or {}).get("warm")
+        if key != target.name:
+            return False  # none, or made for another CRIU build, agent or uid_base
+        work = staging.make(target.parent, ".new-")  # (what a warm build's sweep removes)
+        try:
+            self.data.fetch(f"warm-{t.name}-{key}", work)
+            (work / META_FILE).unlink()
+            for image in (work / process_tree.IMAGES).iterdir():  # as its maker keeps them
+                if not image.name.startswith("userns-"):
+                    image.chmod(0o444)
+            work.rename(target)
+        except SandholdError as e:
+            log.warning("template %s: its maker's warm start checkpoint not taken: %s", t.name, e)
+            safefs.remove_quietly(work)
+            return False
+        log.info("template %s starts warm from its maker's checkpoint", t.name)
+        return True
 
     def _layer(self, layer_id: str, uid_base: int) -> None:
         if self.layers.exists(layer_id):

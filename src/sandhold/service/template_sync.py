@@ -6,6 +6,7 @@ every ``SYNC_S``, for the templates the fleet shares (a team's builds and images
   this host runs on it;
 - one the store has newer (``updated_at``) is learnt: a stub, or its new record (tags, public)
   over this host's files; one newer here is published (its record alone);
+- the first warm start checkpoint made of a template, on any host, is published;
 - one the store has that this host had at the last pass and has no more (deleted here) leaves
   the store.
 
@@ -37,8 +38,9 @@ class TemplateSync:
     def __init__(self, runtime: Runtime, settings: Settings, offload: Offload) -> None:
         self.runtime = runtime
         self.offload = offload
-        self.shared = SharedTemplates(settings, runtime.templates, runtime.layers)
+        self.shared = SharedTemplates(settings, runtime.templates, runtime.layers, runtime.warm)
         runtime.templates.fetch = self.shared.fetch  # a stub's first use fetches its files
+        runtime.warm.fetch = self.shared.fetch_warm  # a checkpoint is its maker's if it can be
         self._had: set[str] | None = None  # the shared templates here after the last pass
         self._timer = Periodic(self.tick, SYNC_S, "sandhold-fleet-templates", at_start=True)
 
@@ -72,6 +74,8 @@ class TemplateSync:
                 self.shared.learn(record, t)
             elif t.fleet is None or t.updated_at > theirs:
                 self.shared.publish(t)
+            elif t.warm and not t.stub and "warm" not in t.fleet:
+                self._publish_warm(t)
         for name, record in remote.items():
             if name in local:
                 continue
@@ -81,6 +85,13 @@ class TemplateSync:
             else:
                 self.shared.learn(record, None)
         self._had = {t.name for t in self.runtime.templates.list() if shared(t)}
+
+    def _publish_warm(self, t: Template) -> None:
+        """The first checkpoint of a template made on any host goes to the store (one whose
+        key differs on another host, another CRIU build, is that host's alone)."""
+        checkpoint = self.runtime.warm.available(t)
+        if checkpoint is not None:
+            self.shared.publish_warm(t, checkpoint)
 
     def _drop(self, t: Template) -> None:
         if any(info.template == t.name for info in self.runtime.list()):

@@ -28,6 +28,7 @@ import logging
 import socket
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from sandhold.errors import InvalidRequest, SandboxStartFailed, SandholdError
@@ -56,6 +57,9 @@ class WarmStarts:
         self.sandboxes = sandboxes  # to boot the sandbox a checkpoint is taken of
         self.root = host.settings.data_dir / WARM
         self._keys: dict[tuple[str, float], str] = {}  # CRIU and the agent: fixed while we run
+        # Fetches a checkpoint made by another host into a directory (a fleet host's,
+        # service/fleet_templates.py): whether it could.
+        self.fetch: Callable[[Template, Path], bool] | None = None
 
     def key(self, template: Template) -> str:
         """What a checkpoint of ``template`` depends on."""
@@ -65,11 +69,13 @@ class WarmStarts:
         criu = self.host.settings.criu_path
         patches = criu.with_name(criu.name + ".patches")
         lib = self.host.agent_lib.path()
+        # its code by content: each data dir writes its own copy (and, in a fleet, another
+        # host's copy of the same code must give the same key)
         agent = sorted(
-            (str(p.relative_to(lib)), p.stat().st_size, int(p.stat().st_mtime))
+            (str(p.relative_to(lib)), hashlib.sha256(p.read_bytes()).hexdigest())
             for p in lib.rglob("*.py")
         )
-        parts = [template.to_json(), str(criu), _read(patches), agent, self.host.settings.uid_base]
+        parts = [_identity(template), str(criu), _read(patches), agent, self.host.settings.uid_base]
         key = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
         self._keys[(template.name, template.created_at)] = key
         return key
@@ -131,13 +137,28 @@ class WarmStarts:
                 "checkpoint's writable layer is a disk image"
             )
         criu_path(self.host)
+        made = self._made(template, make=True)
+        assert made is not None
+        return made
+
+    def take(self, template: Template) -> Path | None:
+        """The checkpoint of ``template`` another host made, fetched (``fetch``), or this
+        host's own; None if there is neither (nothing is built)."""
+        if not template.warm or self.fetch is None:
+            return None
+        return self._made(template, make=False)
+
+    def _made(self, template: Template, make: bool) -> Path | None:
         target = self._dir(template)
         target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         with flocked(target.parent / ".lock"):  # one build at a time, in any process
             if not (target / META).exists():
                 for stale in target.parent.glob(".new-*"):  # a build a crash cut short
                     safefs.remove_quietly(stale)
-                self._build(template, target)
+                if not (self.fetch and self.fetch(template, target)):
+                    if not make:
+                        return None
+                    self._build(template, target)
         for old in target.parent.iterdir():  # checkpoints of an older template, CRIU or agent
             if old != target and not old.name.startswith("."):
                 safefs.remove_quietly(old)
@@ -173,6 +194,21 @@ class WarmStarts:
 
     def remove(self, name: str) -> None:
         safefs.remove_quietly(self.root / name)
+
+
+def _identity(template: Template) -> dict[str, object]:
+    """What a checkpoint depends on in a template's record: not its names, tags or place in the
+    fleet, and its files by what they are rather than where this host keeps them (a layer by
+    its id, a root by the template that owns it), so a host that fetched the template from the
+    fleet's store finds its maker's checkpoint under the same key."""
+    d = template.to_json()
+    for name in ("tags", "public", "owner", "teams", "alias", "template_id", "build_id"):
+        d.pop(name)
+    d.pop("updated_at")
+    d.pop("fleet")
+    d["layers"] = [Path(p).name for p in template.layers]
+    d["rootfs"] = template.rootfs.parent.name
+    return d
 
 
 def _read(path: Path) -> str:
