@@ -90,6 +90,12 @@ class FleetSettings(Layer):
     fleet_choices: int = Field(
         3, ge=1, description="Placement samples this many fitting hosts and takes the emptiest."
     )
+    fleet_direct_domains: bool = Field(
+        False,
+        description="The edge hands the SDK the sandbox's host's own public_domain, so its "
+        "traffic goes straight to the host; a sandbox that moves is then reached through a new "
+        "connect. Off: the edge's public_domain, every call through an edge.",
+    )
 
     def check_fleet_host(self) -> None:
         if self.fleet_host_id and self.fleet_token is None:

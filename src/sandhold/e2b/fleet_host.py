@@ -259,6 +259,7 @@ class FleetGate:
             "hostId": self.host_id,
             "bootId": self.boot_id,
             "version": version("sandhold"),
+            "domain": self.settings.public_domain,  # (its sandboxes' straight to it)
             "capacity": self.settings.fleet_capacity,
             "used": sum(1 for s in sandboxes if not s.info.suspended),
             "draining": self.jobs.draining,

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from sqlalchemy import Connection, Table, delete, insert, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
 
 from sandhold.store.engine import make_engine
@@ -50,14 +52,14 @@ class HostRow:
 
 class Catalog:
     def __init__(self, url: str) -> None:
-        self.engine = make_engine(url)
+        self.url = url
+        self.sqlite = url.startswith("sqlite")
         # Each method is a statement or two, each complete on its own (the compare-and-sets
         # need no transaction around them): on PostgreSQL in autocommit, one round trip each.
-        self.auto = self.engine.execution_options(isolation_level="AUTOCOMMIT")
-        self.sqlite = self.engine.dialect.name == "sqlite"
+        self.engine = make_engine(url, autocommit=not self.sqlite)
 
     def _conn(self) -> contextlib.AbstractContextManager[Connection]:
-        return self.engine.begin() if self.sqlite else self.auto.connect()
+        return self.engine.begin() if self.sqlite else self.engine.connect()
 
     def _savepoint(self, c: Connection) -> contextlib.AbstractContextManager[object]:
         """Where a failed insert must not end the transaction (SQLite's); in autocommit
@@ -65,7 +67,11 @@ class Catalog:
         return c.begin_nested() if self.sqlite else contextlib.nullcontext()
 
     def migrate(self) -> None:
-        run_migrations(self.engine)
+        engine = make_engine(self.url)  # (in transactions)
+        try:
+            run_migrations(engine)
+        finally:
+            engine.dispose()
 
     def close(self) -> None:
         self.engine.dispose()
@@ -130,6 +136,37 @@ class Catalog:
             except IntegrityError:
                 return False
         return True
+
+    def add(
+        self,
+        sandbox_id: str,
+        team: str,
+        host_id: str,
+        generation: int,
+        listed: dict[str, Any],
+        at: float,
+    ) -> bool:
+        """A sandbox its host just made (a create's answer): one insert, one round trip. One
+        the catalog has already (the host's poll came first) is recorded as any word of its
+        host."""
+        new = (sqlite_insert if self.sqlite else pg_insert)(S).on_conflict_do_nothing(
+            index_elements=[S.c.sandbox_id]
+        )  # (rowcount says nothing here on psycopg: RETURNING does)
+        row = {
+            "sandbox_id": sandbox_id,
+            "team": team,
+            "host_id": host_id,
+            "generation": generation,
+            "state": listed.get("state", "running"),
+            "stored": False,
+            "listed": listed,
+            "started_at": time.time(),
+            "updated_at": at,
+        }
+        with self._conn() as c:
+            if c.execute(new.values(**row).returning(S.c.sandbox_id)).first() is not None:
+                return True
+        return self.record(sandbox_id, team, host_id, generation, listed, at)
 
     def forget(self, sandbox_id: str, host_id: str | None = None) -> bool:
         """Remove a sandbox (killed, or gone with its host); with ``host_id``, only while that

@@ -47,8 +47,9 @@ from sandhold.e2b.proxy import (
     send_json,
 )
 from sandhold.errors import HostUnavailable, InvalidRequest, SandboxGone, Unauthenticated
-from sandhold.fleet import listing
+from sandhold.fleet import hop, listing
 from sandhold.fleet.catalog import Catalog, Row
+from sandhold.fleet.hop import CONNECT_TIMEOUT_S
 from sandhold.fleet.members import Members
 from sandhold.fleet.metrics import EdgeMetrics
 from sandhold.fleet.moves import Moves
@@ -72,7 +73,6 @@ DROP = HOP_BY_HOP | frozenset(
 ROUTE_TTL_S = 1.0
 ROUTES_KEPT = 100_000
 HOST_TIMEOUT_S = 120.0  # a create that builds its template's warm start can take a minute
-CONNECT_TIMEOUT_S = 5.0
 READ_TIMEOUT_S = 30.0  # a GET (info, metrics, logs): a host that takes longer is not well
 NO_HOST = "no host has room for the sandbox: every host is full, draining or unreachable"
 
@@ -197,9 +197,7 @@ class Edge:
             (b"x-sandhold-fleet-token", self.members.token.encode()),
             (b"x-sandhold-generation", str(row.generation).encode()),
         ]
-        target = scope.get("raw_path") or scope["path"].encode()
-        if scope["query_string"]:
-            target += b"?" + scope["query_string"]
+        target = _target(scope)
         try:
             streams = await asyncio.wait_for(self.hosts.checkout(key), CONNECT_TIMEOUT_S)
         except (OSError, TimeoutError):
@@ -259,7 +257,7 @@ class Edge:
             # caller); a change is answered once the catalog has it (the caller may list next).
             r = await self._call(scope, await self._body(receive), row)
             if method == "GET":
-                return await _relay(send, r)
+                return await _relay(send, self._domain(r, row.host_id))
             if m.group(2) == "/fork" and r.status_code < 300:
                 for sid in _forks(r):
                     await self._refresh(sid, row.host_id)
@@ -269,7 +267,7 @@ class Edge:
                     self.members.note(row.host_id, [got["snapshotID"], *got.get("names", [])])
             elif r.status_code < 500:
                 await self._refresh(row.sandbox_id, row.host_id)
-            return await _relay(send, r)
+            return await _relay(send, self._domain(r, row.host_id))
         # templates, snapshots, volumes, secrets: one host answers for all, the first live one
         # (by id) that takes a connection (one that died since the last poll does not)
         for host_id in sorted(self.members.live):
@@ -331,24 +329,23 @@ class Edge:
         # The catalog learns of the sandbox from its host's answer (or, should this edge die
         # first, from the host's next poll): nothing is written before the host has it.
         sandbox_id = new_sandbox_id()
-        headers = _headers(scope)
-        headers.update(
-            {
-                "X-Sandhold-Fleet-Token": self.members.token,
-                "X-Sandhold-Sandbox-Id": sandbox_id,
-                "X-Sandhold-Generation": "1",
-            }
-        )
-        missing: httpx.Response | None = None
+        fleet = {
+            "x-sandhold-fleet-token": self.members.token,
+            "x-sandhold-sandbox-id": sandbox_id,
+            "x-sandhold-generation": "1",
+        }
+        missing: hop.Answer | None = None
         prefer = self.members.having(str(asked.get("templateID") or "base"))
         candidates = await self.members.candidates()
         for host in order(candidates, self.settings.fleet_choices, prefer):
             self.members.given[host.host_id] += 1
+            key = urlsplit(host.address).netloc
             try:
-                r = await self.client.post(
-                    f"{host.address}{scope['path']}", content=body, headers=headers
+                headers = _headers(scope, key, fleet)
+                r = await hop.call(
+                    self.hosts, key, "POST", _target(scope), headers, body, HOST_TIMEOUT_S
                 )
-            except httpx.HTTPError as e:
+            except (OSError, TimeoutError) as e:
                 log.warning("create on %s failed before an answer: %s", host.host_id, e)
                 continue  # (a create it made after all shows up at the next poll)
             if r.status_code == 503:
@@ -360,44 +357,59 @@ class Edge:
             if r.status_code < 300:
                 self.metrics.placements.labels(host.host_id).inc()
                 await self._record(r, sandbox_id, host.host_id)
-            return await _relay(send, r)
+            return await _relay(send, self._domain(r, host.host_id))
         if missing is not None:  # no host has what it starts from
             return await _relay(send, missing)
         self.metrics.unplaced.inc()
         await send_json(send, 503, {"code": 503, "message": NO_HOST})
 
-    async def _call(self, scope: Scope, body: bytes, row: Row) -> httpx.Response:
+    async def _call(self, scope: Scope, body: bytes, row: Row) -> hop.Answer:
         """The request, whole, to ``row``'s host at the catalog's generation."""
         assert row.host_id is not None
-        address = self.members.reachable(row.host_id)
-        headers = _headers(scope)
-        headers.update(
-            {
-                "X-Sandhold-Fleet-Token": self.members.token,
-                "X-Sandhold-Generation": str(row.generation),
-            }
-        )
-        url = f"{address}{scope['path']}"
-        if scope["query_string"]:
-            url += "?" + scope["query_string"].decode("latin-1")
+        key = urlsplit(self.members.reachable(row.host_id)).netloc
+        fleet = {
+            "x-sandhold-fleet-token": self.members.token,
+            "x-sandhold-generation": str(row.generation),
+        }
+        timeout = READ_TIMEOUT_S if scope["method"] == "GET" else HOST_TIMEOUT_S
+        headers = _headers(scope, key, fleet)
         try:
-            return await self.client.request(
-                scope["method"], url, content=body, headers=headers, timeout=_timeout(scope)
+            return await hop.call(
+                self.hosts, key, scope["method"], _target(scope), headers, body, timeout
             )
-        except httpx.TimeoutException:
+        except TimeoutError:
             raise HostUnavailable(
                 f"the sandbox's host {row.host_id} did not answer; retry"
             ) from None
-        except httpx.HTTPError:
+        except OSError:
             raise gone(row.sandbox_id) from None
 
-    async def _record(self, r: httpx.Response, sandbox_id: str, host_id: str) -> None:
+    def _domain(self, r: hop.Answer, host_id: str) -> hop.Answer:
+        """A host's answer about its sandboxes with the ``domain`` the SDK is to use: the
+        edge's ``public_domain``, or the host's own with ``fleet_direct_domains``."""
+        if r.status_code >= 300 or b'"domain"' not in r.content:
+            return r
+        domain = self.settings.public_domain
+        if self.settings.fleet_direct_domains:
+            domain = self.members.live.get(host_id, {}).get("domain") or domain
+        try:
+            body = r.json()
+        except ValueError:
+            return r
+        # one sandbox's answer, or a fork's: [{"sandbox": {...}} | {"error": ...}]
+        for got in body if isinstance(body, list) else [{"sandbox": body}]:
+            sandbox = got.get("sandbox") if isinstance(got, dict) else None
+            if isinstance(sandbox, dict) and "domain" in sandbox:
+                sandbox["domain"] = domain
+        return hop.Answer(r.status_code, r.headers, json.dumps(body).encode())
+
+    async def _record(self, r: hop.Answer, sandbox_id: str, host_id: str) -> None:
         """A create's sandbox into the catalog, from the entry its host sent with the answer."""
         try:
             got = json.loads(r.headers["x-sandhold-entry"])
         except (KeyError, ValueError):
             return await self._refresh(sandbox_id, host_id)
-        await self.members.record(host_id, got)
+        await self.members.record(host_id, got, new=True)
 
     async def _refresh(self, sandbox_id: str, host_id: str) -> None:
         """Read a sandbox back from its host into the catalog (gone: out of it)."""
@@ -419,18 +431,21 @@ class Edge:
     # -- listing -------------------------------------------------------------------------------
 
 
-def _timeout(scope: Scope) -> httpx.Timeout:
-    read = READ_TIMEOUT_S if scope["method"] == "GET" else HOST_TIMEOUT_S
-    return httpx.Timeout(read, connect=CONNECT_TIMEOUT_S)
+def _target(scope: Scope) -> bytes:
+    target: bytes = scope.get("raw_path") or scope["path"].encode()
+    return target + (b"?" + scope["query_string"] if scope["query_string"] else b"")
 
 
-def _headers(scope: Scope) -> dict[str, str]:
-    """The request's headers to pass on through httpx (which frames the body itself)."""
-    skip = DROP | {b"host", b"content-length"}
-    return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"] if k not in skip}
+def _headers(scope: Scope, key: str, fleet: dict[str, str]) -> list[tuple[bytes, bytes]]:
+    """The request's headers for a whole request to the host at ``key`` (hop.call frames the
+    body), with the fleet's own."""
+    skip = DROP | {b"host", b"content-length", b"transfer-encoding"}
+    headers = [(k, v) for k, v in scope["headers"] if k not in skip]
+    headers.append((b"host", key.encode()))
+    return headers + [(k.encode(), v.encode()) for k, v in fleet.items()]
 
 
-def _forks(r: httpx.Response) -> list[str]:
+def _forks(r: hop.Answer) -> list[str]:
     """The ids of the sandboxes a fork answer made (``[{"sandbox": {...}} | {"error": ...}]``)."""
     try:
         return [str(e["sandbox"]["sandboxID"]) for e in r.json() if "sandbox" in e]
@@ -438,7 +453,7 @@ def _forks(r: httpx.Response) -> list[str]:
         return []
 
 
-async def _relay(send: Any, r: httpx.Response) -> None:
+async def _relay(send: Any, r: hop.Answer) -> None:
     headers = [
         (b"content-type", r.headers.get("content-type", "application/json").encode()),
         (b"content-length", str(len(r.content)).encode()),

@@ -131,17 +131,28 @@ class Members:
                 continue
             await asyncio.to_thread(self._gone, row.sandbox_id, host_id, row.stored)
 
-    async def record(self, host_id: str, entry: dict[str, Any]) -> bool:
+    async def record(self, host_id: str, entry: dict[str, Any], new: bool = False) -> bool:
         """What ``host_id`` says of one of its sandboxes (an entry of its ``/fleet/info``, or
-        of an answer) into the catalog; False: the catalog holds a newer word (Catalog.record)."""
-        return await asyncio.to_thread(
-            self.catalog.record,
+        of an answer; ``new``: a create's) into the catalog; False: the catalog holds a newer
+        word (Catalog.record)."""
+        listed, at = entry_listed(entry), float(entry["at"])
+        sandbox_id, team, generation = (
             str(entry["sandboxID"]),
             str(entry["team"]),
-            host_id,
             int(entry["generation"]),
-            entry_listed(entry),
-            float(entry["at"]),
+        )
+        if new:
+            return await asyncio.to_thread(
+                self.catalog.add, sandbox_id, team, host_id, generation, listed, at
+            )
+        return await asyncio.to_thread(
+            self.catalog.record,
+            sandbox_id,
+            team,
+            host_id,
+            generation,
+            listed,
+            at,
             bool(entry.get("stored")),
         )
 

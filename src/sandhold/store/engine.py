@@ -11,7 +11,9 @@ from sqlalchemy.exc import DisconnectionError
 PING_IDLE_S = 5.0  # a pooled PostgreSQL connection idle for longer is pinged before use
 
 
-def make_engine(url: str) -> Engine:
+def make_engine(url: str, autocommit: bool = False) -> Engine:
+    """``autocommit`` (PostgreSQL): every connection in autocommit from the start, so a
+    statement is one round trip (switching a pooled connection per checkout costs two more)."""
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
 
@@ -28,7 +30,8 @@ def make_engine(url: str) -> Engine:
             cur.close()
 
         return engine
-    engine = create_engine(url, pool_size=10, max_overflow=20)
+    extra: dict[str, Any] = {"isolation_level": "AUTOCOMMIT"} if autocommit else {}
+    engine = create_engine(url, pool_size=10, max_overflow=20, **extra)
 
     # Pessimistic disconnect handling only for a connection idle for a while (a server restart
     # or an idle timeout closes those): pool_pre_ping's round trip on every checkout cost a
