@@ -1,10 +1,13 @@
 """The operator console: a web page served by ``sandhold gateway serve`` (sessions, timelines,
-usage and failures by tenant and scenario, live sandboxes) and by ``sandhold serve`` (live
-sandboxes), behind the admin key or a tenant key. ``web`` serves the page and the API's
-plumbing; ``server`` and ``gateway`` answer its queries. See docs/console.md.
+usage and failures by tenant and scenario, live sandboxes), by ``sandhold serve`` (live
+sandboxes) and by ``sandhold edge serve`` (the fleet's hosts and sandboxes), behind the admin
+key or a tenant key. ``web`` serves the page and the API's plumbing; ``server``, ``gateway``
+and ``edge`` answer its queries. See docs/console.md.
 
 Modules:
 
+- ``edge.py``: The console of ``sandhold edge serve``: the fleet's hosts, and where each
+  sandbox is
 - ``gateway.py``: The console of ``sandhold gateway serve``
 - ``queries.py``: The gateway console's reads of the store
 - ``server.py``: The console of ``sandhold serve``

@@ -65,7 +65,7 @@ Handler = Callable[[Principal, dict[str, Any]], Awaitable[dict[str, Any]]]
 
 
 def page_routes(api: str) -> list[Route]:
-    """``/console`` and its static files; ``api`` ("gateway" or "server") picks the views."""
+    """``/console`` and its static files; ``api`` ("gateway", "server", "edge"): the views."""
     index = (STATIC / "index.html").read_text().replace("__API__", api)
 
     async def page(request: Request) -> Response:

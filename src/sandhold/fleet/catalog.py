@@ -224,9 +224,13 @@ class Catalog:
             )
         return got.rowcount == 1
 
-    def listing(self, team: str) -> list[Row]:
+    def listing(self, team: str | None, limit: int | None = None) -> list[Row]:
+        """A team's sandboxes (None: everyone's), the newest first."""
+        q = select(S).order_by(S.c.started_at.desc()).limit(limit)
+        if team is not None:
+            q = q.where(S.c.team == team)
         with self._conn() as c:
-            rows = c.execute(select(S).where(S.c.team == team)).mappings().all()
+            rows = c.execute(q).mappings().all()
         return [Row(**r) for r in rows]
 
     # -- hosts ---------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ any number of replicas share the catalog (catalog.py) and each polls the hosts (
   generation the catalog knows (the host fences on it). After a call that may change the
   sandbox, the edge reads it back from the host into the catalog.
 - **Anything else** (templates, snapshots, volumes, secrets) goes to one live host.
+- **The console** (``/console``, console/edge.py): the hosts and where each sandbox is.
 
 Authentication: the edge checks the API key (the same ``api_keys`` as the hosts') for its own
 answers, and passes it on; a host checks it again, and checks the sandboxes' own tokens.
@@ -32,9 +33,11 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 import httpx
+from starlette.routing import Router
 
 from sandhold import http_edge
 from sandhold.config import Settings
+from sandhold.console import edge as console
 from sandhold.e2b.agent_conns import AgentConnections
 from sandhold.e2b.auth import Teams
 from sandhold.e2b.proxy import (
@@ -94,6 +97,7 @@ class Edge:
         # per sandbox, not per request; a move answers the old route 404/409/502 (fencing),
         # which drops it
         self._routes: OrderedDict[str, tuple[float, Row]] = OrderedDict()
+        self.console = Router(console.routes(settings, self.teams, self.catalog, self.members))
 
     # -- ASGI ----------------------------------------------------------------------------------
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
@@ -104,6 +108,8 @@ class Edge:
         try:
             if (target := route(scope)) is not None:
                 return await self._data(scope, receive, send, target.sandbox_id)
+            if scope["path"] == "/console" or scope["path"].startswith("/console/"):
+                return await self.console(scope, receive, send)
             await self._control(scope, receive, send)
         except SandboxGone as e:
             await send_json(

@@ -4,15 +4,17 @@
 // and must never run as markup. The key lives in this tab's sessionStorage and goes out only in
 // an Authorization header; ids travel in request bodies, so no URL carries a key or a session.
 (() => {
-  const api = document.body.dataset.api; // "gateway" or "server"
+  const api = document.body.dataset.api; // "gateway", "server" or "edge" (a fleet's)
   const main = document.getElementById("main");
   const nav = document.getElementById("nav");
   const STORE = "sandhold.console.key";
   let key = sessionStorage.getItem(STORE);
   let who = null;
-  const VIEWS = api === "gateway"
-    ? [["overview", "Overview"], ["sessions", "Sessions"], ["failures", "Failures"], ["sandboxes", "Sandboxes"]]
-    : [["sandboxes", "Sandboxes"]];
+  const VIEWS = {
+    gateway: [["overview", "Overview"], ["sessions", "Sessions"], ["failures", "Failures"], ["sandboxes", "Sandboxes"]],
+    server: [["sandboxes", "Sandboxes"]],
+    edge: [["hosts", "Hosts"], ["sandboxes", "Sandboxes"]],
+  }[api];
   const RANGES = [["1h", 3600], ["24h", 86400], ["7d", 604800], ["30d", 2592000]];
   let range = { since: null, until: null, span: 86400 };
 
@@ -161,7 +163,33 @@
     } catch (e) { fail(e); }
   }
 
+  async function hosts() {
+    setNav("hosts");
+    show(el("h2", {}, "Hosts"));
+    try {
+      const data = await call("hosts", {});
+      const rows = data.hosts.map((h) => el("tr", { class: h.state === "ready" ? "" : "failure" },
+        el("td", {}, h.host_id), el("td", {}, h.address), el("td", {}, h.state),
+        num(h.capacity), num(h.used), num(h.sandboxes), num(h.unstored),
+        el("td", {}, h.version ?? ""), el("td", { class: "num" }, fmtAge(h.seen_s_ago))));
+      main.append(table(["Host", "Address", "State", "Capacity", "In memory", "Sandboxes", "Paused, not stored", "Version", "Last seen"], rows));
+    } catch (e) { fail(e); }
+  }
+
+  async function fleetSandboxes() {
+    setNav("sandboxes");
+    show(el("h2", {}, "Sandboxes"));
+    try {
+      const data = await call("sandboxes", {});
+      const rows = data.sandboxes.map((s) => el("tr", {},
+        el("td", {}, s.sandbox_id), el("td", {}, s.tenant), el("td", {}, s.template ?? ""),
+        el("td", {}, s.state), el("td", {}, s.host ?? "(in the store)"), el("td", { class: "num" }, fmtAge(s.age_s))));
+      main.append(table(["Sandbox", "Tenant", "Template", "State", "Host", "Age"], rows));
+    } catch (e) { fail(e); }
+  }
+
   async function sandboxes() {
+    if (api === "edge") return fleetSandboxes();
     setNav("sandboxes");
     show(el("h2", {}, "Live sandboxes"));
     try {
@@ -174,7 +202,7 @@
     } catch (e) { fail(e); }
   }
 
-  const ROUTES = { overview, sessions, failures, sandboxes };
+  const ROUTES = { overview, sessions, failures, sandboxes, hosts };
   function go(view) { ROUTES[view](); }
 
   // -- signing in ----------------------------------------------------------------------------
@@ -193,7 +221,7 @@
       ev.preventDefault();
       key = input.value;
       await start();
-    } }, el("label", {}, api === "gateway" ? "Admin or tenant key" : "API key", input),
+    } }, el("label", {}, { gateway: "Admin or tenant key", edge: "API key or metrics token" }[api] || "API key", input),
     el("button", { type: "submit" }, "Sign in")), message ? el("p", { class: "error", role: "alert" }, message) : "");
   }
 
@@ -206,7 +234,7 @@
     const out = document.getElementById("logout");
     out.hidden = false;
     out.onclick = signOut;
-    go(VIEWS[0][0]);
+    go(api === "edge" && who.kind !== "admin" ? "sandboxes" : VIEWS[0][0]);
   }
 
   if (key) start(); else login();
