@@ -19,7 +19,7 @@ from e2b.exceptions import SandboxException
 
 from sandhold.config import Settings
 from sandhold.runtime.checkpoint.criu import criu_status
-from sandhold.service.fleet_templates import _rebase
+from sandhold.service.fleet_templates import _rebase, _well_formed
 from tests.fleet.harness import (
     BUCKET,
     TOKEN,
@@ -179,3 +179,21 @@ def test_a_fetched_tree_moves_to_this_hosts_owners(tmp_path: Path) -> None:
     ) * 2
     assert os.lstat(tmp_path / "d/link").st_uid == new + 5
     assert os.stat("/etc/passwd").st_uid == passwd.st_uid
+
+
+def test_a_record_whose_names_would_make_paths_elsewhere_is_left_out() -> None:
+    def record(name: str = "t1.b1", **place: object) -> dict[str, object]:
+        return {
+            "template": {"name": name},
+            "place": {"uid_base": 100000, "layers": ["a1"], **place},
+        }
+
+    assert _well_formed("t1.b1", record(rootfs_of="base"))
+    assert _well_formed("t1.b1", record(root="root-t1.b1-1", warm="0123abcd"))
+    assert not _well_formed("../t1", record("../t1"))
+    assert not _well_formed("t1.b1", record("t2.b2"))  # a record under another's name
+    assert not _well_formed("t1.b1", record(rootfs_of="../../etc"))
+    for bad in ("..", "../x", "/abs", ""):
+        assert not _well_formed("t1.b1", {**record(), "place": {"uid_base": 1, "layers": [bad]}})
+        assert not _well_formed("t1.b1", record(root=bad or "."))
+    assert not _well_formed("t1.b1", {"template": {"name": "t1.b1"}})

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -35,6 +36,7 @@ from sandhold.errors import SandholdError, TemplateNotFound, Unavailable
 from sandhold.runtime import disk, safefs, staging
 from sandhold.runtime.checkpoint import process_tree, warm
 from sandhold.runtime.checkpoint.snapshot_remote import META_FILE, S3Remote
+from sandhold.runtime.spec import NAME_RE
 from sandhold.runtime.templates.layers import NEW
 from sandhold.runtime.templates.store import FLEET, Template, flocked
 from sandhold.runtime.uids import ID_RANGE
@@ -51,6 +53,7 @@ LAYER, ROOT = "layer.tar", "rootfs.tar"
 WARM_FILES = frozenset({disk.IMAGE, process_tree.IMAGES, warm.META})
 LOCKS = ".fleet-locks"
 MAX_DEPTH = 8  # templates standing on shared templates, fetched in turn
+ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")  # a layer's, a root's, a checkpoint's key
 TAR_OPTIONS = ["--numeric-owner", "--xattrs", "--xattrs-include=*", "--sparse"]
 
 
@@ -81,8 +84,15 @@ class SharedTemplates:
         self.warm = warm_starts
 
     def listing(self) -> dict[str, dict[str, Any]]:
-        """Every template record in the store, by store name."""
-        return {name.removeprefix("tpl-"): r for name, r in self.records.list().items()}
+        """Every template record in the store, by store name (one whose names would not make
+        paths here is left out, logged: sealed records are ours, but a name is a path)."""
+        out = {}
+        for name, r in self.records.list().items():
+            if _well_formed(name.removeprefix("tpl-"), r):
+                out[name.removeprefix("tpl-")] = r
+            else:
+                log.warning("template record %s in the store left out: malformed", name)
+        return out
 
     def _lock(self, name: str) -> contextlib.AbstractContextManager[bool]:
         """A template's lock, across processes: one fetch of it at a time."""
@@ -251,6 +261,22 @@ class SharedTemplates:
             safefs.remove_quietly(download)
         if int(place["uid_base"]) != self.templates.uid_base:
             _rebase(into, int(place["uid_base"]), self.templates.uid_base)
+
+
+def _well_formed(name: str, record: dict[str, Any]) -> bool:
+    try:
+        place, template = record["place"], record["template"]
+        names = [name, template["name"], *([place["rootfs_of"]] if "rootfs_of" in place else [])]
+        ids = [*place["layers"], *([place["warm"]] if "warm" in place else [])]
+        return (
+            template["name"] == name
+            and all(isinstance(n, str) and NAME_RE.match(n) for n in names)
+            and all(isinstance(i, str) and ID.match(i) for i in ids)
+            and (place.get("root") is None or bool(ID.match(str(place["root"]))))
+            and isinstance(place["uid_base"], int)
+        )
+    except (KeyError, TypeError):
+        return False
 
 
 def _tar(args: list[str]) -> None:

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SYNC_S = 2.0
+SYNC_S = 5.0  # a list of the store per pass: the store bills requests
 
 
 class TemplateSync:
