@@ -434,8 +434,6 @@ class Edge:
         elif r.status_code == 200:
             await self.members.record(host_id, r.json())
 
-    # -- listing -------------------------------------------------------------------------------
-
 
 def _target(scope: Scope) -> bytes:
     target: bytes = scope.get("raw_path") or scope["path"].encode()
