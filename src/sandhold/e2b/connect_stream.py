@@ -40,15 +40,6 @@ class Envelopes:
         return out
 
 
-def ended_early(sandbox_id: str) -> bytes:
-    """What E2B's proxy ends a Connect stream with when the sandbox's side of it goes away (the
-    sandbox was killed, or its agent died): ``unavailable``, a message that does not say why. The
-    SDK then probes ``/health``, which answers 502 "was not found" for a sandbox that is gone,
-    and raises ``SandboxNotRunningException`` ("... killed or reached its end of life ...")."""
-    message = f"the connection to sandbox {sandbox_id} ended before the stream completed"
-    return envelope({"error": {"code": "unavailable", "message": message}}, END_STREAM)
-
-
 def start_envs(body: bytes, headers: dict[bytes, bytes], limit: int) -> dict[str, str] | None:
     """``process.envs`` of a Start request (one Connect envelope of JSON), or None when it is
     not one the agent could read either (the agent then says what is wrong)."""

@@ -28,7 +28,7 @@ import h11
 from sandhold.config import Settings
 from sandhold.e2b.agent_conns import AgentConnections
 from sandhold.e2b.auth import EXPIRED, check_envd_access, check_traffic_access, signature_error
-from sandhold.e2b.connect_stream import Envelopes, ended_early, send_stream_error, start_envs
+from sandhold.e2b.connect_stream import Envelopes, send_stream_error, start_envs
 from sandhold.e2b.errors import e2b_status
 from sandhold.e2b.file_audit import FileAudit, FileOpRecord, file_op
 from sandhold.envd import ENVD_PORT
@@ -415,13 +415,14 @@ async def exchange(
         if not started:
             raise gone(sandbox_id) from None
         # Mid-response: the sandbox was killed (or its agent died) under an open stream.
-        if stream is not None:  # a Connect stream ends with an error envelope, as E2B's
-            end = b"" if stream.ended else ended_early(sandbox_id)
-            await send({"type": "http.response.body", "body": end, "more_body": False})
+        if stream is not None and stream.ended:  # (its end had come: nothing is lost)
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
             return False
-        # Any other body can only be cut off: returning without completing the response
-        # makes the server close the client's connection, which is how the SDK learns that
-        # the response broke (it then probes /health, which answers 502 for a gone sandbox).
+        # Cut off, a Connect stream too, as E2B's proxy resets the stream of a sandbox that
+        # dies: returning without completing the response makes the server close the
+        # client's connection, which is how both SDKs learn that the response broke (they
+        # then probe /health, which answers 502 for a gone sandbox, and say it was killed;
+        # the JavaScript SDK probes on a cut connection only, not on an error envelope).
         log.info(
             "sandbox %s: its side of %s %s ended mid-response; closing the client's connection",
             sandbox_id,
