@@ -12,7 +12,7 @@ import posixpath
 import stat
 from typing import Any
 
-from .fsutil import ensure_dirs, write_metadata
+from .fsutil import ensure_dirs, make_parents, write_metadata
 from .http import HttpError, Request
 from .users import User, UserError, fs_identity
 from .view import ViewGuard
@@ -76,6 +76,7 @@ class FileWriter:
     @classmethod
     def open(cls, path: str, user: User, metadata: dict[str, str], view: ViewGuard) -> FileWriter:
         try:
+            make_parents(posixpath.dirname(path), user.uid, user.gid)
             with fs_identity(user):
                 ensure_dirs(posixpath.dirname(path))
                 try:

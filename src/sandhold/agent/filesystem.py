@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from . import aio
 from .config import AgentConfig
 from .connect import Call
-from .fsutil import ensure_dirs, entry_info, os_error, remove_all
+from .fsutil import ensure_dirs, entry_info, make_parents, os_error, remove_all
 from .rpc import Message, RpcError, get_bool, get_int, get_str
 from .users import User, UserError, fs_identity, resolve_path
 from .view import Access, ViewGuard
@@ -69,6 +69,8 @@ class FilesystemService:
                     raise RpcError(
                         "invalid_argument", f"path already exists but it is not a directory: {path}"
                     )
+            make_parents(path, user.uid, user.gid)
+            with fs_identity(user):
                 ensure_dirs(path)
                 return {"entry": entry_info(path)}
         except OSError as e:
@@ -81,6 +83,7 @@ class FilesystemService:
         source = self._path(get_str(msg, "source"), user, "write", follow_last=False)
         destination = self._path(get_str(msg, "destination"), user, "write", follow_last=False)
         try:
+            make_parents(posixpath.dirname(destination), user.uid, user.gid)
             with fs_identity(user):
                 ensure_dirs(posixpath.dirname(destination))
                 try:

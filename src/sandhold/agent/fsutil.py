@@ -107,8 +107,10 @@ def write_metadata(target: str | int, metadata: dict[str, str]) -> bool:
 def entry_info(path: str, display: str | None = None, st: os.stat_result | None = None) -> Message:
     """EntryInfo for ``path`` (not following a final symlink), reported under ``display``.
 
-    A symlink reports its target's type and permission bits, ``symlinkTarget`` (fully
-    resolved) and ``isSymlink``; a dangling one keeps type SYMLINK so listings still show it.
+    A symlink reports its target's type and permission bits and ``symlinkTarget`` (fully
+    resolved), as E2B's envd does; a dangling one keeps type SYMLINK so listings still show it.
+    Never ``isSymlink`` (field 12, which E2B's envd does not send): the Python SDK would call
+    every link SYMLINK, where against E2B it reports the target's type.
     """
     if st is None:
         st = os.lstat(path)
@@ -138,7 +140,6 @@ def entry_info(path: str, display: str | None = None, st: os.stat_result | None 
     )
     if is_link:
         entry["symlinkTarget"] = target
-        entry["isSymlink"] = True
     else:
         metadata = read_metadata(path)  # user xattrs cannot be set on symlinks
         if metadata:
@@ -169,6 +170,45 @@ def ensure_dirs(path: str) -> None:
         except FileExistsError:
             if not os.path.isdir(d):
                 raise
+
+
+def make_parents(path: str, uid: int, gid: int) -> None:
+    """``path``'s missing directories (itself included) as E2B's envd makes them: by the agent,
+    owned by the user (``uid``, ``gid``) even where the user may not write (a new top-level
+    directory: there, as in E2B, a user with sudo could anyway). Only below an existing
+    directory reached without links that the user may search (not into /root, not through a
+    link of the user's); anywhere else it leaves them to ``ensure_dirs`` as the user, which
+    fails where the user may not write. Runs as the agent, outside ``fs_identity``."""
+    missing: list[str] = []
+    base = posixpath.normpath(path)
+    while not os.path.lexists(base):
+        missing.append(posixpath.basename(base))
+        base = posixpath.dirname(base)
+    if not missing or os.path.realpath(base) != base:
+        return
+    st = os.stat(base)
+    search = 0o100 if st.st_uid == uid else 0o010 if st.st_gid == gid else 0o001
+    if not stat.S_ISDIR(st.st_mode) or not st.st_mode & search:
+        return
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    fds = [os.open(base, flags)]
+    made: list[tuple[int, str]] = []  # (the parent's fd, the name) of each directory made
+    try:
+        for name in reversed(missing):  # all made first: the agent writes only in its own
+            try:
+                os.mkdir(name, 0o755, dir_fd=fds[-1])
+                made.append((fds[-1], name))
+            except FileExistsError:  # (made meanwhile: taken as it is)
+                pass
+            fds.append(os.open(name, flags, dir_fd=fds[-1]))
+        for parent, name in made:
+            os.chown(name, uid, gid, dir_fd=parent, follow_symlinks=False)
+    except PermissionError:  # an agent restored from before it had CAP_CHOWN: as the user
+        for parent, name in reversed(made):
+            os.rmdir(name, dir_fd=parent)
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def remove_all(path: str) -> None:

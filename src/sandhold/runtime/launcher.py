@@ -66,9 +66,11 @@ def new_boot(handoff: Path, sandbox_id: str, template: str) -> None:
 
 
 # Capabilities the agent keeps (inside the user namespace only) to start processes as `user` and
-# to drop everything, bounding set included, in those processes; and to bind the DNS stub of a
-# sandbox with egress to 127.0.0.1:53 (its processes drop that one too).
-AGENT_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE")
+# to drop everything, bounding set included, in those processes; to bind the DNS stub of a
+# sandbox with egress to 127.0.0.1:53; and to give the user the directories the file service
+# makes for it where it may not write (agent/fsutil.make_parents, as E2B's envd). Its processes
+# drop them all but their template's root_caps.
+AGENT_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_CHOWN")
 
 
 @dataclass
