@@ -21,6 +21,7 @@ from .users import User, UserError, check_can_act_as, fs_identity, resolve_path
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 SIGNALS = {"SIGNAL_UNSPECIFIED": 0, "SIGNAL_SIGTERM": 15, "SIGNAL_SIGKILL": 9}
+KILL_WAIT_S = 2.0  # the longest a SIGKILL's answer waits for the process to be reaped
 
 
 def spawn_spec(msg: Message, user: User, agent_config: AgentConfig) -> tuple[SpawnSpec, Message]:
@@ -169,6 +170,8 @@ class ProcessService:
             name = next((k for k, v in SIGNALS.items() if v == sig), str(sig))
             raise RpcError("unimplemented", f"invalid signal: {name}")
         proc.signal(sig)
+        if sig == signal.SIGKILL:  # answered once it is gone: the SDKs' kill() says True on
+            await proc.gone(KILL_WAIT_S)  # this answer, and a check right after finds nothing
         return {}
 
     async def close_stdin(self, msg: Message, call: Call) -> Message:

@@ -10,6 +10,7 @@ whole group.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import signal
@@ -97,6 +98,12 @@ class Process:
         if self._timeout is not None:
             self._timeout.cancel()
         self._wake()
+
+    async def gone(self, within: float) -> None:
+        """Return once the process has exited and been reaped (its pid no longer names it),
+        or after ``within`` seconds."""
+        with contextlib.suppress(TimeoutError):
+            await aio.wait_for(self._exited.wait(), within)
 
     def _kill_on_timeout(self) -> None:
         if self.status is None:
