@@ -180,11 +180,22 @@ def test_java_contexts_keep_declarations(sbx: Sandbox) -> None:
     r = sbx.run_code("int x = 40;\nx + 2", language="java")
     assert r.error is None and r.text == "42", r
     r = sbx.run_code('System.out.println("hi " + x);\nString.valueOf(x * 2)', language="java")
-    assert r.logs.stdout == ["hi 40\n"] and r.text == '"80"', r
+    assert r.logs.stdout == ["hi 40\n"] and r.text == "80", r  # a String as its text, as E2B's
+    r = sbx.run_code('"tab\\there, \\"quoted\\" \\u00e9"', language="java")
+    assert r.text == 'tab\there, "quoted" \u00e9', r
     boom = sbx.run_code("int[] a = new int[1];\na[3] = 1;", language="java")
     assert boom.error is not None and boom.error.name.endswith("ArrayIndexOutOfBoundsException")
     bad = sbx.run_code("foo bar;", language="java")
     assert bad.error is not None and bad.error.name == "CompilationError", bad
+
+
+def test_java_sees_environment_variables_as_system_properties(make_sandbox) -> None:  # type: ignore[no-untyped-def]
+    """As E2B's Java kernel: the sandbox's envs and a call's ``envs`` are system properties (a
+    call's for that call only)."""
+    sbx = make_sandbox(envs={"FROM_SANDBOX": "s"})
+    get = 'System.getProperty("FROM_SANDBOX") + "/" + System.getProperty("FROM_CALL")'
+    assert sbx.run_code(get, language="java", envs={"FROM_CALL": "c"}).text == "s/c"
+    assert sbx.run_code(get, language="java").text == "s/null"
 
 
 def test_output_written_just_before_a_cell_ends_belongs_to_it(sbx: Sandbox) -> None:

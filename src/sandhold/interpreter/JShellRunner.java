@@ -1,8 +1,11 @@
 // A Java context of the code interpreter (java_context.py): one JShell (the JDK's own REPL
 // engine, jdk.jshell) per context, so declarations persist from cell to cell. Cells come on
-// stdin as "CELL <bytes>\n" + UTF-8 source; everything goes back on stdout as one line per event,
-// each field base64: "O <text>" / "X <text>" (the code's stdout / stderr), "R <value>" (the last
-// expression's), "E <name> <message> <trace>", "D" (the cell is done), "READY" once.
+// stdin as "CELL <bytes> <env bytes>\n" + UTF-8 source + env lines ("P|C <name> <value>",
+// base64: system properties, as E2B's Java kernel makes environment variables: P for the
+// context's from now on, C for this cell alone); everything goes back on stdout as one line per
+// event, each field base64: "O <text>" / "X <text>" (the code's stdout / stderr), "R <value>"
+// (the last expression's, a String's as its text), "E <name> <message> <trace>", "D" (the cell
+// is done), "READY" once. The JVM's own environment becomes system properties at start.
 // Run with `java JShellRunner.java` (the JDK's source launcher: nothing to build).
 
 import java.io.BufferedInputStream;
@@ -15,15 +18,20 @@ import java.io.OutputStream;
 import java.io.PrintStream;
 import java.nio.charset.StandardCharsets;
 import java.util.Base64;
+import java.util.HashMap;
+import java.util.Map;
 import java.util.stream.Collectors;
 import jdk.jshell.EvalException;
+import jdk.jshell.ExpressionSnippet;
 import jdk.jshell.JShell;
 import jdk.jshell.JShellException;
 import jdk.jshell.Snippet;
 import jdk.jshell.SnippetEvent;
 import jdk.jshell.SourceCodeAnalysis;
+import jdk.jshell.VarSnippet;
 
 public class JShellRunner {
+    static final java.nio.charset.Charset UTF_8 = StandardCharsets.UTF_8;
     static final PrintStream CHANNEL =
             new PrintStream(new FileOutputStream(FileDescriptor.out), true, StandardCharsets.UTF_8);
 
@@ -47,6 +55,9 @@ public class JShellRunner {
 
     public static void main(String[] args) throws IOException {
         // In this JVM ("local"): a second one (JShell's default) takes seconds more to start.
+        System.getenv().forEach((k, v) -> {  // (a property of the JVM's own stays)
+            if (System.getProperty(k) == null) System.setProperty(k, v);
+        });
         System.setOut(framed("O"));  // (the code's System.out: CHANNEL is the real stdout)
         System.setErr(framed("X"));
         JShell shell = JShell.builder().executionEngine("local")
@@ -57,10 +68,38 @@ public class JShellRunner {
         while (true) {
             String header = readLine(in);
             if (header == null) return;
-            int size = Integer.parseInt(header.substring("CELL ".length()).trim());
-            run(shell, new String(in.readNBytes(size), StandardCharsets.UTF_8));
+            String[] sizes = header.substring("CELL ".length()).trim().split(" ");
+            String source = new String(in.readNBytes(Integer.parseInt(sizes[0])), UTF_8);
+            int envBytes = sizes.length > 1 ? Integer.parseInt(sizes[1]) : 0;
+            Map<String, String> before = properties(new String(in.readNBytes(envBytes), UTF_8));
+            try {
+                run(shell, source);
+            } finally {
+                before.forEach((k, v) -> {
+                    if (v == null) System.clearProperty(k); else System.setProperty(k, v);
+                });
+            }
             send("D");
         }
+    }
+
+    // Sets the env lines' properties; returns what the cell's own ("C") replaced, to restore.
+    static Map<String, String> properties(String lines) {
+        Map<String, String> before = new HashMap<>();
+        for (String line : lines.split("\n")) {
+            String[] f = line.split(" ");
+            if (f.length != 3) continue;
+            String name = decode(f[1]), value = decode(f[2]);
+            if (f[0].equals("C") && !before.containsKey(name)) {
+                before.put(name, System.getProperty(name));
+            }
+            System.setProperty(name, value);
+        }
+        return before;
+    }
+
+    static String decode(String field) {
+        return new String(Base64.getDecoder().decode(field), UTF_8);
     }
 
     static String readLine(InputStream in) throws IOException {
@@ -102,10 +141,54 @@ public class JShellRunner {
                 Snippet s = event.snippet();
                 boolean expression = s.kind() == Snippet.Kind.EXPRESSION
                         || s.subKind() == Snippet.SubKind.TEMP_VAR_EXPRESSION_SUBKIND;
-                value = expression ? event.value() : null;
+                String type = s instanceof VarSnippet v ? v.typeName()
+                        : s instanceof ExpressionSnippet e ? e.typeName() : "";
+                value = expression ? shown(event.value(), type) : null;
             }
         }
         if (value != null) send("R", value);
+    }
+
+    // A String's value as its text (JShell gives it as a Java literal), as E2B's kernel shows it.
+    static String shown(String value, String type) {
+        boolean string = type.equals("String") || type.equals("java.lang.String");
+        if (!string || value == null || value.length() < 2 || !value.startsWith("\"")) {
+            return value;
+        }
+        String body = value.substring(1, value.length() - 1);
+        StringBuilder out = new StringBuilder(body.length());
+        for (int i = 0; i < body.length(); i++) {
+            char c = body.charAt(i);
+            if (c != '\\' || i + 1 == body.length()) {
+                out.append(c);
+                continue;
+            }
+            char n = body.charAt(++i);
+            switch (n) {
+                case 'n' -> out.append('\n');
+                case 't' -> out.append('\t');
+                case 'r' -> out.append('\r');
+                case 'b' -> out.append('\b');
+                case 'f' -> out.append('\f');
+                case 's' -> out.append(' ');
+                case 'u' -> {
+                    out.append((char) Integer.parseInt(body.substring(i + 1, i + 5), 16));
+                    i += 4;
+                }
+                default -> {
+                    if (n >= '0' && n <= '7') {  // octal: up to three digits
+                        int end = i + 1;
+                        while (end < body.length() && end < i + 3
+                                && body.charAt(end) >= '0' && body.charAt(end) <= '7') end++;
+                        out.append((char) Integer.parseInt(body.substring(i, end), 8));
+                        i = end - 1;
+                    } else {
+                        out.append(n);  // \\ \" \'
+                    }
+                }
+            }
+        }
+        return out.toString();
     }
 
     static void error(JShellException e) {

@@ -34,6 +34,7 @@ class JavaContext(ProcessContext):
         if java is None:
             raise RuntimeError("Java is not installed in this sandbox (a JDK's java)")
         self._up = asyncio.Event()
+        self.pending_env = {}  # a new JVM starts with self.env
         await self._spawn([java, "-Xshare:auto", "-XX:+UseSerialGC", str(RUNNER)])
         assert self.proc is not None and self.proc.stdout and self.proc.stderr
         self._tasks.append(asyncio.create_task(self._read(self.proc.stdout)))
@@ -75,11 +76,21 @@ class JavaContext(ProcessContext):
         self.count += 1
         job.emit(outputs.number_of_executions(self.count))
         code = job.code.encode()
+        # Environment variables as system properties (JShellRunner.java): the context's new ones
+        # from now on, the call's for this cell.
+        env = [(b"P", k, v) for k, v in self.pending_env.items()]
+        env += [(b"C", k, v) for k, v in job.env_vars.items()]
+        self.pending_env = {}
+        block = b"".join(b"%s %s %s\n" % (kind, _b64(k), _b64(v)) for kind, k, v in env)
         self._done = asyncio.Event()
         self.job = job
         try:
-            self.proc.stdin.write(b"CELL %d\n" % len(code) + code)
+            self.proc.stdin.write(b"CELL %d %d\n" % (len(code), len(block)) + code + block)
             await self.proc.stdin.drain()
             await self.wait_finished(self._done, job)
         finally:
             self.job = None
+
+
+def _b64(text: str) -> bytes:
+    return base64.b64encode(text.encode())
