@@ -22,9 +22,10 @@ APT_PACKAGES=(bubblewrap util-linux e2fsprogs libseccomp2 python3 python3-pip py
 TEST_PACKAGES=(postgresql docker-registry prometheus chromium qemu-system-x86 busybox-static kmod)
 # --no-venv: the system's part only (scripts/build-image.sh installs the wheel itself).
 venv=1
+tests=0
 for arg in "$@"; do
   case $arg in
-    --test) APT_PACKAGES+=("${TEST_PACKAGES[@]}") ;;
+    --test) APT_PACKAGES+=("${TEST_PACKAGES[@]}"); tests=1 ;;
     --no-venv) venv=0 ;;
     *) echo "install: unknown option $arg" >&2; exit 2 ;;
   esac
@@ -34,6 +35,7 @@ for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 command -v node >/dev/null || missing+=(nodejs)
+((tests)) && ! command -v npm >/dev/null && missing+=(npm)
 if ((${#missing[@]})); then
   echo "install: apt packages: ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -80,6 +82,17 @@ if ((venv)) && [[ ! -f $stamp ]]; then
   .venv/bin/pip install -q -e '.[dev]'
   rm -f .venv/.installed-*
   touch "$stamp"
+fi
+
+# The official JavaScript SDKs of tests/js, from its lockfile (the registry is the machine's
+# npm config's); again only when the lockfile changed.
+if ((tests)); then
+  js_stamp=tests/js/node_modules/.installed-$(sha256sum tests/js/package-lock.json | cut -c1-16)
+  if [[ ! -f $js_stamp ]]; then
+    echo "install: the JavaScript SDKs at tests/js/node_modules"
+    npm ci --prefix tests/js --no-audit --no-fund --loglevel=error
+    touch "$js_stamp"
+  fi
 fi
 
 # The commit-msg hook (scripts/git-hooks/commit-msg: the subject's form) for this checkout.

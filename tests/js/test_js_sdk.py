@@ -1,0 +1,60 @@
+"""The official E2B JavaScript SDKs (``e2b`` and ``@e2b/code-interpreter`` from npm, pinned in
+tests/js/package.json, installed by ``scripts/install.sh --test``) against a live `sandhold
+serve` holding the code-interpreter template: each ``*.test.mjs`` here runs under node's own
+test runner, with the environment docs/e2b.md tells users to set."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.e2b_server import listen
+from tests.support.interpreter import API_KEY, InterpreterServer
+
+HERE = Path(__file__).parent
+SUITES = sorted(p.name for p in HERE.glob("*.test.mjs"))
+SUITE_TIMEOUT_S = 600
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InterpreterServer]:
+    if not (HERE / "node_modules" / "e2b").is_dir():
+        pytest.fail("the JavaScript SDKs are not installed: scripts/install.sh --test")
+    data_dir = Path(tempfile.mkdtemp(prefix="sandhold-js-", dir="/var/tmp"))
+    data_dir.chmod(0o755)  # the sandboxes' unprivileged owner must traverse it
+    log = tmp_path_factory.mktemp("js") / "server.log"
+    srv = InterpreterServer(data_dir, listen(), log)
+    try:
+        srv.build_template()
+        srv.start()
+        yield srv
+    finally:
+        srv.destroy()
+
+
+@pytest.mark.parametrize("suite", SUITES)
+def test_suite(server: InterpreterServer, suite: str) -> None:
+    node = shutil.which("node")
+    assert node is not None, "node is not installed: scripts/install.sh"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("E2B_")}
+    env.update(
+        E2B_API_URL=server.url,
+        E2B_SANDBOX_URL=server.url,
+        E2B_API_KEY=API_KEY,
+        NO_PROXY="127.0.0.1,localhost",
+    )
+    r = subprocess.run(
+        [node, "--test", "--test-reporter=spec", suite],
+        cwd=HERE,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=SUITE_TIMEOUT_S,
+    )
+    assert r.returncode == 0, f"{suite} failed:\n{r.stdout[-20000:]}\n{r.stderr[-5000:]}"
