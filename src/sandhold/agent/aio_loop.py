@@ -31,7 +31,9 @@ def _report(what: str, exc: BaseException) -> None:
     """An error nobody could be told of (a callback's): on stderr, which is the agent's log."""
     import traceback  # only when it happens: it imports linecache and tokenize
 
-    sys.stderr.write(f"sandhold-agent: ERROR {what}\n")
+    from . import log
+
+    sys.stderr.write(f"{log.stamp()} sandhold-agent: ERROR {what}\n")
     traceback.print_exception(exc, file=sys.stderr)
 
 

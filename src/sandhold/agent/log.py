@@ -1,12 +1,26 @@
-"""The agent's log: lines on stderr (the host's log file for the sandbox), as the standard
-``logging`` module would write them with ``sandhold-agent: LEVEL message``, without its ~0.8
-MiB per agent. ``log.info("... %s", x)``: arguments are formatted only for lines written."""
+"""The agent's log: lines on stderr (the host's log file for the sandbox, which the E2B API's
+``GET /sandboxes/{id}/logs`` serves: runtime/sandbox_log.py), as the standard ``logging`` module
+would write them with ``<UTC time> sandhold-agent: LEVEL message``, without its ~0.8 MiB per
+agent. ``log.info("... %s", x)``: arguments are formatted only for lines written.
+
+The file is bounded: past ``INFO_MAX`` bytes only warnings and errors are written, past
+``ALL_MAX`` nothing (a chatty start command cannot fill the host's disk)."""
 
 from __future__ import annotations
 
+import os
 import sys
+import time
 
+INFO_MAX = 8 << 20
+ALL_MAX = 16 << 20
 _disabled = False
+
+
+def stamp(t: float | None = None) -> str:
+    """``2026-12-05T19:20:50.123Z``"""
+    t = time.time() if t is None else t
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t * 1000) % 1000:03d}Z"
 
 
 def disable(off: bool) -> None:
@@ -23,7 +37,10 @@ def _write(level: str, msg: str, args: tuple[object, ...]) -> None:
     except (TypeError, ValueError):
         text = f"{msg} {args!r}"
     try:
-        sys.stderr.write(f"sandhold-agent: {level} {text}\n")
+        size = os.fstat(2).st_size
+        if size > ALL_MAX or (size > INFO_MAX and level == "INFO"):
+            return
+        sys.stderr.write(f"{stamp()} sandhold-agent: {level} {text}\n")
         sys.stderr.flush()
     except (OSError, ValueError):
         pass  # a log that cannot be written must not take the agent down

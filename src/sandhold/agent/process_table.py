@@ -17,7 +17,7 @@ import signal
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from . import aio
+from . import aio, log
 from .config import AgentConfig
 from .exit_status import end_event
 from .rpc import Message, RpcError, b64, get_int, get_str
@@ -50,6 +50,9 @@ class Subscriber:
         self.closed = True
         while not self.queue.empty():
             self.queue.get_nowait()
+
+
+COMMAND_SHOWN = 300  # characters of a command line in the log
 
 
 class Process:
@@ -94,6 +97,7 @@ class Process:
 
     def on_exit(self, status: int) -> None:
         self.status = status
+        log.info("process %d ended: %s", self.pid, end_event(status)["status"])
         self._exited.set()
         if self._timeout is not None:
             self._timeout.cancel()
@@ -361,7 +365,15 @@ class ProcessManager:
             self, child.pid, config, tag, child.outputs, child.stdin_fd, child.pty_fd, spec.user.uid
         )
         proc_box.append(proc)
+        log.info("process %d started (%s): %s", child.pid, spec.user.name, _command(config))
         if early_status:
             proc.on_exit(early_status[0])
         self.processes[child.pid] = proc
         return proc
+
+
+def _command(config: Message) -> str:
+    """A process's command line as its log line shows it (bounded)."""
+    words = [str(config.get("cmd", "")), *(str(a) for a in config.get("args") or [])]
+    line = " ".join(words)
+    return line if len(line) <= COMMAND_SHOWN else line[: COMMAND_SHOWN - 3] + "..."

@@ -17,6 +17,8 @@ from .process_table import Process, ProcessManager
 from .rpc import Message, RpcError
 from .users import lookup_user
 
+LINE_MAX = 2000  # bytes of one line of a service's output kept in the log
+
 
 class ServiceSupervisor:
     def __init__(self, config: AgentConfig, manager: ProcessManager) -> None:
@@ -75,7 +77,7 @@ class ServiceSupervisor:
             proc.begin(None)
             log.info("service %s started, pid %d", name, proc.pid)
             started = time.monotonic()
-            tail = b""
+            tail, partial = b"", b""
             try:
                 while True:
                     item = await sub.queue.get()
@@ -84,7 +86,14 @@ class ServiceSupervisor:
                         log.warning("service %s ended (%s): %s", name, item["end"]["status"], text)
                         break
                     for data in item["data"].values():
-                        tail = (tail + base64.b64decode(data))[-2000:]
+                        chunk = base64.b64decode(data)
+                        tail = (tail + chunk)[-2000:]
+                        # what it prints, line by line, in the sandbox's log (E2B's logs show a
+                        # start command's output)
+                        *lines, partial = (partial + chunk).split(b"\n")
+                        for line in lines:
+                            log.info("%s: %s", name, line[:LINE_MAX].decode(errors="replace"))
+                        partial = partial[-LINE_MAX:]
             finally:
                 proc.unsubscribe(sub)
             delay = 0.5 if time.monotonic() - started > 60 else min(delay * 2, 30.0)

@@ -21,6 +21,7 @@ Modules:
 - ``network.py``: E2B's egress options mapped to the runtime's ``NetworkPolicy``
 - ``proxy.py``: The data plane: authorize a request for a sandbox and stream it to the sandbox's
   agent
+- ``sandbox_logs.py``: E2B's sandbox logs (``e2b sandbox logs``), from the sandbox's own log
 - ``secrets.py``: E2B's ``/secrets``: a team's named values for its sandboxes' ``network.rules``
 - ``server.py``: Running the E2B-compatible server under uvicorn (``sandhold serve``)
 - ``snapshots.py``: E2B's snapshot endpoints over the service's snapshots (service/snapshots.py)

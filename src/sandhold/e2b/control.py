@@ -25,7 +25,7 @@ from starlette.routing import Route
 from sandhold import http_edge
 from sandhold.config import Settings
 from sandhold.console import server as console
-from sandhold.e2b import forks, models, secrets, snapshots, templates, wire
+from sandhold.e2b import forks, models, sandbox_logs, secrets, snapshots, templates, wire
 from sandhold.e2b.auth import Teams
 from sandhold.e2b.creates import DEFAULT_TIMEOUT_S, create_request
 from sandhold.e2b.errors import answer, error_response
@@ -122,7 +122,6 @@ class ControlPlane:
         self, lifespan: Callable[[Starlette], contextlib.AbstractAsyncContextManager[None]]
     ) -> Starlette:
         a = self.authed
-        unsupported = a(self.unsupported)
         routes = [
             Route("/health", self.health, methods=["GET"]),
             Route("/ready", self.ready, methods=["GET"]),
@@ -158,9 +157,7 @@ class ControlPlane:
             Route("/volumes", a(self.list_volumes), methods=["GET"]),
             Route("/volumes/{id}", a(self.get_volume), methods=["GET"]),
             Route("/volumes/{id}", a(self.delete_volume), methods=["DELETE"]),
-            # Known E2B endpoints this server does not implement: say so instead of 404.
-            Route("/sandboxes/{id}/logs", unsupported, methods=["GET"]),
-            Route("/v2/sandboxes/{id}/logs", unsupported, methods=["GET"]),
+            *sandbox_logs.routes(self.service, a, self.owned),
         ]
         return Starlette(
             routes=routes,
@@ -192,12 +189,6 @@ class ControlPlane:
             self.teams.team_of(request.headers)
         text = await self.service.offload.run(self.service.prom.exposition)
         return Response(text, media_type=CONTENT_TYPE)
-
-    async def unsupported(self, request: Request, team: str) -> Response:
-        # A known E2B endpoint, not an option of one: 501, the wire's own answer for that.
-        return error_response(
-            501, f"{request.method} {request.url.path} is not supported by this server"
-        )
 
     async def _create(self, request: Request, team: str, v1: bool) -> Response:
         raw = await self.read_body(request)

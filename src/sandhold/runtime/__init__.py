@@ -39,6 +39,8 @@ Modules:
 - ``records.py``: What the runtime records about a sandbox
 - ``runtime.py``: ``Runtime``, the facade: creates, lists, pauses, resumes and destroys sandboxes
 - ``safefs.py``: File operations in trees that came from a user
+- ``sandbox_log.py``: A sandbox's log (its agent's events, processes, services' output), read
+  back as entries
 - ``seccomp.py``: The seccomp filter every sandbox runs under
 - ``spec.py``: What a sandbox is made of: the validated request the runtime turns into namespaces
 - ``staging.py``: Directories a piece of work builds in before it renames the result into place
