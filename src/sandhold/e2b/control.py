@@ -200,7 +200,10 @@ class ControlPlane:
                 f"Idempotency-Key is {len(key)} characters, over the limit of {longest} "
                 "(setting server_max_idempotency_key_chars)"
             )
-        req = create_request(self.settings, self.volumes, team, body, v1=v1, idempotency_key=key)
+        sdk = request.headers.get("package_version")
+        req = create_request(
+            self.settings, self.volumes, team, body, v1=v1, idempotency_key=key, sdk_version=sdk
+        )
         sbx = await self.service.create(req)
         return JSONResponse(wire.created(sbx, self.domain), status_code=201)
 

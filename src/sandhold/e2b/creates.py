@@ -32,6 +32,7 @@ from sandhold.service.records import CreateSandbox, Mount
 
 DEFAULT_TIMEOUT_S = 300
 V1_DEFAULT_TIMEOUT_S = 15
+SDK_TRUE_BY_DEFAULT_UNTIL = (2, 51)  # the first SDK release (Python, JS) that omits it
 
 
 def create_request(
@@ -42,6 +43,7 @@ def create_request(
     *,
     v1: bool,
     idempotency_key: str | None,
+    sdk_version: str | None = None,
 ) -> CreateSandbox:
     timeout = body.timeout
     if timeout is None:
@@ -52,7 +54,10 @@ def create_request(
     file_view = parse_file_view(metadata.pop(FILE_VIEW_KEY, None))
     requested = body.network.model_dump(exclude_none=True) if body.network else {}
     tenant = secrets_tenant(team, metadata.pop(SECRETS_SCOPE_KEY, None))
-    policy = egress_policy(settings, tenant, body.allow_internet_access, requested)
+    internet = body.allow_internet_access
+    if internet and not settings.egress_e2b_enabled and _true_unasked(sdk_version):
+        internet = None  # (where no sandbox has network, as every one here)
+    policy = egress_policy(settings, tenant, internet, requested)
     if body.mcp is not None:  # the SDK then runs mcp-gateway in it: sandhold.mcp_gateway
         try:
             check_mcp(body.mcp)
@@ -88,6 +93,17 @@ def create_request(
             "volume_mounts": [m.model_dump() for m in body.volumeMounts or []],
         },
     )
+
+
+def _true_unasked(sdk_version: str | None) -> bool:
+    """Whether the SDK that sent a create (its ``package_version`` header) sends
+    ``allow_internet_access=true`` on every create, asked for or not: the Python and JavaScript
+    SDKs before 2.51 do (tests/compat: without this every create of theirs was refused)."""
+    try:
+        major, minor = (int(p) for p in (sdk_version or "").split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) < SDK_TRUE_BY_DEFAULT_UNTIL
 
 
 def host_mounts(settings: Settings, raw: str | None) -> tuple[Path | None, list[Mount]]:
