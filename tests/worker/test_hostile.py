@@ -10,6 +10,8 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from tests.support.gateway_server import TENANT_KEY, Gateway, wait_for
 from tests.support.worker import Worker, text_of, workspace
 from tests.worker.control_plane import ControlPlane
@@ -32,8 +34,6 @@ def test_tool_inputs_and_sandbox_code_stay_in_their_session(
 ) -> None:
     cp = control_plane
     mine, other = cp.create_session(), cp.create_session()
-    # the control plane's body of `mine` names `other`: its tools must still run in `mine`
-    cp.misreported[mine] = other
     start_worker("h1"), start_worker("h2")
     ok(cp.call(other, "write", file_path="other.txt", content="other's"))
     ok(cp.call(mine, "bash", command="touch here-i-am"))
@@ -83,3 +83,22 @@ def test_tool_inputs_and_sandbox_code_stay_in_their_session(
         "absent"
     )
     assert not Path(f"/tmp/{marker}").exists()  # nor on the worker's host
+
+
+def test_an_item_whose_session_body_names_another_session_is_refused(
+    gateway: Gateway, control_plane: ControlPlane, start_worker: Callable[..., Worker]
+) -> None:
+    """The SDK serves the events of the session the control plane's body names, and the tools
+    run in the item's session's sandbox: a body naming another session would run that
+    session's calls in this one's sandbox. The worker stops such an item instead."""
+    cp = control_plane
+    mine, other = cp.create_session(), cp.create_session()
+    cp.misreported[mine] = other
+    w = start_worker("h3")
+    pending = cp.tool_use(mine, "bash", command="touch here-i-am")
+    wait_for(lambda: cp.item_of(mine).state == "stopped", timeout=30)
+    assert "names" in w.output() and "refused" in w.output()
+    assert not (workspace(gateway, mine) / "here-i-am").exists()
+    assert not (workspace(gateway, other) / "here-i-am").exists()
+    with pytest.raises(AssertionError, match="no result"):  # no worker ran it
+        cp.result(mine, pending, timeout=2)

@@ -55,6 +55,12 @@ class WorkerSettings(Layer):
         description="Seconds a work item is kept after its session's turn ended, before the "
         "worker stops it and polls again (the SDK's max_idle).",
     )
+    worker_max_concurrent_calls: int = Field(
+        1,
+        ge=1,
+        description="Tool calls of one session run at once (the SDK's max_concurrent_calls): "
+        "calls of different session threads only; one thread's always run one at a time.",
+    )
     worker_custom_tools: Literal["error", "leave"] = Field(
         "error",
         description="Custom tools of the session's agent: answer each call with an is_error "

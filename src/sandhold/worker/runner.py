@@ -1,26 +1,30 @@
 """``sandhold worker``: the ``anthropic`` SDK's environment worker with its tools in Sandhold.
 
-The work loop is the SDK's ``EnvironmentWorker`` (``anthropic.lib.environments``): it polls the
-environment's queue, acks each item, heartbeats its lease while the session is served, runs the
-SDK's ``SessionToolRunner`` over the session's event stream (reconciling with the event list
-after every reconnect, so a tool use left unanswered by a worker that died is answered by the
-next one), answers ``agent.tool_use`` with ``user.tool_result`` and ``agent.custom_tool_use``
-with ``user.custom_tool_result``, drops an item whose heartbeat gets 412 (lease lost) without
-stopping it, and stops an item it has finished. What Sandhold adds is the tools: a factory
-gives the SDK the toolset of ``tools.py`` bound to the item's session, whose sandbox is the
-gateway's session of the same id (re-attached by any worker), and this subclass adds two
-things the SDK does not have: the sandbox is prepared as soon as an item is claimed, and
-SIGTERM releases the current item (its running tool call finishes and posts its result, the
-lease is left to lapse so another worker takes the item over) instead of cancelling it.
+The per-item flow is the SDK's public ``EnvironmentWorker.handle_item``
+(``anthropic.lib.environments``): it claims the item with a first heartbeat, heartbeats its
+lease while the session is served, runs the SDK's ``SessionToolRunner`` over the session's event
+stream (reconciling with the event list after every reconnect, so a tool use left unanswered by a
+worker that died is answered by the next one), answers ``agent.tool_use`` with
+``user.tool_result`` and ``agent.custom_tool_use`` with ``user.custom_tool_result``, drops an
+item whose heartbeat gets 412 (lease lost) without stopping it, and force-stops an item it has
+finished. The items come from the SDK's public poller (``aiter_work``, which acks each one).
+What Sandhold adds is the tools: a factory gives the SDK the toolset of ``tools.py`` bound to the
+item's session, whose sandbox is the gateway's session of the same id (re-attached by any
+worker); and, around the SDK's flow, the sandbox is prepared as soon as an item is claimed, and
+SIGTERM releases the current item: its running tool call finishes and its result is posted
+(``InFlight``; the SDK itself would cancel the call), then the item's stop is not sent
+(``WorkerTransport``), so its lease lapses and another worker takes the item over.
 
-The SDK's private hooks used, pinned with ``anthropic==2.15.0``: ``EnvironmentWorker._handle_item``
-(overridden, to know the current item's lease) and ``_Lease.finish(LEASE_LOST)`` (to release it).
+Only public names of the SDK (pinned ``anthropic==2.17.0``): ``EnvironmentWorker``,
+``handle_item``, ``aiter_work``, the client's ``http_client`` (``DefaultAsyncHttpxClient``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import re
 import shutil
 import signal
 import tempfile
@@ -28,12 +32,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from anthropic import AsyncAnthropic
-from anthropic.lib.environments import BetaAnyRunnableTool, EnvironmentWorker
-from anthropic.lib.environments._worker import _Lease, _LeaseEndReason
+import httpx2
+from anthropic import AsyncAnthropic, DefaultAsyncHttpxClient
+from anthropic.lib.environments import BetaAnyRunnableTool, EnvironmentWorker, aiter_work
 
 from sandhold.worker.gateway import Gateway
-from sandhold.worker.tools import SandboxTools, unhandled_custom_tools
+from sandhold.worker.tools import InFlight, SandboxTools, unhandled_custom_tools
 
 if TYPE_CHECKING:
     from anthropic.lib.tools.agent_toolset import AgentToolContext
@@ -42,6 +46,39 @@ if TYPE_CHECKING:
     from sandhold.config import Settings
 
 log = logging.getLogger("sandhold.worker")
+STOP_PATH = re.compile(r"^/v1/environments/[^/]+/work/([^/]+)/stop$")
+EVENTS_PATH = re.compile(r"^/v1/sessions/[^/]+/events$")  # (where tool results are posted)
+SETTLE_MAX_S = 150.0  # a release waits this long at most for calls in flight: the SDK's bound
+
+
+class WorkerTransport(httpx2.AsyncBaseTransport):
+    """The worker's HTTP transport. Every request goes on, but the stop of an item being
+    released, which is answered as the API answers the stop of an item already stopped (409,
+    which the SDK takes as done): the SDK force-stops an item whenever its handling ends with
+    its lease held, and a released item must not be stopped, so that the control plane gives it
+    to another worker once its lease lapses. It also sees each tool result posted
+    (``InFlight``: a release waits for them)."""
+
+    def __init__(self, inner: httpx2.AsyncBaseTransport, in_flight: InFlight) -> None:
+        self.inner = inner
+        self.in_flight = in_flight
+        self.released: set[str] = set()  # work ids
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        m = STOP_PATH.match(request.url.path)
+        if request.method == "POST" and m is not None and m.group(1) in self.released:
+            log.info("work %s released: not stopped", m.group(1))
+            body = {"type": "error", "error": {"type": "conflict_error", "message": "released"}}
+            no_retry = {"x-should-retry": "false"}  # (the SDK retries a 409 otherwise)
+            return httpx2.Response(409, json=body, headers=no_retry, request=request)
+        response = await self.inner.handle_async_request(request)
+        posted = request.method == "POST" and response.status_code < 300
+        if posted and EVENTS_PATH.match(request.url.path):
+            self.in_flight.posted()
+        return response
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
 
 
 class SandboxWorker(EnvironmentWorker):
@@ -50,6 +87,7 @@ class SandboxWorker(EnvironmentWorker):
     def __init__(
         self,
         client: AsyncAnthropic,
+        transport: WorkerTransport,
         gateway: Gateway,
         settings: Settings,
         *,
@@ -66,13 +104,17 @@ class SandboxWorker(EnvironmentWorker):
             # directory); the tools never read it: the session's files are in its sandbox.
             workdir=workdir,
             max_idle=settings.worker_max_idle_s,
+            max_concurrent_calls=settings.worker_max_concurrent_calls,
             # Memory stores would be synced to this host's disk, not the sandbox: off.
             memory_sync_interval=None,
             worker_id=settings.worker_id,
         )
+        self.client = client
+        self.transport = transport
         self.gateway = gateway
         self.settings = settings
-        self.lease: _Lease | None = None  # the current item's, while one is served
+        self.environment_id = environment_id
+        self.work_id: str | None = None  # the current item's, while one is served
         self.session_id: str | None = None  # and its session's id
         self.draining = False
         self.idle = asyncio.Event()  # set while no item is served
@@ -83,21 +125,14 @@ class SandboxWorker(EnvironmentWorker):
         session = ctx.session
         assert session is not None  # the SDK's worker always passes the fetched session
         s = self.settings
-        # The sandbox is the work item's session's, whose events the SDK's runner serves: not
-        # the id in the fetched session's body, which a control plane could get wrong.
+        # The sandbox is the work item's session's (serve_item checked that its body names it).
         session_id = self.session_id or session.id
-        if session.id != session_id:
-            log.warning(
-                "session %s: the control plane's session body says %r; its tools run "
-                "in the work item's session",
-                session_id,
-                session.id,
-            )
         tools = SandboxTools(
             self.gateway,
             session_id,
             max_file_bytes=s.worker_max_file_bytes,
             bash_timeout_s=s.worker_bash_timeout_s,
+            in_flight=self.transport.in_flight,
         ).toolset()
         if s.worker_custom_tools == "error":
             builtin = {t.name for t in tools}
@@ -105,39 +140,76 @@ class SandboxWorker(EnvironmentWorker):
             tools += unhandled_custom_tools([n for n in custom if n not in builtin])
         return tools
 
-    async def _handle_item(
-        self,
-        work_item: BetaSelfHostedWork,
-        environment_key: str | None,
-        lease: _Lease | None = None,
-    ) -> None:
-        lease = lease or _Lease()
-        self.lease = lease
-        self.session_id = work_item.data.id if work_item.data.type == "session" else None
+    async def run(self) -> None:
+        """Poll the environment (the SDK's poller) and serve each item, until cancelled."""
+        items = aiter_work(
+            self.client.beta.environments.work,
+            environment_id=self.environment_id,
+            worker_id=self.settings.worker_id,
+            auto_stop=False,  # (handle_item stops what it served)
+        )
+        async with contextlib.aclosing(items):
+            async for item in items:
+                try:
+                    await self.serve_item(item)
+                except Exception as e:
+                    log.error("work %s failed", item.id, exc_info=e)
+
+    async def serve_item(self, item: BetaSelfHostedWork) -> None:
+        self.work_id = item.id
+        self.session_id = item.data.id if item.data.type == "session" else None
         self.idle.clear()
         try:
-            if work_item.data.type == "session" and not self.draining:
-                log.info("work %s: session %s", work_item.id, work_item.data.id)
-                await self.gateway.prepare(work_item.data.id)
-            if not self.draining:
-                await super()._handle_item(work_item, environment_key, lease)
+            if self.session_id is None:
+                log.info("work %s is not a session's: stopped", item.id)
+                await self.client.beta.environments.work.stop(
+                    item.id, environment_id=item.environment_id, force=True
+                )
+                return
+            log.info("work %s: session %s", item.id, self.session_id)
+            if not await self._session_is_the_items(item):
+                return
+            await self.gateway.prepare(self.session_id)
+            await self.handle_item(
+                work_id=item.id,
+                environment_id=item.environment_id,
+                session_id=self.session_id,
+                work_secret=item.secret,
+            )
         finally:
-            self.lease = None
+            self.work_id = None
             self.session_id = None
             self.idle.set()
-        if self.draining:
-            # Never poll again: the serving task is cancelled once it is here.
-            await asyncio.Event().wait()
 
-    def release(self) -> None:
-        """Give the current item back: the SDK's runner stops (a tool call in flight finishes
-        and posts its result first: the SDK shields it), and the item is neither stopped nor
-        heartbeated again, so its lease lapses and the control plane hands it to another
-        worker, which continues the session in the same sandbox."""
+    async def _session_is_the_items(self, item: BetaSelfHostedWork) -> bool:
+        """Whether the control plane's session body names the item's session: the SDK serves
+        the events of the session its body names, and the tools run in the item's session's
+        sandbox, so a body naming another session would run that session's calls in this one's
+        sandbox (a control plane's bug; refused: the item is stopped)."""
+        session = await self.client.beta.sessions.retrieve(str(self.session_id))
+        if session.id == self.session_id:
+            return True
+        log.error(
+            "work %s: the control plane's body of session %s names %r: refused (stopped)",
+            item.id,
+            self.session_id,
+            session.id,
+        )
+        await self.client.beta.environments.work.stop(
+            item.id, environment_id=item.environment_id, force=True
+        )
+        return False
+
+    def release(self) -> str | None:
+        """Give the current item back (its id; None if none is served): the caller then waits
+        for the calls in flight and their results, and cancels the serving task; the item is not
+        stopped (``WorkerTransport``), so its lease lapses and the control plane hands it to
+        another worker, which continues the session in the same sandbox."""
         self.draining = True
-        if self.lease is not None and not self.lease.ended:
+        if self.work_id is not None:
             log.info("releasing the current work item (SIGTERM)")
-            self.lease.finish(_LeaseEndReason.LEASE_LOST)
+            self.transport.released.add(self.work_id)
+        return self.work_id
 
 
 async def serve(settings: Settings) -> int:
@@ -150,11 +222,15 @@ async def serve(settings: Settings) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="sandhold-worker-"))
     # The SDK's worker authenticates every call with the environment key (or the item's
     # sessions token), through its own scoped copies of this client.
+    transport = WorkerTransport(httpx2.AsyncHTTPTransport(), InFlight())
     client = AsyncAnthropic(
-        base_url=control["worker_base_url"], auth_token=control["worker_environment_key"]
+        base_url=control["worker_base_url"],
+        auth_token=control["worker_environment_key"],
+        http_client=DefaultAsyncHttpxClient(transport=transport),  # (the SDK's defaults)
     )
     worker = SandboxWorker(
         client,
+        transport,
         gateway,
         settings,
         workdir=workdir,
@@ -182,7 +258,10 @@ async def serve(settings: Settings) -> int:
             status = _failed(task)
         else:
             worker.release()
-            await worker.idle.wait()  # the item in hand, if any, has been released
+            # The call in flight finishes and its result is posted before the item is let go
+            # (the SDK would cancel it: an interrupted call's result is an error).
+            if not await transport.in_flight.settled(SETTLE_MAX_S):
+                log.warning("released with a tool call still running")
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
             log.info("stopped")

@@ -19,10 +19,13 @@ sandbox instead of the worker's host. The differences:
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import functools
 import inspect
 import posixpath
 import shlex
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -63,12 +66,19 @@ class SandboxTools:
     """The toolset of one session: every call goes to the session's sandbox via the gateway."""
 
     def __init__(
-        self, gateway: Gateway, session_id: str, *, max_file_bytes: int, bash_timeout_s: float
+        self,
+        gateway: Gateway,
+        session_id: str,
+        *,
+        max_file_bytes: int,
+        bash_timeout_s: float,
+        in_flight: InFlight | None = None,
     ) -> None:
         self.gw = gateway
         self.session_id = session_id
         self.max_file_bytes = max_file_bytes
         self.bash_timeout_s = bash_timeout_s
+        self.in_flight = in_flight or InFlight()
 
     async def _call(self, name: str, tool: str, budget_s: float = 0.0, **args: Any) -> Any:
         return await self.gw.call(name, self.session_id, tool, budget_s, **args)
@@ -238,9 +248,51 @@ class SandboxTools:
             "grep": BetaManagedAgentsAgentToolset20260401GrepInput,
         }
         return [
-            beta_async_tool(getattr(self, name), name=name, input_schema=schema)
+            beta_async_tool(self._counted(getattr(self, name)), name=name, input_schema=schema)
             for name, schema in schemas.items()
         ]
+
+    def _counted(self, fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+        @functools.wraps(fn)
+        async def run(**kwargs: Any) -> Any:
+            with self.in_flight.call():
+                return await fn(**kwargs)
+
+        return run
+
+
+class InFlight:
+    """A worker's tool calls in flight and their results not yet posted (the SDK posts one per
+    call, whatever it ended with): a release waits until there are none."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.unposted = 0
+        self._changed = asyncio.Event()
+
+    @contextlib.contextmanager
+    def call(self) -> Iterator[None]:
+        self.calls += 1
+        try:
+            yield
+        finally:
+            self.calls -= 1
+            self.unposted += 1
+            self._changed.set()
+
+    def posted(self) -> None:
+        if self.unposted:
+            self.unposted -= 1
+            self._changed.set()
+
+    async def settled(self, within: float) -> bool:
+        """Wait until no call runs and every result is posted, at most ``within`` seconds."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(within):
+                while self.calls or self.unposted:
+                    self._changed.clear()
+                    await self._changed.wait()
+        return not (self.calls or self.unposted)
 
 
 def _bounded(text: str, limit: int = sandbox_search.GREP_LIMIT) -> str:
