@@ -216,6 +216,27 @@ def test_killed_connector_fails_the_call_then_a_restarted_one_serves(
     assert outcomes[0] == "error" and outcomes[-1] == "ok"
 
 
+def test_a_call_for_a_connector_killed_with_its_poll_held_never_ran(
+    setup: dict[str, Any], world: World
+) -> None:
+    """The killed connector's poll is still held on the gateway when the call comes: it must
+    not be handed the call (it could never run it), so the call fails saying it never ran."""
+    gw, config = setup["gw"], setup["config"]
+    assert world.connector is not None
+    assert call(gw, "tun-held", "corp__lookup", key="k0").status_code == 200  # (tools listed)
+    stop(world.connector, signal.SIGKILL)
+    try:
+        r = call(gw, "tun-held", "corp__lookup", key="k")  # (within gateway_tunnel_stale_s)
+        assert r.status_code == 503, r.text
+        message = r.json()["message"]
+        assert "never ran" in message or "is down" in message, message
+        assert "may or may not" not in message
+    finally:
+        world.connector = world.start_connector(config)
+    r = call(gw, "tun-held", "corp__lookup", key="k4")
+    assert r.status_code == 200 and text(r.json()).startswith("value-of-k4"), r.text
+
+
 def _delivered(gw: Any) -> bool:
     """Whether a tools/call of acme's tunnel has been handed to a connector (read in the
     gateway's store)."""

@@ -6,16 +6,20 @@ It dials out only: long-polls the gateway for MCP requests of its tunnel
 ``X-Tunnel-Shard-Token``). A failed poll is retried with exponential backoff and full jitter; a
 response is retried on network errors, 408, 429, 502, 503 and 504 until the command's deadline
 (``response_timeout``, from the poll's receipt); a command past its deadline is dropped without
-an answer, as tunnel-client's protocol says.
+an answer, as tunnel-client's protocol says. A 429 or 503 with ``Retry-After`` (seconds or an
+HTTP date, capped at ``backoff_max_s``) is retried after that long; a 404 to a response is
+terminal (the gateway holds no such request): never sent again. A command for a channel this
+connector does not serve is answered ``unsupported_channel``.
 
-A local HTTP listener serves ``/healthz`` (the process runs), ``/readyz`` (the last poll
-succeeded and every upstream is reachable) and ``/metrics`` (Prometheus text).
+A local HTTP listener serves ``/healthz`` (the process runs), ``/readyz`` (the gateway holds or
+answered the last poll, and every upstream is reachable) and ``/metrics`` (Prometheus text).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import email.utils
 import json
 import logging
 import random
@@ -52,6 +56,23 @@ CLIENT_VERSION = "0.1.0"
 RETRY_STATUS = {408, 429, 502, 503, 504}
 TIMEOUT_RE = re.compile(r"^(\d+)(ns|us|ms|s|m|h)$")
 UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+HELD_S = 0.5  # a poll the gateway holds this long without an error: connected
+
+
+def retry_after(r: httpx.Response, cap: float) -> float | None:
+    """A 429's or 503's ``Retry-After`` in seconds (delta-seconds or an HTTP date), at most
+    ``cap``; None without a usable one."""
+    raw = r.headers.get("retry-after") if r.status_code in (429, 503) else None
+    if not raw:
+        return None
+    try:
+        seconds = float(raw)
+    except ValueError:
+        try:
+            seconds = email.utils.parsedate_to_datetime(raw).timestamp() - time.time()
+        except (TypeError, ValueError):
+            return None
+    return min(max(seconds, 0.0), cap)
 
 
 def response_timeout(raw: object) -> float | None:
@@ -177,11 +198,16 @@ class Connector:
                 if await self._until_stopped(self.finished.wait()) is None:
                     return
             free = min(g.max_concurrency - len(self.tasks), 25)
-            wait = None
+            wait, exact = None, False
             try:
-                r = await self._until_stopped(
+                poll = asyncio.ensure_future(
                     http.get(path, params={"limit": free, "timeout_ms": g.poll_timeout_ms})
                 )
+                held = asyncio.get_running_loop().call_later(HELD_S, self._held, poll)
+                try:
+                    r = await self._until_stopped(poll)
+                finally:
+                    held.cancel()
                 if r is None:
                     return
                 received = time.monotonic()
@@ -194,14 +220,16 @@ class Connector:
                         self._spawn(cmd, received)
                 else:
                     self._polled(False, _explain(r))
-                    wait = backoff
+                    hint = retry_after(r, g.backoff_max_s)
+                    wait, exact = (backoff, False) if hint is None else (hint, True)
             except (httpx.HTTPError, ValueError) as e:
                 self._polled(False, f"cannot reach the gateway: {type(e).__name__}: {e}")
                 wait = backoff
             if wait is not None:
                 log.warning("poll failed (%s); again in up to %.1f s", self.last_error, wait)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.stop.wait(), random.uniform(0, wait))
+                    pause = wait if exact else random.uniform(0, wait)
+                    await asyncio.wait_for(self.stop.wait(), pause)
                 backoff = min(backoff * 2, g.backoff_max_s)
 
     async def _until_stopped(self, coro: Any) -> Any:
@@ -215,6 +243,12 @@ class Connector:
             return None
         stopper.cancel()
         return task.result()
+
+    def _held(self, poll: asyncio.Future[httpx.Response]) -> None:
+        """The gateway holds the poll: connected, ready, before its answer comes."""
+        if not poll.done():
+            self.last_poll_ok, self.last_error = True, ""
+            self.metrics.connected.set(1)
 
     def _polled(self, ok: bool, error: str) -> None:
         self.last_poll_ok, self.last_error = ok, error
@@ -254,12 +288,12 @@ class Connector:
             up = self.upstreams.get(channel)
             message = cmd["jsonrpc"]
             left = None if deadline is None else deadline - time.monotonic()
-            if up is None:
+            if up is None:  # (tunnel-client's answer, never another channel's server)
                 body = failure(
                     message,
                     "client_internal",
-                    "unknown",
-                    f"this connector has no upstream for channel {channel!r}",
+                    "unsupported_channel",
+                    f"unsupported_channel: this connector serves no channel {channel!r}",
                 )
             else:
 
@@ -286,17 +320,24 @@ class Connector:
         path = f"/v1/tunnels/{self.cfg.gateway.tunnel_id}/response"
         delay = self.cfg.gateway.backoff_initial_s
         while True:
+            pause = None
             try:
                 r = await self.http.post(path, json=body, headers={"X-Tunnel-Shard-Token": shard})
+                if r.status_code == 404:  # terminal: the gateway holds no such request
+                    rid = body["request_id"]
+                    log.warning("response to %s: the gateway holds no such request (404)", rid)
+                    return
                 if r.status_code not in RETRY_STATUS:
                     if r.status_code >= 400:
                         log.warning("response to %s refused: %s", body["request_id"], _explain(r))
                     return
+                pause = retry_after(r, self.cfg.gateway.backoff_max_s)
             except httpx.HTTPError as e:
                 log.warning("posting the response to %s failed: %s", body["request_id"], e)
-            if deadline is not None and time.monotonic() + delay >= deadline:
+            pause = random.uniform(0, delay) if pause is None else pause
+            if deadline is not None and time.monotonic() + pause >= deadline:
                 return
-            await asyncio.sleep(random.uniform(0, delay))
+            await asyncio.sleep(pause)
             delay = min(delay * 2, self.cfg.gateway.backoff_max_s)
 
     # -- health --------------------------------------------------------------------------------

@@ -9,10 +9,13 @@ PostgreSQL behave the same.
 
 A request is never handed out twice: a connector that dies holding one (it stops polling) makes
 its call fail after ``gateway_tunnel_stale_s``, since the internal server may or may not have run
-it (a tools/call need not be idempotent). Bounds: at most ``gateway_tunnel_max_pending``
-requests of a tunnel are queued or held at once (more are refused), a request waits
-``gateway_tunnel_pickup_timeout_s`` for a connector to take it, and the call's own timeout for
-the answer; a replica holds at most ``gateway_tunnel_max_polls`` of a tunnel's polls at once.
+it (a tools/call need not be idempotent). A poll whose connector has gone (its connection closed)
+takes nothing: a request no connector took fails saying it never ran.
+
+Bounds: at most ``gateway_tunnel_max_pending`` requests of a tunnel are queued or held at once
+(more are refused), a request waits ``gateway_tunnel_pickup_timeout_s`` for a connector to take
+it, and the call's own timeout for the answer; a replica holds at most
+``gateway_tunnel_max_polls`` of a tunnel's polls at once.
 """
 
 from __future__ import annotations
@@ -157,7 +160,8 @@ class Relay:
                     raise Unavailable(
                         f"no connector took the request within "
                         f"{s.gateway_tunnel_pickup_timeout_s:g} s (gateway_tunnel_pickup_timeout_s)"
-                        ": is `sandhold tunnel connect` running and polling this gateway?"
+                        ": it never ran; is `sandhold tunnel connect` running and polling this "
+                        "gateway?"
                     )
                 continue
             if row.state == "delivered" and row.delivered_to:
@@ -266,7 +270,9 @@ class Relay:
             await seen()
             while True:
                 event.clear()
-                if await self._db(self._pending, tunnel_id, channels):
+                # A connector gone while its poll was held (killed) must not be handed work:
+                # the call would never run, and it could not be told so.
+                if await self._db(self._pending, tunnel_id, channels) and not await disconnected():
                     claimed = await self._db(self._claim, tunnel_id, instance, channels, limit)
                     if claimed:
                         return claimed
