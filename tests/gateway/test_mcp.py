@@ -39,12 +39,13 @@ def refusal(result: object) -> dict:
     return json.loads(text[text.index("{") :])
 
 
-async def test_streamable_http(make_gateway: Callable[..., Gateway]) -> None:
+@pytest.mark.parametrize("era", ["2026-07-28", "legacy"])  # stateless, or the handshake
+async def test_streamable_http(make_gateway: Callable[..., Gateway], era: str) -> None:
     gw = make_gateway("local")
     headers = {"Authorization": f"Bearer {TENANT_KEY}", "X-Sandhold-Session": "mcp-http"}
     async with (
         httpx2.AsyncClient(headers=headers, timeout=120) as http,
-        Client(streamable_http_client(f"{gw.url}/mcp", http_client=http)) as c,
+        Client(streamable_http_client(f"{gw.url}/mcp", http_client=http), mode=era) as c,
     ):
         assert {t.name for t in (await c.list_tools()).tools} == TOOLS
         r = payload(await c.call_tool("run_command", {"command": "echo $((6*7)) > n.txt"}))

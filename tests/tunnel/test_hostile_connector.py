@@ -63,6 +63,12 @@ def mcp_server(tools: list[Any], call: Answer | None = None) -> Answer:
         msg = cmd["jsonrpc"]
         if "id" not in msg:
             return {"resp_type": "notify_ack", "resp_code": 202}
+        if msg["method"] == "server/discover":  # a handshake-era server: it does not know it
+            error = {"code": -32601, "message": "Method not found"}
+            return {
+                "resp_json": {"jsonrpc": "2.0", "id": msg["id"], "error": error},
+                "resp_code": 200,
+            }
         if msg["method"] == "initialize":
             info = {"name": "hostile", "version": "1"}
             init = {"protocolVersion": "2025-11-25", "capabilities": {}, "serverInfo": info}
@@ -324,9 +330,9 @@ def test_a_channel_filter_hands_out_only_those_channels(gw: Gateway) -> None:
     tunnel = create_tunnel(gw, "acme", "picky")
     with FakeConnector(gw, tunnel, mcp_server([TOOL]), serve=False) as fc:
         wait = in_background(lambda: post(gw, "/v1/sessions/picky/tools/picky__t"))
-        wait_for(lambda: ("initialize", "pending") in rows(gw, tunnel["id"]))
+        wait_for(lambda: ("server/discover", "pending") in rows(gw, tunnel["id"]))
         assert fc.poll(300, channel="other") == []
-        assert ("initialize", "pending") in rows(gw, tunnel["id"])  # still there for main
+        assert ("server/discover", "pending") in rows(gw, tunnel["id"])  # still there for main
         fc.serve_until(wait.finished)  # type: ignore[attr-defined]
         assert wait().status_code == 200
 
@@ -385,3 +391,45 @@ def test_a_description_that_is_not_a_string_is_refused(gw: Gateway) -> None:
             assert r.status_code == 400 and r.json()["code"] == "invalid_argument", r.text
         names = [t["name"] for t in a.get("/v1/admin/tenants/acme/tunnels").json()["tunnels"]]
     assert "typed" not in names
+
+
+def test_a_server_of_the_stateless_era_is_spoken_to_in_its_own(gw: Gateway) -> None:
+    """A 2026-07-28 server behind a tunnel (it answers ``server/discover`` and refuses
+    ``initialize``): the gateway lists and calls its tools without a handshake, every request
+    carrying the era's ``_meta`` envelope and its ``Mcp-Protocol-Version``, ``Mcp-Method`` and
+    (for a call) ``Mcp-Name`` headers; ``server/discover`` answered through the tunnel decides."""
+    tunnel = create_tunnel(gw, "acme", "modern")
+    seen: list[dict[str, Any]] = []
+
+    def modern(cmd: dict[str, Any]) -> dict[str, Any] | None:
+        msg = cmd["jsonrpc"]
+        seen.append(cmd)
+        if "id" not in msg:
+            return {"resp_type": "notify_ack", "resp_code": 202}
+        if msg["method"] == "server/discover":
+            found = {"supportedVersions": ["2026-07-28"], "capabilities": {"tools": {}}}
+            return result(msg["id"], found)
+        if msg["method"] == "initialize":  # (not of this era)
+            error = {"code": -32601, "message": "Method not found"}
+            return {
+                "resp_json": {"jsonrpc": "2.0", "id": msg["id"], "error": error},
+                "resp_code": 200,
+            }
+        if msg["method"] == "tools/list":
+            return result(msg["id"], {"tools": [TOOL]})
+        return result(msg["id"], {"content": [{"type": "text", "text": "modern ok"}]})
+
+    with FakeConnector(gw, tunnel, modern):
+        r = post(gw, "/v1/sessions/modern/tools/modern__t")
+        assert r.status_code == 200 and "modern ok" in r.text, r.text
+    methods = [c["jsonrpc"].get("method") for c in seen]
+    assert methods[0] == "server/discover" and "initialize" not in methods, methods
+    for cmd in seen:
+        msg, headers = cmd["jsonrpc"], {k.lower(): v for k, v in cmd["headers"].items()}
+        meta = msg["params"]["_meta"]
+        assert meta["io.modelcontextprotocol/protocolVersion"] == "2026-07-28"
+        assert "io.modelcontextprotocol/clientCapabilities" in meta
+        assert headers["mcp-protocol-version"] == ["2026-07-28"]
+        assert headers["mcp-method"] == [msg["method"]]
+        if msg["method"] == "tools/call":
+            assert headers["mcp-name"] == ["t"]

@@ -1,6 +1,9 @@
-"""The gateway as an MCP client of the servers behind a tunnel: the initialize handshake per
-channel (its ``Mcp-Session-Id`` kept per replica), ``tools/list`` cached briefly (and served
-stale while a new one is fetched), ``tools/call``.
+"""The gateway as an MCP client of the servers behind a tunnel, of either era, per channel: first
+``server/discover`` (MCP 2026-07-28, stateless: every request then carries its ``_meta``
+envelope and the ``Mcp-Protocol-Version``, ``Mcp-Method`` and ``Mcp-Name`` headers), else, for a
+server that does not know it, the initialize handshake (its ``Mcp-Session-Id`` kept per
+replica); ``tools/list`` cached briefly (and served stale while a new one is fetched),
+``tools/call``.
 
 The messages are plain JSON-RPC, as MCP's streamable HTTP transport carries them, because the
 connector forwards them verbatim (ours, and OpenAI's tunnel-client alike).
@@ -36,7 +39,9 @@ from sandhold.tunnel.relay import Relay
 
 log = logging.getLogger(__name__)
 
-PROTOCOL_VERSION = "2025-11-25"
+PROTOCOL_VERSION = "2025-11-25"  # the handshake era's newest
+MODERN = "2026-07-28"  # the stateless era's
+CLIENT_INFO = {"name": "sandhold-gateway", "version": "0.1.0"}
 TOOL_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MAX_PAGES = 20
 SEP = "__"
@@ -82,12 +87,14 @@ class TunnelClient:
         notify: bool = False,
     ) -> dict[str, Any]:
         message: dict[str, Any] = {"jsonrpc": "2.0", "method": method}
+        headers: dict[str, list[str]] = {}
+        session = self._sessions.get((tunnel.id, channel), {})
+        if session.get("modern") or method == "server/discover":
+            params, headers = _modern(method, params)
         if params is not None:
             message["params"] = params
         if not notify:
             message["id"] = f"sh-{uuid.uuid4().hex[:16]}"
-        headers: dict[str, list[str]] = {}
-        session = self._sessions.get((tunnel.id, channel), {})
         if session.get("session_id"):
             headers["Mcp-Session-Id"] = [session["session_id"]]
         if session.get("protocol"):
@@ -100,10 +107,17 @@ class TunnelClient:
             if key in self._sessions:
                 return
             self._sessions.pop(key, None)
+            # The stateless era first (what ChatGPT's connector probes with too); a server that
+            # does not know server/discover answers it with an error: the handshake then.
+            found = await self._send(tunnel, channel, "server/discover", {}, timeout_s)
+            result = (found.get("resp_json") or {}).get("result")
+            if isinstance(result, dict) and MODERN in (result.get("supportedVersions") or []):
+                self._sessions[key] = {"modern": MODERN, "protocol": MODERN}
+                return
             params = {
                 "protocolVersion": PROTOCOL_VERSION,
                 "capabilities": {},
-                "clientInfo": {"name": "sandhold-gateway", "version": "0.1.0"},
+                "clientInfo": CLIENT_INFO,
             }
             resp = await self._send(tunnel, channel, "initialize", params, timeout_s)
             result = _result(tunnel, channel, "initialize", resp)
@@ -255,6 +269,22 @@ class TunnelClient:
                 f"MCP server's result is not a CallToolResult ({_first_problem(e)})"
             ) from None
         return result, entry
+
+
+def _modern(
+    method: str, params: dict[str, Any] | None
+) -> tuple[dict[str, Any], dict[str, list[str]]]:
+    """A 2026-07-28 request's params (with their ``_meta`` envelope) and headers."""
+    meta = {
+        types.PROTOCOL_VERSION_META_KEY: MODERN,
+        types.CLIENT_CAPABILITIES_META_KEY: {},
+        types.CLIENT_INFO_META_KEY: CLIENT_INFO,
+    }
+    params = {**(params or {}), "_meta": {**(params or {}).get("_meta", {}), **meta}}
+    headers = {"Mcp-Protocol-Version": [MODERN], "Mcp-Method": [method]}
+    if method == "tools/call" and isinstance(params.get("name"), str):
+        headers["Mcp-Name"] = [params["name"]]
+    return params, headers
 
 
 def _name(tunnel: TunnelInfo, found: list[tuple[str, dict[str, Any]]]) -> Listing:

@@ -31,7 +31,14 @@ from sandhold.tunnel.connector_config import UpstreamConfig, resolve
 
 log = logging.getLogger(__name__)
 
-PASSED_HEADERS = ("mcp-session-id", "mcp-protocol-version", "last-event-id")
+# (and MCP 2026-07-28's routing headers, which a stateless server checks against the body)
+PASSED_HEADERS = (
+    "mcp-session-id",
+    "mcp-protocol-version",
+    "last-event-id",
+    "mcp-method",
+    "mcp-name",
+)
 # a value passed on is visible ASCII (no CR/LF to split the request, nothing httpx cannot send)
 HEADER_VALUE_RE = re.compile(r"^[\x21-\x7e][\x20-\x7e]{0,1023}$")
 RETURNED_HEADERS = ("Content-Type", "Mcp-Session-Id", "Mcp-Protocol-Version")
