@@ -5,6 +5,7 @@ credential-injection rule (every other host is tunnelled untouched)."""
 from __future__ import annotations
 
 import datetime as dt
+import fcntl
 import ipaddress
 import os
 import socket
@@ -47,6 +48,17 @@ class DeploymentCA:
         if self.cert_path.exists() and self.key_path.exists():
             return
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # One maker at a time, in any process (two builds' first egress at once raced here and
+        # failed: tests/compat), and none once it is made.
+        fd = os.open(self.dir / "ca.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if not (self.cert_path.exists() and self.key_path.exists()):
+                self._make()
+        finally:
+            os.close(fd)
+
+    def _make(self) -> None:
         key = ec.generate_private_key(ec.SECP256R1())
         now = dt.datetime.now(dt.UTC)
         name = _name(f"Sandhold egress CA ({socket.gethostname()})")
@@ -81,7 +93,8 @@ class DeploymentCA:
             serialization.PrivateFormat.PKCS8,
             serialization.NoEncryption(),
         )
-        # Write both under temporary names first: a concurrent start sees either none or both.
+        # Both under temporary names first: a reader (without the lock) sees the key alone at
+        # most, which it does not take (it waits for the lock, then finds both).
         tmp_key = self.key_path.with_suffix(".key.tmp")
         fd = os.open(tmp_key, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "wb") as f:
