@@ -27,6 +27,8 @@ from tests.fleet.harness import (
     host_of,
     new_host,
     s3_store,
+    scrape,
+    total,
     wait_for,
 )
 from tests.fleet.netns import HOST_PORT, Network, host_in, kill_namespace, relisten
@@ -76,6 +78,12 @@ def fleet(
             edges = [Edge(tmp, url, [], **dns) for _ in range(2)]
             for e in edges:
                 e.start()
+            for e in edges:  # every host found and answering (a loaded machine is slow at it)
+                wait_for(
+                    lambda e=e: total(scrape(e.url), "sandhold_fleet_hosts_answering") == 3,
+                    60,
+                    "the edge to hear from every host",
+                )
             yield hosts, edges, network, service
     finally:
         for e in edges:
