@@ -10,17 +10,13 @@ from collections.abc import Iterator
 import pytest
 from e2b import Sandbox, SandboxException
 
-from sandhold.config import Settings
-from sandhold.runtime.checkpoint.criu import criu_status
 from tests.e2b.test_suspend import COUNTER, state
-from tests.support.e2b_server import KEY_B, Server, new_server
+from tests.support.e2b_server import KEY_B, Server, needs_criu, new_server
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    ok, detail = criu_status(Settings().criu_path)
-    if not ok:
-        pytest.skip(f"CRIU unusable here: {detail}")
+    needs_criu()
     srv = new_server(tmp_path_factory.mktemp("fork"))
     srv.start()
     yield srv

@@ -10,17 +10,13 @@ from collections.abc import Iterator
 import pytest
 from e2b import Sandbox, Template, wait_for_port
 
-from sandhold.config import Settings
-from sandhold.runtime.checkpoint.criu import criu_status
 from tests.fleet.harness import scrape, wait_for
-from tests.support.e2b_server import Server, new_server
+from tests.support.e2b_server import Server, needs_criu, new_server
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    ok, detail = criu_status(Settings().criu_path)
-    if not ok:
-        pytest.skip(f"CRIU unusable here: {detail}")
+    needs_criu()
     srv = new_server(tmp_path_factory.mktemp("rw-dirs"))
     srv.start()
     yield srv

@@ -11,18 +11,14 @@ from collections.abc import Iterator
 import pytest
 from e2b import Sandbox
 
-from sandhold.config import Settings
-from sandhold.runtime.checkpoint.criu import criu_status
 from tests.counter import COUNTER
 from tests.runtime.test_suspend import reboot
-from tests.support.e2b_server import Server, new_server
+from tests.support.e2b_server import Server, needs_criu, new_server
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    ok, detail = criu_status(Settings().criu_path)
-    if not ok:
-        pytest.skip(f"CRIU unusable here: {detail}")
+    needs_criu()
     srv = new_server(tmp_path_factory.mktemp("suspend"), suspend_after_s="0")
     srv.start()
     yield srv

@@ -17,8 +17,6 @@ import pytest
 from e2b import Sandbox
 from e2b.exceptions import ServiceBusyException
 
-from sandhold.config import Settings
-from sandhold.runtime.checkpoint.criu import criu_status
 from tests.counter import COUNTER
 from tests.e2b.test_suspend import state
 from tests.fleet.harness import (
@@ -34,14 +32,12 @@ from tests.fleet.harness import (
     scrape,
     wait_for,
 )
-from tests.support.e2b_server import Server
+from tests.support.e2b_server import Server, needs_criu
 
 
 @pytest.fixture(scope="module")
 def store() -> Iterator[dict[str, str]]:
-    ok, detail = criu_status(Settings().criu_path)
-    if not ok:
-        pytest.skip(f"CRIU unusable here: {detail}")
+    needs_criu()
     with s3_store() as settings:
         yield settings
 

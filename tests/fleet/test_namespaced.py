@@ -14,8 +14,6 @@ import pytest
 from e2b import Sandbox
 from e2b.exceptions import NotFoundException, ServiceBusyException
 
-from sandhold.config import Settings
-from sandhold.runtime.checkpoint.criu import criu_status
 from tests.counter import COUNTER
 from tests.e2b.test_suspend import state
 from tests.fleet.dns import HeadlessService
@@ -33,7 +31,7 @@ from tests.fleet.harness import (
 )
 from tests.fleet.netns import HOST_PORT, Network, host_in, kill_namespace, relisten
 from tests.fleet.test_moves import paused_at_edge
-from tests.support.e2b_server import Server
+from tests.support.e2b_server import Server, needs_criu
 
 NAME = "sandhold-hosts.fleet.test"
 
@@ -52,9 +50,7 @@ def egress(network: Network) -> dict[str, str]:
 def fleet(
     postgres, tmp_path_factory
 ) -> Iterator[tuple[list[Server], list[Edge], Network, HeadlessService]]:  # type: ignore[no-untyped-def]
-    ok, detail = criu_status(Settings().criu_path)
-    if not ok:
-        pytest.skip(f"CRIU unusable here: {detail}")
+    needs_criu()
     tmp: Path = tmp_path_factory.mktemp("fleet-ns")
     network = Network()
     service = HeadlessService(NAME)

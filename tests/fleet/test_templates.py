@@ -17,8 +17,6 @@ import pytest
 from e2b import Sandbox, Template, wait_for_port
 from e2b.exceptions import SandboxException
 
-from sandhold.config import Settings
-from sandhold.runtime.checkpoint.criu import criu_status
 from sandhold.service.fleet_templates import _rebase, _well_formed
 from tests.fleet.harness import (
     BUCKET,
@@ -31,7 +29,7 @@ from tests.fleet.harness import (
     scrape,
     wait_for,
 )
-from tests.support.e2b_server import KEY_A, KEY_B, Server
+from tests.support.e2b_server import KEY_A, KEY_B, Server, needs_criu
 
 
 @pytest.fixture
@@ -127,9 +125,7 @@ def warm_starts(host: Server) -> float:
 
 
 def test_a_warm_template_starts_warm_on_a_host_that_never_ran_it(fleet) -> None:  # type: ignore[no-untyped-def]
-    ok, detail = criu_status(Settings().criu_path)
-    if not ok:
-        pytest.skip(f"CRIU unusable here: {detail}")
+    needs_criu()
     hosts, edge, store = fleet
     tpl = (
         Template()

@@ -14,20 +14,16 @@ from e2b import CommandExitException, PtySize, Sandbox, SandboxQuery
 from e2b.sandbox.filesystem.watch_handle import FilesystemEventType
 from e2b_code_interpreter import Sandbox as CodeSandbox
 
-from sandhold.config import Settings
-from sandhold.runtime.checkpoint.criu import criu_status
 from tests.counter import COUNTER
 from tests.e2b.test_suspend import state
 from tests.fleet.harness import Edge, catalog_url, host_of, new_host, running
-from tests.support.e2b_server import Server
+from tests.support.e2b_server import Server, needs_criu
 from tests.support.interpreter import InterpreterServer
 
 
 @pytest.fixture(scope="module")
 def fleet(postgres, tmp_path_factory) -> Iterator[tuple[list[Server], list[Edge]]]:  # type: ignore[no-untyped-def]
-    ok, detail = criu_status(Settings().criu_path)
-    if not ok:
-        pytest.skip(f"CRIU unusable here: {detail}")
+    needs_criu()
     tmp: Path = tmp_path_factory.mktemp("fleet-tour")
     hosts: list[Server] = []
     for i in (1, 2):

@@ -6,28 +6,23 @@ The agent starts the interpreter at boot (the template's ``services``).
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from e2b_code_interpreter import Sandbox
 
-from tests.support.e2b_server import listen
-from tests.support.interpreter import API_KEY, InterpreterServer, SandboxFactory
+from tests.support.interpreter import (
+    API_KEY,
+    InterpreterServer,
+    SandboxFactory,
+    interpreter_server,
+)
 
 
 @pytest.fixture(scope="session")
 def interp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InterpreterServer]:
-    data_dir = Path(tempfile.mkdtemp(prefix="sandhold-interp-", dir="/var/tmp"))
-    data_dir.chmod(0o755)  # the sandboxes' unprivileged owner must traverse it
-    srv = InterpreterServer(data_dir, listen(), tmp_path_factory.mktemp("interp") / "server.log")
-    try:
-        srv.build_template()
-        srv.start()
+    with interpreter_server(tmp_path_factory.mktemp("interp") / "server.log") as srv:
         yield srv
-    finally:
-        srv.destroy()
 
 
 @pytest.fixture(scope="module")

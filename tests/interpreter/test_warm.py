@@ -10,16 +10,14 @@ import time
 import pytest
 
 from sandhold.config import Settings
-from sandhold.runtime.checkpoint.criu import criu_status
 from sandhold.runtime.runtime import Runtime
+from tests.support.e2b_server import needs_criu
 from tests.support.interpreter import InterpreterServer, SandboxFactory
 
 
 @pytest.fixture(scope="module")
 def warm(interp: InterpreterServer) -> Runtime:
-    ok, detail = criu_status(Settings().criu_path)
-    if not ok:
-        pytest.skip(f"CRIU unusable here: {detail}")
+    needs_criu()
     rt = Runtime(Settings(data_dir=interp.data_dir))
     template = rt.templates.get("code-interpreter-v1")
     deadline = time.monotonic() + 180

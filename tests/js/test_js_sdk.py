@@ -8,14 +8,12 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.support.e2b_server import listen
-from tests.support.interpreter import API_KEY, InterpreterServer
+from tests.support.interpreter import API_KEY, InterpreterServer, interpreter_server
 
 HERE = Path(__file__).parent
 SUITES = sorted(p.name for p in HERE.glob("*.test.mjs"))
@@ -26,16 +24,8 @@ SUITE_TIMEOUT_S = 600
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InterpreterServer]:
     if not (HERE / "node_modules" / "e2b").is_dir():
         pytest.fail("the JavaScript SDKs are not installed: scripts/install.sh --test")
-    data_dir = Path(tempfile.mkdtemp(prefix="sandhold-js-", dir="/var/tmp"))
-    data_dir.chmod(0o755)  # the sandboxes' unprivileged owner must traverse it
-    log = tmp_path_factory.mktemp("js") / "server.log"
-    srv = InterpreterServer(data_dir, listen(), log)
-    try:
-        srv.build_template()
-        srv.start()
+    with interpreter_server(tmp_path_factory.mktemp("js") / "server.log") as srv:
         yield srv
-    finally:
-        srv.destroy()
 
 
 @pytest.mark.parametrize("suite", SUITES)

@@ -19,9 +19,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
+import pytest
 
 from sandhold.config import Settings
 from sandhold.runtime import cgroup_parent, cgroups, mounts, safefs
+from sandhold.runtime.checkpoint.criu import criu_status
 from sandhold.runtime.runtime import Runtime
 from tests.support.http import answers
 
@@ -133,6 +135,13 @@ class Server:
 
     def api(self, key: str = KEY_A) -> httpx.Client:
         return httpx.Client(base_url=self.url, headers={"X-API-KEY": key}, timeout=30)
+
+
+def needs_criu() -> None:
+    """Skip the caller (a test, a fixture: its module) where CRIU cannot run on this machine."""
+    ok, detail = criu_status(Settings().criu_path)
+    if not ok:
+        pytest.skip(f"CRIU unusable here: {detail}")
 
 
 def new_server(tmp: Path, **settings: str) -> Server:

@@ -6,9 +6,11 @@ tests/interpreter yields)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -17,7 +19,7 @@ from e2b_code_interpreter import Sandbox
 from sandhold.config import Settings
 from sandhold.interpreter.template import SERVICE_PORT, build_code_interpreter_template
 from sandhold.runtime.templates.store import TemplateStore
-from tests.support.e2b_server import KEY_A, Server
+from tests.support.e2b_server import KEY_A, Server, listen
 
 API_KEY = KEY_A  # the e2b suite's server configuration: key -> team-a
 # Wheels and the installed package tree survive test sessions (each session has a fresh data
@@ -61,3 +63,18 @@ class InterpreterServer(Server):
 
 
 SandboxFactory = Callable[..., Sandbox]
+
+
+@contextlib.contextmanager
+def interpreter_server(log: Path) -> Iterator[InterpreterServer]:
+    """An ``InterpreterServer`` started over a fresh data dir (its template built, from the
+    cache), destroyed afterwards whatever failed."""
+    data_dir = Path(tempfile.mkdtemp(prefix="sandhold-interp-", dir="/var/tmp"))
+    data_dir.chmod(0o755)  # the sandboxes' unprivileged owner must traverse it
+    srv = InterpreterServer(data_dir, listen(), log)
+    try:
+        srv.build_template()
+        srv.start()
+        yield srv
+    finally:
+        srv.destroy()
