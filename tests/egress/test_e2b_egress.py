@@ -11,6 +11,7 @@ import pytest
 from e2b import Sandbox, SandboxException
 from e2b.sandbox.network import ALL_TRAFFIC
 
+from sandhold.config import Settings
 from sandhold.egress.secrets import open_store
 from tests.egress.fixtures import daemon_pids
 from tests.egress.internet import Internet
@@ -30,7 +31,7 @@ def egress_server(tmp_path_factory: pytest.TempPathFactory, internet: Internet) 
         **internet.server_settings(),
     )
     srv.start()
-    store = open_store(srv.data_dir, [], None)
+    store = open_store(Settings(data_dir=srv.data_dir))
     store.set("team-a", "token", TOKEN, ["api.example.test"])
     store.set("team-a:acme", "token", SCOPED, ["api.example.test"])
     with pytest.MonkeyPatch.context() as mp:

@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from sandhold.config import Settings
 from sandhold.egress.secrets import KeyRing, SecretKeyError, SecretStore, new_key, open_store
 from sandhold.errors import InvalidRequest, NotFound
 
 
 @pytest.fixture
 def store(tmp_path: Path) -> SecretStore:
-    return open_store(tmp_path, [], None)
+    return open_store(Settings(data_dir=tmp_path))
 
 
 def test_values_are_sealed_and_injected_only_for_their_hosts(store: SecretStore) -> None:
@@ -68,7 +69,7 @@ def test_key_rotation_keeps_every_secret_readable(tmp_path: Path, store: SecretS
     # once rotated, the old key can go
     lines = (tmp_path / "egress" / "secrets.key").read_text().splitlines()
     (tmp_path / "egress" / "secrets.key").write_text(lines[0] + "\n")
-    fresh = open_store(tmp_path, [], None)
+    fresh = open_store(Settings(data_dir=tmp_path))
     assert fresh.injections("t", "a.test")[0].raw == b"value-aaaa"
 
 
@@ -79,16 +80,16 @@ def test_rotation_reseals_e2b_secrets_too(tmp_path: Path, store: SecretStore) ->
     assert store.rotate() == 1
     lines = (tmp_path / "egress" / "secrets.key").read_text().splitlines()
     (tmp_path / "egress" / "secrets.key").write_text(lines[0] + "\n")
-    assert open_store(tmp_path, [], None).values.resolve("team", "API") == b"e2b-value-2"
+    assert open_store(Settings(data_dir=tmp_path)).values.resolve("team", "API") == b"e2b-value-2"
     # a sealed value moved onto another secret's row does not open
     with store._db() as db:
         db.execute("UPDATE e2b_secrets SET tenant='other'")
     with pytest.raises(SecretKeyError, match="does not decrypt"):
-        open_store(tmp_path, [], None).values.resolve("other", "api")
+        open_store(Settings(data_dir=tmp_path)).values.resolve("other", "api")
 
 
 def test_a_missing_key_is_a_clear_error(tmp_path: Path) -> None:
-    one = open_store(tmp_path, [new_key()], None)
+    one = open_store(Settings(data_dir=tmp_path, secrets_keys=[new_key()]))
     one.set("t", "a", "value-aaaa", ["a.test"])
     other = SecretStore(one.path, KeyRing.load([new_key()], tmp_path / "unused"))
     with pytest.raises(SecretKeyError, match="not configured any more"):

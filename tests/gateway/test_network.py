@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
+from sandhold.config import Settings
 from sandhold.egress.secrets import open_store
 from tests.egress.fixtures import daemon_pids, internet  # noqa: F401
 from tests.egress.internet import Internet
@@ -59,7 +60,7 @@ def test_tenant_network_policy_reaches_the_sandbox_and_follows_changes(
     internet: Internet,  # noqa: F811
 ) -> None:
     gw = make_gateway("local", **internet.server_settings())
-    open_store(gw.data_dir, [], None).set("acme", "api", TOKEN, ["api.example.test"])
+    open_store(Settings(data_dir=gw.data_dir)).set("acme", "api", TOKEN, ["api.example.test"])
     assert put_network(gw, {"mode": "allowlist", "allow": ["api.example.test"]}).status_code == 200
     with gw.client() as c:
         out = tool(c, "net", "run_command",
@@ -136,7 +137,7 @@ def egress_e2b_server(
         **internet.server_settings(),
     )
     srv.start()
-    store = open_store(srv.data_dir, [], None)
+    store = open_store(Settings(data_dir=srv.data_dir))
     store.set("team-a", "api", TEAM_TOKEN, ["api.example.test"])  # the API key's team's own
     store.set("team-a:acme", "api", TOKEN, ["api.example.test"])  # its gateway tenant acme's
     yield srv

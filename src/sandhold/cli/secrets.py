@@ -22,7 +22,7 @@ def _secrets() -> Any:
     from sandhold.egress.secrets import open_store
 
     s = get_settings()
-    return open_store(s.data_dir, s.secrets_keys, s.secrets_key_file)
+    return open_store(s)
 
 
 @app.command("set")
@@ -89,6 +89,28 @@ def secret_rotate_key() -> None:
     except SandholdError as e:
         fail(e)
     console.print(f"re-encrypted {n} secret(s) with key {store.keyring.current[0]}")
+
+
+@app.command("wrap-keys")
+def secret_wrap_keys() -> None:
+    """Wrap the key file's keys held in clear with the KMS key (secrets_kms_key_id)."""
+    from sandhold.config import get_settings
+    from sandhold.egress.kms import Kms
+    from sandhold.egress.secrets import KeyRing, default_key_file
+    from sandhold.errors import SecretKeyError
+
+    s = get_settings()
+    try:
+        kms = Kms.of(s)
+        if kms is None:
+            raise SecretKeyError("set secrets_kms_key_id first: the KMS key that wraps them")
+        path = s.secrets_key_file or default_key_file(s.data_dir)
+        ring = KeyRing.load([], path)  # (as they are: in clear)
+        ring.kms = kms
+        n = ring.wrap_file()
+    except SandholdError as e:
+        fail(e)
+    console.print(f"wrapped {n} key(s) in {path} with the KMS key {kms.key_id}")
 
 
 @app.command("new-key")

@@ -75,6 +75,17 @@ class EgressSettings(Layer):
         description="Key file (one key per line, newest first, mode 0600); "
         "data_dir/egress/secrets.key when unset, created on first use.",
     )
+    secrets_kms_key_id: str | None = Field(
+        None,
+        description="A KMS key (AWS KMS's API: id, ARN or alias) that wraps the secrets keys: "
+        "the key file then holds them only wrapped (kms:...), unwrapped at start.",
+    )
+    secrets_kms_endpoint_url: str | None = Field(
+        None, description="The KMS API's endpoint (a compatible service); AWS KMS when unset."
+    )
+    secrets_kms_region: str | None = Field(
+        None, description="The KMS key's region (the AWS chain's when unset)."
+    )
 
     @model_validator(mode="after")
     def _check_egress(self) -> EgressSettings:

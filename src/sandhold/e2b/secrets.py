@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from starlette.requests import Request
@@ -34,19 +34,25 @@ class NewSecret(models.Body):
     metadata: dict[str, str] | None = None
 
 
+KMS_FIELDS = ("secrets_kms_key_id", "secrets_kms_endpoint_url", "secrets_kms_region")
+
+
 class SecretUpdate(models.Body):
     value: str
     metadata: dict[str, str] | None = None
 
 
 @functools.cache
-def _values(data_dir: Path, keys: tuple[str, ...], key_file: Path | None) -> SecretValues:
-    return open_store(data_dir, list(keys), key_file).values
+def _values(where: tuple[object, ...]) -> SecretValues:
+    names = ("data_dir", "secrets_keys", "secrets_key_file", *KMS_FIELDS)
+    return open_store(SimpleNamespace(**dict(zip(names, where, strict=True)))).values
 
 
 def values_of(settings: Settings) -> SecretValues:
     """The server's E2B secrets (the egress daemon reads the same file)."""
-    return _values(settings.data_dir, tuple(settings.secrets_keys), settings.secrets_key_file)
+    s = settings
+    kms = tuple(getattr(s, f) for f in KMS_FIELDS)
+    return _values((s.data_dir, tuple(s.secrets_keys), s.secrets_key_file, *kms))
 
 
 def public(info: ValueInfo) -> dict[str, Any]:

@@ -23,6 +23,7 @@ Modules:
 - ``header_rules.py``: A sandbox's header rules, E2B's ``network.rules``
 - ``http_parts.py``: The parts of HTTP requests the egress proxy reads itself (h11 does the framing)
 - ``intercept.py``: A ``CONNECT`` tunnel to a host with a credential rule
+- ``kms.py``: The secrets key ring wrapped by a key-management service (AWS KMS's API)
 - ``policy.py``: Egress rules and the decision the proxy takes for each connection
 - ``proxy.py``: One sandbox's egress proxy: what the daemon runs for each connection on a sandbox's
   socket

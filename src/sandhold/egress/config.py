@@ -27,6 +27,9 @@ class EgressConfig(BaseModel):
     idle_timeout_s: float = 300.0
     secrets_keys: list[str] = []
     secrets_key_file: Path | None = None
+    secrets_kms_key_id: str | None = None
+    secrets_kms_endpoint_url: str | None = None
+    secrets_kms_region: str | None = None
 
     @property
     def root(self) -> Path:
@@ -45,6 +48,9 @@ class EgressConfig(BaseModel):
             idle_timeout_s=s.egress_idle_timeout_s,
             secrets_keys=s.secrets_keys,
             secrets_key_file=s.secrets_key_file,
+            secrets_kms_key_id=s.secrets_kms_key_id,
+            secrets_kms_endpoint_url=s.secrets_kms_endpoint_url,
+            secrets_kms_region=s.secrets_kms_region,
         )
 
 

@@ -91,7 +91,7 @@ class Daemon:
         )
         upstream.set_alpn_protocols(["http/1.1"])
         try:
-            store = open_store(cfg.data_dir, cfg.secrets_keys, cfg.secrets_key_file)
+            store = open_store(cfg)
         except SecretKeyError as e:
             log.error("secrets unavailable, no credential will be injected: %s", e.message)
             store = None

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
@@ -31,6 +32,7 @@ from sandhold.egress.header_rules import (
     SECRET_REF,
     HeaderRule,
 )
+from sandhold.egress.kms import Kms, wrapped
 from sandhold.egress.policy import host_matches, parse_rule
 from sandhold.egress.refusal import refused
 from sandhold.egress.secret_values import SecretValues
@@ -46,6 +48,17 @@ def new_key() -> str:
     return base64.urlsafe_b64encode(AESGCM.generate_key(bit_length=256)).decode()
 
 
+def _key(text: str, kms: Kms | None) -> bytes:
+    """A key as configured or filed: wrapped by ``kms`` (``kms:...``) or in clear."""
+    if wrapped(text):
+        if kms is None:
+            raise SecretKeyError(
+                "the secrets keys are wrapped by a KMS (kms:...): set secrets_kms_key_id"
+            )
+        return kms.unwrap(text)
+    return _decode_key(text)
+
+
 def _decode_key(text: str) -> bytes:
     try:
         raw = base64.urlsafe_b64decode(text.strip() + "=" * (-len(text.strip()) % 4))
@@ -59,11 +72,12 @@ def _decode_key(text: str) -> bytes:
 class KeyRing:
     """Keys newest first; ``key_id`` is a short hash that ciphertexts carry."""
 
-    def __init__(self, keys: list[bytes], file: Path | None = None) -> None:
+    def __init__(self, keys: list[bytes], file: Path | None = None, kms: Kms | None = None) -> None:
         if not keys:
             raise SecretKeyError("no secrets key configured")
         self.keys = keys
         self.file = file
+        self.kms = kms  # wraps the file's keys (egress/kms.py)
         self.by_id = {self.key_id(k): k for k in keys}
 
     @staticmethod
@@ -75,11 +89,12 @@ class KeyRing:
         return self.key_id(self.keys[0]), self.keys[0]
 
     @classmethod
-    def load(cls, configured: list[str], key_file: Path) -> KeyRing:
+    def load(cls, configured: list[str], key_file: Path, kms: Kms | None = None) -> KeyRing:
         """Keys from the configuration if any, else from ``key_file`` (one per line, newest
-        first), which is created with a fresh key on first use."""
+        first), which is created with a fresh key on first use. With ``kms`` the keys are
+        kept wrapped by it (``kms:...``) and unwrapped here."""
         if configured:
-            return cls([_decode_key(k) for k in configured])
+            return cls([_key(k, kms) for k in configured], kms=kms)
         if not key_file.exists():
             # Written aside, then linked into place: processes starting together (gateway
             # replicas, the server) never read a half-written file, and only one key wins.
@@ -87,14 +102,19 @@ class KeyRing:
             tmp = key_file.with_name(f"{key_file.name}.{os.getpid()}.new")
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "w") as f:
-                f.write(new_key() + "\n")
+                f.write((kms.new_key() if kms else new_key()) + "\n")
             with contextlib.suppress(FileExistsError):
                 os.link(tmp, key_file)
             tmp.unlink()
         if key_file.stat().st_mode & 0o077:
             raise SecretKeyError(f"{key_file} must not be readable by group or others (chmod 600)")
         lines = [ln for ln in key_file.read_text().splitlines() if ln.strip()]
-        return cls([_decode_key(k) for k in lines], key_file)
+        if kms is not None and not all(wrapped(ln) for ln in lines):
+            raise SecretKeyError(
+                f"{key_file} holds a key in clear although secrets_kms_key_id is set: "
+                "`sandhold secret wrap-keys` wraps them"
+            )
+        return cls([_key(k, kms) for k in lines], key_file, kms)
 
     def seal(self, plaintext: bytes, aad: bytes) -> tuple[str, bytes, bytes]:
         """AES-256-GCM under the newest key: (key id, nonce, ciphertext)."""
@@ -129,14 +149,27 @@ class KeyRing:
                 "the secrets keys come from the configuration (secrets_keys): put a new key "
                 "first there (`sandhold secret new-key`), then run rotate-key to re-encrypt"
             )
-        text = new_key() + "\n" + self.file.read_text()
+        line = self.kms.new_key() if self.kms else new_key()
+        self._write([line, *self.file.read_text().splitlines()])
+        self.keys.insert(0, _key(line, self.kms))
+        self.by_id = {self.key_id(k): k for k in self.keys}
+
+    def wrap_file(self) -> int:
+        """Wrap the key file's keys held in clear with the ring's KMS; how many it wrapped."""
+        if self.file is None or self.kms is None:
+            raise SecretKeyError("wrapping needs a key file and secrets_kms_key_id")
+        lines = [ln for ln in self.file.read_text().splitlines() if ln.strip()]
+        done = [ln if wrapped(ln) else self.kms.wrap(_decode_key(ln)) for ln in lines]
+        self._write(done)
+        return sum(1 for ln in lines if not wrapped(ln))
+
+    def _write(self, lines: list[str]) -> None:
+        assert self.file is not None
         tmp = self.file.with_suffix(".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
-            f.write(text)
+            f.write("".join(ln + "\n" for ln in lines))
         os.replace(tmp, self.file)
-        self.keys.insert(0, _decode_key(text.splitlines()[0]))
-        self.by_id = {self.key_id(k): k for k in self.keys}
 
 
 @dataclass
@@ -374,6 +407,13 @@ def default_key_file(data_dir: Path) -> Path:
     return data_dir / "egress" / "secrets.key"
 
 
-def open_store(data_dir: Path, configured_keys: list[str], key_file: Path | None) -> SecretStore:
-    ring = KeyRing.load(configured_keys, key_file or default_key_file(data_dir))
-    return SecretStore(data_dir / "egress" / "secrets.db", ring)
+def ring_of(s: Any) -> KeyRing:
+    """The key ring a configuration (Settings, EgressConfig) names: its ``secrets_keys``, else
+    its key file, wrapped by its KMS if it has one."""
+    return KeyRing.load(
+        s.secrets_keys, s.secrets_key_file or default_key_file(s.data_dir), Kms.of(s)
+    )
+
+
+def open_store(s: Any) -> SecretStore:
+    return SecretStore(s.data_dir / "egress" / "secrets.db", ring_of(s))

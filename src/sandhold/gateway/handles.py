@@ -14,7 +14,7 @@ from typing import Any
 from cryptography.exceptions import InvalidTag
 
 from sandhold.config import Settings
-from sandhold.egress.secrets import KeyRing, default_key_file
+from sandhold.egress.secrets import KeyRing, ring_of
 from sandhold.errors import SecretKeyError
 from sandhold.gateway.providers.base import ProviderError
 
@@ -33,8 +33,7 @@ class HandleSealer:
     @functools.cached_property
     def keyring(self) -> KeyRing:
         """Loaded (the key file created) on the first handle that has tokens to seal."""
-        s = self.settings
-        return KeyRing.load(s.secrets_keys, s.secrets_key_file or default_key_file(s.data_dir))
+        return ring_of(self.settings)
 
     def seal(self, handle: dict[str, Any], tenant_id: str, session_id: str) -> dict[str, Any]:
         secret = {k: handle[k] for k in SECRET_FIELDS if handle.get(k)}

@@ -23,7 +23,7 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError
 
 from sandhold.config import Settings
-from sandhold.egress.secrets import KeyRing, default_key_file
+from sandhold.egress.secrets import KeyRing, ring_of
 from sandhold.errors import Conflict, InvalidRequest, NotFound, SecretKeyError
 from sandhold.store.db import Store
 from sandhold.store.models import Tenant, Tunnel, TunnelConnector, TunnelRequest
@@ -112,8 +112,7 @@ class Registry:
 
     @functools.cached_property
     def keyring(self) -> KeyRing:
-        s = self.settings
-        return KeyRing.load(s.secrets_keys, s.secrets_key_file or default_key_file(s.data_dir))
+        return ring_of(self.settings)
 
     def _sealed(self, tunnel_id: str, token: str) -> dict[str, str]:
         key_id, nonce, data = self.keyring.seal(token.encode(), _aad(tunnel_id))

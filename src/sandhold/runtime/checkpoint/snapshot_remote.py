@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-from sandhold.egress.secrets import KeyRing, default_key_file
+from sandhold.egress.secrets import KeyRing, ring_of
 from sandhold.errors import CheckpointFailed, SecretKeyError, Unavailable
 from sandhold.runtime.checkpoint.sealing import broken, seal_bytes, seal_file, unseal
 
@@ -69,8 +69,7 @@ class S3Remote:
 
     @functools.cached_property
     def ring(self) -> KeyRing:
-        s = self.settings
-        return KeyRing.load(s.secrets_keys, s.secrets_key_file or default_key_file(s.data_dir))
+        return ring_of(self.settings)
 
     def _meta_key(self, snapshot_id: str) -> str:
         return f"meta/{snapshot_id}"
