@@ -10,7 +10,7 @@ import os
 import sys
 
 import uvicorn
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.transport_security import TransportSecuritySettings
 
 
@@ -38,6 +38,10 @@ def http_server() -> MCPServer:
     def run_command(command: str) -> str:
         return f"internal run_command: {command}"
 
+    @server.tool(description="The MCP protocol version the request came in.")
+    def era(ctx: Context) -> str:
+        return str(ctx.protocol_version)
+
     @server.tool(name="a__b", description="Named so that it collides with channel a's tool b.")
     def a_b() -> str:
         return "main's a__b"
@@ -60,6 +64,10 @@ def stdio_server() -> MCPServer:
     async def nap(seconds: float) -> str:
         await asyncio.sleep(seconds)
         return f"napped {seconds}"
+
+    @server.tool(name="era", description="The MCP protocol version the request came in.")
+    def stdio_era(ctx: Context) -> str:
+        return str(ctx.protocol_version)
 
     @server.tool(description="Collides with main's a__b.")
     def b() -> str:

@@ -23,7 +23,7 @@ from starlette.routing import Route
 
 from sandhold.tunnel.connector import Connector
 from sandhold.tunnel.connector_config import ConnectorConfig, UpstreamConfig
-from sandhold.tunnel.upstreams import StdioUpstream
+from sandhold.tunnel.upstreams import StdioUpstream, discover_request
 from tests.support.tunnel import REPO
 from tests.thread_server import ThreadServer
 
@@ -187,17 +187,18 @@ async def test_a_timed_out_stdio_request_leaves_nothing_behind() -> None:
         env={"PYTHONPATH": str(REPO)}, cwd=str(REPO),
     )  # fmt: skip
     up = StdioUpstream(cfg, 65536, timeout_s=30)
-    await up.start()
+    await up.start()  # (a server of MCP's stateless era: every request carries the envelope)
     up.timeout_s = 0.5  # (the server's start-up took longer than this)
+    meta = discover_request(0)[0]["params"]["_meta"]
     try:
-        call = {"jsonrpc": "2.0", "id": 9, "method": "tools/call",
-                "params": {"name": "nap", "arguments": {"seconds": 1.5}}}  # fmt: skip
+        nap = {"name": "nap", "arguments": {"seconds": 1.5}, "_meta": meta}
+        call = {"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": nap}
         answer = await up.forward(call, {})
         assert answer["resp_json"]["error"]["data"]["tunnel_failure"]["source"] == "timeout"
         await asyncio.sleep(1.5)  # the late answer arrives, and is dropped
         assert up._waiting == {} and up._answers == {}
-        echo = {"jsonrpc": "2.0", "id": "e", "method": "tools/call",
-                "params": {"name": "echo", "arguments": {"text": "after"}}}  # fmt: skip
+        after = {"name": "echo", "arguments": {"text": "after"}, "_meta": meta}
+        echo = {"jsonrpc": "2.0", "id": "e", "method": "tools/call", "params": after}
         answer = await up.forward(echo, {})
         assert answer["resp_json"]["id"] == "e"
         assert "stdio echo: after" in json.dumps(answer["resp_json"]["result"])

@@ -83,6 +83,11 @@ async def test_tools_listed_and_called_over_mcp(setup: dict[str, Any], world: Wo
         r = await c.call_tool("corp__a__echo", {"text": "hi"})  # the stdio upstream
         assert not r.is_error and r.content[0].text == f"stdio echo: hi from {mcp_ns}"
         assert mcp_ns != socket.gethostname() and mcp_ns != _my_netns()
+        # both upstreams, HTTP and stdio, spoken to in the stateless era (server/discover
+        # answered through the tunnel: no handshake)
+        for era in ("corp__era", "corp__a__era"):
+            r = await c.call_tool(era, {})
+            assert not r.is_error and r.content[0].text == "2026-07-28", r.content
         r = await c.call_tool("corp__broken", {})  # the internal server's own tool error
         assert r.is_error and "broken" in r.content[0].text  # (the SDK hides the why)
     # tenant B sees none of A's tools, and cannot call them

@@ -1,7 +1,8 @@
 """``sandhold tunnel doctor``: why a connector cannot work, one line per problem and what to do.
 
 In order: the gateway's name resolves, its port connects, TLS verifies, the token is accepted
-for the tunnel (``GET /v1/tunnels/{id}``), and each internal MCP server answers ``initialize``.
+for the tunnel (``GET /v1/tunnels/{id}``), and each internal MCP server answers ``server/discover``
+(MCP 2026-07-28) or ``initialize``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from sandhold.tunnel.connector_config import ConnectorConfig, resolve
-from sandhold.tunnel.upstreams import make_upstream
+from sandhold.tunnel.upstreams import discover_request, make_upstream
 
 
 @dataclass
@@ -149,7 +150,13 @@ async def _upstreams(cfg: ConnectorConfig) -> list[Check]:
         }
         try:
             await up.start()
-            answer = await up.forward(init, {})
+            answer = await up.forward(*discover_request("doctor"))  # MCP 2026-07-28
+            if "result" in (answer.get("resp_json") or {}):
+                checks.append(
+                    Check(f"upstream {u.channel}", True, f"{where} answers server/discover")
+                )
+                continue
+            answer = await up.forward(init, {})  # the handshake era
         except Exception as e:
             answer = {"resp_json": {"error": {"message": f"{type(e).__name__}: {e}"}}}
         finally:

@@ -43,6 +43,18 @@ PASSED_HEADERS = (
 HEADER_VALUE_RE = re.compile(r"^[\x21-\x7e][\x20-\x7e]{0,1023}$")
 RETURNED_HEADERS = ("Content-Type", "Mcp-Session-Id", "Mcp-Protocol-Version")
 CLIENT_INFO = {"name": "sandhold-tunnel-connector", "version": "0.1.0"}
+MODERN = "2026-07-28"  # MCP's stateless era
+
+
+def discover_request(rid: Any) -> tuple[dict[str, Any], dict[str, list[str]]]:
+    """A ``server/discover`` of MCP's stateless era (2026-07-28), and its HTTP headers."""
+    meta = {
+        types.PROTOCOL_VERSION_META_KEY: MODERN,
+        types.CLIENT_CAPABILITIES_META_KEY: {},
+        types.CLIENT_INFO_META_KEY: CLIENT_INFO,
+    }
+    message = {"jsonrpc": "2.0", "id": rid, "method": "server/discover", "params": {"_meta": meta}}
+    return message, {"Mcp-Protocol-Version": [MODERN], "Mcp-Method": ["server/discover"]}
 
 
 def failure(
@@ -220,6 +232,13 @@ class StdioUpstream:
         read, self._write = await self._stack.enter_async_context(stdio_client(params))
         self._tg = await self._stack.enter_async_context(anyio.create_task_group())
         self._tg.start_soon(self._reader, read)
+        # A server of the stateless era (MCP 2026-07-28) answers server/discover: the connection
+        # is then of that era, without a handshake (the gateway discovers too); else the
+        # handshake, which the gateway's own initialize is answered from.
+        found = (await self._request(discover_request(0)[0])).get("result")
+        if isinstance(found, dict) and MODERN in (found.get("supportedVersions") or []):
+            self.reachable = True
+            return
         init = {
             "jsonrpc": "2.0",
             "id": 0,
