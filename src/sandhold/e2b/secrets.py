@@ -8,9 +8,7 @@
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
-from types import SimpleNamespace
 from typing import Any
 
 from starlette.requests import Request
@@ -34,25 +32,22 @@ class NewSecret(models.Body):
     metadata: dict[str, str] | None = None
 
 
-KMS_FIELDS = ("secrets_kms_key_id", "secrets_kms_endpoint_url", "secrets_kms_region")
-
-
 class SecretUpdate(models.Body):
     value: str
     metadata: dict[str, str] | None = None
 
 
-@functools.cache
-def _values(where: tuple[object, ...]) -> SecretValues:
-    names = ("data_dir", "secrets_keys", "secrets_key_file", *KMS_FIELDS)
-    return open_store(SimpleNamespace(**dict(zip(names, where, strict=True)))).values
+_STORES: dict[tuple[object, ...], SecretValues] = {}  # one per configuration of the ring
 
 
 def values_of(settings: Settings) -> SecretValues:
     """The server's E2B secrets (the egress daemon reads the same file)."""
     s = settings
-    kms = tuple(getattr(s, f) for f in KMS_FIELDS)
-    return _values((s.data_dir, tuple(s.secrets_keys), s.secrets_key_file, *kms))
+    kms = (s.secrets_kms_key_id, s.secrets_kms_endpoint_url, s.secrets_kms_region)
+    where = (s.data_dir, tuple(s.secrets_keys), s.secrets_key_file, *kms)
+    if where not in _STORES:
+        _STORES[where] = open_store(s).values
+    return _STORES[where]
 
 
 def public(info: ValueInfo) -> dict[str, Any]:
