@@ -142,7 +142,7 @@ async def main() -> dict[str, object]:
     rt = Runtime(settings).open()
     try:
         rt.templates.get("base")
-        open_store(settings.data_dir, [], None).set(
+        open_store(Settings(data_dir=settings.data_dir)).set(
             "bench", "tok", "bench-secret-value", ["api.example.test"]
         )
         sbx = rt.create(

@@ -81,7 +81,7 @@ def egress_runtime(egress_settings: Settings) -> Iterator[Runtime]:
 
 @pytest.fixture(scope="session")
 def secret_store(egress_settings: Settings) -> SecretStore:
-    store = open_store(egress_settings.data_dir, [], None)
+    store = open_store(Settings(data_dir=egress_settings.data_dir))
     store.set(TENANT, "api-token", SECRET, ["api.example.test"])
     return store
 
