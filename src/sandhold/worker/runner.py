@@ -116,9 +116,6 @@ class SandboxWorker(EnvironmentWorker):
         self.environment_id = environment_id
         self.work_id: str | None = None  # the current item's, while one is served
         self.session_id: str | None = None  # and its session's id
-        self.draining = False
-        self.idle = asyncio.Event()  # set while no item is served
-        self.idle.set()
 
     def tools_for(self, ctx: AgentToolContext) -> Sequence[BetaAnyRunnableTool]:
         """The SDK's factory hook, called once per claimed session with its context."""
@@ -158,13 +155,10 @@ class SandboxWorker(EnvironmentWorker):
     async def serve_item(self, item: BetaSelfHostedWork) -> None:
         self.work_id = item.id
         self.session_id = item.data.id if item.data.type == "session" else None
-        self.idle.clear()
         try:
             if self.session_id is None:
                 log.info("work %s is not a session's: stopped", item.id)
-                await self.client.beta.environments.work.stop(
-                    item.id, environment_id=item.environment_id, force=True
-                )
+                await self._stop(item)
                 return
             log.info("work %s: session %s", item.id, self.session_id)
             if not await self._session_is_the_items(item):
@@ -179,7 +173,6 @@ class SandboxWorker(EnvironmentWorker):
         finally:
             self.work_id = None
             self.session_id = None
-            self.idle.set()
 
     async def _session_is_the_items(self, item: BetaSelfHostedWork) -> bool:
         """Whether the control plane's session body names the item's session: the SDK serves
@@ -195,21 +188,22 @@ class SandboxWorker(EnvironmentWorker):
             self.session_id,
             session.id,
         )
+        await self._stop(item)
+        return False
+
+    async def _stop(self, item: BetaSelfHostedWork) -> None:
         await self.client.beta.environments.work.stop(
             item.id, environment_id=item.environment_id, force=True
         )
-        return False
 
-    def release(self) -> str | None:
-        """Give the current item back (its id; None if none is served): the caller then waits
+    def release(self) -> None:
+        """Give the current item back, if one is served: the caller then waits
         for the calls in flight and their results, and cancels the serving task; the item is not
         stopped (``WorkerTransport``), so its lease lapses and the control plane hands it to
         another worker, which continues the session in the same sandbox."""
-        self.draining = True
         if self.work_id is not None:
             log.info("releasing the current work item (SIGTERM)")
             self.transport.released.add(self.work_id)
-        return self.work_id
 
 
 async def serve(settings: Settings) -> int:
