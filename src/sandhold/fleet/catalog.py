@@ -97,13 +97,7 @@ class Catalog:
         nothing), or holds a newer word of the same host (a poll that crossed a pause). A
         sandbox the catalog does not know is added (a fork, a create whose edge died). False:
         nothing written."""
-        values: dict[str, Any] = {
-            "host_id": host_id,
-            "generation": generation,
-            "state": listed.get("state", "running"),
-            "listed": listed,
-            "updated_at": at,
-        }
+        values = _said(host_id, generation, listed, at)
         if stored is not None:
             values["stored"] = stored
         with self._conn() as c:
@@ -125,14 +119,7 @@ class Catalog:
                 return False
             try:
                 with self._savepoint(c):
-                    c.execute(
-                        insert(S).values(
-                            sandbox_id=sandbox_id,
-                            team=team,
-                            started_at=time.time(),
-                            **{"stored": False, **values},
-                        )
-                    )
+                    c.execute(insert(S).values(**_new_row(sandbox_id, team, values)))
             except IntegrityError:
                 return False
         return True
@@ -152,17 +139,7 @@ class Catalog:
         new = (sqlite_insert if self.sqlite else pg_insert)(S).on_conflict_do_nothing(
             index_elements=[S.c.sandbox_id]
         )  # (rowcount says nothing here on psycopg: RETURNING does)
-        row = {
-            "sandbox_id": sandbox_id,
-            "team": team,
-            "host_id": host_id,
-            "generation": generation,
-            "state": listed.get("state", "running"),
-            "stored": False,
-            "listed": listed,
-            "started_at": time.time(),
-            "updated_at": at,
-        }
+        row = _new_row(sandbox_id, team, _said(host_id, generation, listed, at))
         with self._conn() as c:
             if c.execute(new.values(**row).returning(S.c.sandbox_id)).first() is not None:
                 return True
@@ -274,3 +251,16 @@ class Catalog:
                 .values(state="lost")
             )
         return got.rowcount == 1
+
+
+def _said(host_id: str, generation: int, listed: dict[str, Any], at: float) -> dict[str, Any]:
+    """The columns a host's word about one of its sandboxes sets."""
+    state = listed.get("state", "running")
+    said = {"host_id": host_id, "generation": generation, "state": state, "listed": listed}
+    return {**said, "updated_at": at}
+
+
+def _new_row(sandbox_id: str, team: str, said: dict[str, Any]) -> dict[str, Any]:
+    """A sandbox's first row, from its host's word (``stored`` unless the word says)."""
+    first = {"sandbox_id": sandbox_id, "team": team, "started_at": time.time(), "stored": False}
+    return {**first, **said}
