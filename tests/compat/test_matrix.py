@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.e2b_server import KEY_A, Server, new_server
+from tests.support.e2b_server import KEY_A, Server, e2b_env, new_server
 
 HERE = Path(__file__).parent
 DOC = HERE.parents[1] / "docs" / "e2b.md"
@@ -64,9 +64,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 
 def tour(server: Server, name: str, argv: list[str]) -> tuple[str, dict[str, str]]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("E2B_")}
-    env.update(E2B_API_URL=server.url, E2B_SANDBOX_URL=server.url, E2B_API_KEY=KEY_A)
-    env["NO_PROXY"] = "127.0.0.1,localhost"
+    env = e2b_env(server.url, KEY_A)
     env["MATRIX_TEMPLATE"] = "matrix-" + name.replace(" ", "-").replace(".", "-")
     r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=TOUR_TIMEOUT_S)
     lines = r.stdout.strip().splitlines()

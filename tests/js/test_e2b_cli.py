@@ -6,7 +6,6 @@ commands (list, info, logs, metrics, exec, pause, resume, snapshots, kill) and t
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +13,7 @@ from pathlib import Path
 import pytest
 from e2b import Sandbox
 
-from tests.support.e2b_server import KEY_A, Server, new_server
+from tests.support.e2b_server import KEY_A, Server, e2b_env, new_server
 
 CLI = Path(__file__).parent / "node_modules" / ".bin" / "e2b"
 
@@ -31,15 +30,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 @pytest.fixture
 def e2b(server: Server, tmp_path: Path):  # type: ignore[no-untyped-def]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("E2B_")}
-    env.update(
-        E2B_API_URL=server.url,
-        E2B_SANDBOX_URL=server.url,
-        E2B_API_KEY=KEY_A,
-        NO_COLOR="1",
-        HOME=str(tmp_path),  # (the CLI's own config lives there: none)
-        NO_PROXY="127.0.0.1,localhost",
-    )
+    env = e2b_env(server.url, KEY_A)
+    env.update(NO_COLOR="1", HOME=str(tmp_path))  # (the CLI's own config lives in HOME: none)
 
     def run(*args: str, cwd: Path = tmp_path) -> str:
         r = subprocess.run(

@@ -5,7 +5,6 @@ test runner, with the environment docs/e2b.md tells users to set."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.e2b_server import e2b_env
 from tests.support.interpreter import API_KEY, InterpreterServer, interpreter_server
 
 HERE = Path(__file__).parent
@@ -32,13 +32,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InterpreterServ
 def test_suite(server: InterpreterServer, suite: str) -> None:
     node = shutil.which("node")
     assert node is not None, "node is not installed: scripts/install.sh"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("E2B_")}
-    env.update(
-        E2B_API_URL=server.url,
-        E2B_SANDBOX_URL=server.url,
-        E2B_API_KEY=API_KEY,
-        NO_PROXY="127.0.0.1,localhost",
-    )
+    env = e2b_env(server.url, API_KEY)
     r = subprocess.run(
         [node, "--test", "--test-reporter=spec", suite],
         cwd=HERE,

@@ -144,6 +144,17 @@ def needs_criu() -> None:
         pytest.skip(f"CRIU unusable here: {detail}")
 
 
+def e2b_env(url: str, key: str) -> dict[str, str]:
+    """A client process's environment (the CLI, the JS SDK) aimed at ``url`` as ``key``.
+
+    The caller's own ``E2B_*`` settings are dropped so none can point it elsewhere.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith("E2B_")}
+    env.update(E2B_API_URL=url, E2B_SANDBOX_URL=url, E2B_API_KEY=key)
+    env["NO_PROXY"] = "127.0.0.1,localhost"
+    return env
+
+
 def new_server(tmp: Path, **settings: str) -> Server:
     data_dir = Path(tempfile.mkdtemp(prefix="sandhold-e2b-", dir="/var/tmp"))
     data_dir.chmod(0o755)  # the sandboxes' unprivileged owner must traverse it
