@@ -59,6 +59,7 @@ ROWS: dict[str, dict[str, Any]] = {
         "sandbox_id": "sbx-1", "tool": "run_command", "duration_ms": 12.5, "exit_code": 0,
         "bytes_in": 10, "bytes_out": 20, "error": "boom", "reason": "keep-alive",
         "provider_state": {"state": "running"}, "replica": "r0",
+        "texts": {"input": "ls", "stdout": "a\n"},
     },
     "tunnels": {
         "id": "tunnel_" + "0" * 32, "tenant_id": "acme", "name": "corp", "description": "d",

@@ -104,6 +104,13 @@ class GatewaySettings(Layer):
     gateway_max_payload_bytes: int = Field(
         16 * 1024 * 1024, ge=1024, description="Largest file, code or output a tool moves."
     )
+    gateway_timeline_text_bytes: int = Field(
+        64 * 1024,
+        ge=0,
+        le=16 * 1024 * 1024,
+        description="What the timeline keeps of each tool call's command or code, stdout and "
+        "stderr (bytes each; the console shows and downloads them); 0 keeps none.",
+    )
     gateway_command_env_max_vars: int = Field(
         128, ge=1, le=10_000, description="Variables a run_command call's `env` may set."
     )

@@ -26,6 +26,7 @@ Modules:
 - ``server.py``: Running the gateway: ``sandhold gateway serve``
 - ``sessions.py``: The SandboxSessionManager: maps each agent session to at most one sandbox of a
   provider
+- ``texts.py``: What a tool call ran and printed, as the timeline keeps it for the console
 - ``timeline.py``: The timeline: every event of a session, with its tenant, duration and what
   justified it
 - ``tool_args.py``: The tools' arguments: one model per tool

@@ -34,6 +34,7 @@ FIELDS = (
     "reason",
     "provider_state",
     "replica",
+    "texts",
 )
 
 

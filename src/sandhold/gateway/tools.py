@@ -42,6 +42,7 @@ from sandhold.gateway.deliverables import DeliverableStore
 from sandhold.gateway.errors import server_fault, tool_error
 from sandhold.gateway.policy import SESSION_ID_RE, TenantPolicy, check_id
 from sandhold.gateway.sessions import Lease, SandboxSessionManager
+from sandhold.gateway.texts import texts
 from sandhold.gateway.timeline import Timeline
 from sandhold.gateway.tool_args import (
     MODELS,
@@ -114,7 +115,7 @@ class _Call:
     recorded: bool = False
     t0: float = dataclasses.field(default_factory=time.monotonic)
 
-    def fields(self) -> dict[str, Any]:
+    def fields(self, text_bytes: int) -> dict[str, Any]:
         error = self.error
         return {
             "sandbox_id": self.sandbox_id,
@@ -125,6 +126,7 @@ class _Call:
             "bytes_out": self.result.pop("_bytes_out", None),
             "error": f"{error.code}: {error.message}" if error else None,
             "reason": self.reason,
+            "texts": texts(self.args, self.result, text_bytes),
         }
 
 
@@ -136,6 +138,7 @@ class Tools:
         self.deliverables = deliverables
         self.timeline = timeline
         self.max_payload = manager.settings.gateway_max_payload_bytes
+        self.text_bytes = manager.settings.gateway_timeline_text_bytes
         self._handlers: dict[str, Callable[[Lease, Any], Awaitable[dict[str, Any]]]] = {
             "run_code": self._run_code,
             "run_command": self._run_command,
@@ -239,6 +242,7 @@ class Tools:
                 "tool_call",
                 tool=tool,
                 bytes_in=_bytes_in(args),
+                texts=texts(args, {}, self.text_bytes),
                 error=f"{e.code}: {e.message}",
                 reason=f"view: {access} {e.path} denied",
             )
@@ -262,13 +266,14 @@ class Tools:
             call.sandbox_id = lease.sandbox_id
             call.result = await self._handlers[call.tool](lease, call.args)
             # Written with the lease's unlock: one store round trip less.
-            row = self.timeline.row(call.tenant_id, call.sid, "tool_call", **call.fields())
+            fields = call.fields(self.text_bytes)
+            row = self.timeline.row(call.tenant_id, call.sid, "tool_call", **fields)
             lease.events.append(row)
             call.recorded = True
         return call.result
 
     async def _record(self, call: _Call) -> None:
-        fields = call.fields()
+        fields = call.fields(self.text_bytes)
         await self.timeline.record(call.tenant_id, call.sid, "tool_call", **fields)
         if call.error is not None and server_fault(call.error):  # ours or the provider's fault
             await self.timeline.record(

@@ -121,6 +121,8 @@ class Event(Base):
     reason: Mapped[str | None] = mapped_column(Text)
     provider_state: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     replica: Mapped[str | None] = mapped_column(String(64))
+    # a tool call's input and output heads, {input, stdout, stderr, cut}: gateway/texts.py
+    texts: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
 
 class Tunnel(Base):
