@@ -13,7 +13,7 @@ from starlette.routing import Route
 
 from sandhold.console import queries
 from sandhold.console.web import Principal, api_routes, limit, page_routes, text, usage, window
-from sandhold.errors import InvalidRequest, SandholdError, SessionNotFound
+from sandhold.errors import InvalidRequest, NotFound, SandholdError, SessionNotFound
 
 if TYPE_CHECKING:
     from sandhold.gateway.app import Gateway
@@ -52,6 +52,19 @@ def routes(gw: Gateway) -> list[Route]:
         if page is None:  # another tenant's session too: its existence is not revealed
             raise SessionNotFound(f"session {session!r} does not exist")
         return page
+
+    async def kept_text(p: Principal, body: dict[str, Any]) -> dict[str, Any]:
+        tenant, session = p.scope(text(body, "tenant", 64)), text(body, "session", 128)
+        event, name = body.get("event"), text(body, "name", 16)
+        if tenant is None or session is None or name not in queries.TEXTS:
+            names = ", ".join(queries.TEXTS)
+            raise InvalidRequest(f"tenant, session and name (one of {names}) are required")
+        if isinstance(event, bool) or not isinstance(event, int):
+            raise InvalidRequest("event must be an event's integer id")
+        kept = await db(queries.text, gw.store, tenant, session, event, name)
+        if kept is None:
+            raise NotFound(f"event {event} of session {session!r} keeps no {name}")
+        return kept
 
     async def failures(p: Principal, body: dict[str, Any]) -> dict[str, Any]:
         tenant, scenario = scope(p, body)
@@ -96,6 +109,7 @@ def routes(gw: Gateway) -> list[Route]:
     handlers = {
         "sessions": sessions,
         "timeline": timeline,
+        "text": kept_text,
         "failures": failures,
         "stats": stats,
         "sandboxes": sandboxes,

@@ -40,6 +40,8 @@ EVENT_FIELDS = (
     "error",
     "reason",
 )
+TEXTS = ("input", "stdout", "stderr")  # what a tool call's event keeps (gateway/texts.py)
+HEAD = 4096  # characters of each a timeline row shows
 MAX_STATS_EVENTS = 1_000_000  # what one stats query reads at most (beyond: a narrower range)
 
 
@@ -138,9 +140,41 @@ def timeline(
             "scenario": row.scenario,
             "state": row.state,
         },
-        "events": [{k: getattr(e, k) for k in EVENT_FIELDS} for e in page],
+        "events": [{**{k: getattr(e, k) for k in EVENT_FIELDS}, **_heads(e.texts)} for e in page],
         "next": page[-1].id if len(events) > limit else None,
     }
+
+
+def _heads(texts: dict[str, Any] | None) -> dict[str, Any]:
+    """A tool call's input and output as a timeline row shows them: the first HEAD characters
+    of each, and the full size of each that is longer (kept, or cut when it was recorded)."""
+    if not texts:
+        return {}
+    cut = texts.get("cut") or {}
+    heads: dict[str, str] = {}
+    sizes: dict[str, int] = {}
+    for name in TEXTS:
+        value = texts.get(name)
+        if not isinstance(value, str):
+            continue
+        heads[name] = value[:HEAD]
+        if len(value) > HEAD or name in cut:
+            sizes[name] = int(cut.get(name) or len(value.encode()))
+    return {"texts": heads, "sizes": sizes}
+
+
+def text(store: Store, tenant: str, session: str, event: int, name: str) -> dict[str, Any] | None:
+    """One kept text of a session's event, whole (None: no such event of that session)."""
+    with store.db() as db:
+        texts = db.scalar(
+            select(Event.texts).where(
+                Event.id == event, Event.tenant_id == tenant, Event.session_id == session
+            )
+        )
+    if texts is None or not isinstance(texts.get(name), str):
+        return None
+    cut = (texts.get("cut") or {}).get(name)
+    return {"text": texts[name], "cut_from_bytes": cut}
 
 
 def failures(
