@@ -1,10 +1,12 @@
 """Audit logs: one JSON line per event, in a file per UTC day under a directory, written with a
 single ``write`` on an ``O_APPEND`` descriptor (lines never interleave, even across processes).
 
-Two logs use it: the egress log (``data_dir/egress/audit``: requests, tunnels and DNS questions
-of sandboxes, see docs/egress.md) and the file-API log (``data_dir/audit/files``: every file
-operation that reaches a sandbox through the E2B data plane, see docs/security.md). Records
-never hold header values, file contents or secrets.
+Three logs use it: the egress log (``data_dir/egress/audit``: requests, tunnels and DNS
+questions of sandboxes, see docs/egress.md), the file-API log (``data_dir/audit/files``: every
+file operation that reaches a sandbox through the E2B data plane, see docs/security.md) and the
+console's actions log (``data_dir/audit/console``: each kill, pause or close an operator asked
+for in a console, who asked and how it ended, see docs/console.md). Records never hold header
+values, file contents, keys or secrets.
 """
 
 from __future__ import annotations
@@ -51,6 +53,20 @@ FILE_FIELDS = (
     "bytes_in",
     "bytes_out",
     "duration_ms",
+)
+
+# actor: who asked ("admin", "tenant <name>": a tenant's or a team's key); tenant: whose
+# sandbox or session it is; status: done, refused (the caller's mistake: not found, a
+# conflict) or failed (ours); reason: what was asked and, unless done, why not.
+CONSOLE_FIELDS = (
+    "ts",
+    "actor",
+    "tenant",
+    "action",
+    "sandbox",
+    "session",
+    "status",
+    "reason",
 )
 
 
@@ -135,3 +151,7 @@ def egress_dir(data_dir: Path) -> Path:
 
 def files_dir(data_dir: Path) -> Path:
     return data_dir / "audit" / "files"
+
+
+def console_dir(data_dir: Path) -> Path:
+    return data_dir / "audit" / "console"
