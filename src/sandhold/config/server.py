@@ -69,6 +69,13 @@ class ServerSettings(Layer):
         "before it is checkpointed to disk (no process, no memory; resume restores it); 0: at "
         "once; negative: never. Needs CRIU (criu_path).",
     )
+    server_console_sample_interval_s: float = Field(
+        5.0,
+        ge=0,
+        description="How often each running sandbox's CPU, memory and disk are sampled into its "
+        "history (in memory, the last 256 samples: the console's sandbox page, E2B's GET "
+        "/sandboxes/{id}/metrics); 0: only when a call asks.",
+    )
     reconcile_interval_s: float = Field(
         30.0,
         gt=0,

@@ -1,18 +1,30 @@
 """Metrics samples of sandboxes, and the count of sandboxes that failed. History is kept in
 memory only (it is not lifecycle state), so CPU percentages are relative to the previous sample
-or to the start; the count is of failures this process saw happen since it started."""
+or to the start; the count is of failures this process saw happen since it started.
+
+A sample is taken when asked (E2B's metrics calls, the console) and, with
+``server_console_sample_interval_s``, of every running sandbox on that interval (``sampling``),
+so a sandbox's history grows while it runs: at most ``HISTORY`` samples per sandbox, forgotten
+once the sandbox is gone."""
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
+import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from sandhold.errors import SandholdError
 from sandhold.runtime.records import SandboxInfo, Usage
+from sandhold.service.records import Sandbox
+from sandhold.service.timers import Periodic
+
+log = logging.getLogger(__name__)
 
 HISTORY = 256
 
@@ -31,9 +43,15 @@ class Sample:
 
 
 class Samples:
-    def __init__(self, disk_total: int) -> None:
+    def __init__(self, disk_total: int, read: Callable[[str], Awaitable[Usage]]) -> None:
         self.disk_total = disk_total
+        self._read = read  # a sandbox's usage now (SandboxNotFound: it is gone)
         self._history: dict[str, deque[Sample]] = {}
+
+    async def take(self, sandbox_id: str, started_at: float) -> Sample:
+        """One sample of a sandbox now, added to its history."""
+        usage = await self._read(sandbox_id)
+        return self.add(sandbox_id, started_at, usage, time.time())
 
     def add(self, sandbox_id: str, started_at: float, usage: Usage, now: float) -> Sample:
         history = self._history.setdefault(sandbox_id, deque(maxlen=HISTORY))
@@ -65,6 +83,33 @@ class Samples:
 
     def forget(self, sandbox_id: str) -> None:
         self._history.pop(sandbox_id, None)
+
+    def keep_only(self, ids: set[str]) -> None:
+        for gone in self._history.keys() - ids:
+            self._history.pop(gone, None)
+
+
+def sampling(
+    interval_s: float, listing: Callable[[], Awaitable[list[Sandbox]]], samples: Samples
+) -> list[Periodic]:
+    """The job that samples every running sandbox each ``interval_s`` (none for 0), and forgets
+    the history of sandboxes no longer listed (killed by another process, say). One sandbox at
+    a time: the job never takes more than one of the runtime's threads."""
+    if interval_s <= 0:
+        return []
+
+    async def tick() -> None:
+        everything = await listing()
+        samples.keep_only({s.id for s in everything})
+        for sbx in everything:
+            if not sbx.running:
+                continue  # a paused sandbox uses no CPU; its last samples stay
+            try:
+                await samples.take(sbx.id, sbx.info.created_at)
+            except (SandholdError, OSError) as e:  # gone or going meanwhile
+                log.debug("no sample of sandbox %s: %s", sbx.id, e)
+
+    return [Periodic(tick, interval_s, "sandhold-sample")]
 
 
 # Why a sandbox failed, as a bounded label: read from the runtime's text (records.py: failure).

@@ -34,7 +34,7 @@ from sandhold.service.builds import Builds
 from sandhold.service.fleet import stamp as fleet_stamp
 from sandhold.service.limits import check_create
 from sandhold.service.locks import KeyedLocks
-from sandhold.service.metrics import Failures, Sample, Samples
+from sandhold.service.metrics import Failures, Sample, Samples, sampling
 from sandhold.service.offload import Offload
 from sandhold.service.pooler import Pooler
 from sandhold.service.prom import ServiceMetrics
@@ -61,7 +61,7 @@ class SandboxService:
         self._locks = KeyedLocks()
         self._records = RecordCache()
         self.offload = Offload()
-        self.samples = Samples(0)
+        self.samples = Samples(0, lambda i: self.offload.run(self.runtime.usage, i))
         self.failures = Failures(time.time())  # before open(): its reconcile may find some
         self.disk_total = 0
         # GET /metrics (service/prom.py); its suspend gauge asks the suspender, made next, which
@@ -92,6 +92,7 @@ class SandboxService:
                 self.suspender.tick, min(5.0, max(s.suspend_after_s, 0.5)), "sandhold-suspend"
             ),
             Periodic(self.warmer.tick, WARM_CHECK_S, "sandhold-warm", at_start=True),
+            *sampling(s.server_console_sample_interval_s, self.query, self.samples),
         ]
 
     async def open(self) -> SandboxService:
@@ -488,10 +489,9 @@ class SandboxService:
     async def sample(self, sbx: Sandbox) -> Sample:
         """Take one metrics sample of a sandbox now."""
         try:
-            usage = await self.offload.run(self.runtime.usage, sbx.id)
+            return await self.samples.take(sbx.id, sbx.info.created_at)
         except SandboxNotFound:
             raise not_found(sbx.id) from None
-        return self.samples.add(sbx.id, sbx.info.created_at, usage, time.time())
 
     def history(self, sandbox_id: str, start: int | None, end: int | None) -> list[Sample]:
         return self.samples.history(sandbox_id, start, end)
