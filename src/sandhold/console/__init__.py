@@ -11,5 +11,9 @@ Modules:
 - ``gateway.py``: The console of ``sandhold gateway serve``
 - ``queries.py``: The gateway console's reads of the store
 - ``server.py``: The console of ``sandhold serve``
+- ``server_catalog.py``: What a team keeps on ``sandhold serve``: its templates, their builds
+  and logs, its snapshots and volumes
+- ``server_sandboxes.py``: A sandbox's page in ``sandhold serve``'s console, and the guarded
+  actions (kill, pause) on it, audited
 - ``web.py``: The console's page, its static files and the plumbing of its JSON API, for any server
 """
