@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import logging
 import re
 import time
 from collections.abc import Iterable
@@ -36,13 +35,11 @@ from sandhold.service.offload import Offload
 if TYPE_CHECKING:
     from sandhold.runtime.templates.store import Template
 
-log = logging.getLogger(__name__)
-
 BUILDS_SHOWN = 5  # a template's latest builds in the listing
 LOG_PAGE = 200  # a build's log entries per answer
 MOST_STEPS = 500
 MESSAGE_MOST = 4000
-TEMPLATE_SIZE_AGE_S = 3600.0  # a root or layer does not change once built
+TEMPLATE_SIZE_AGE_S = 3600.0  # layers never change; a built-in's root is rebuilt rarely
 VOLUME_SIZE_AGE_S = 60.0
 STEP = re.compile(r"^(CACHED )?\[(\d+)/(\d+)\] (.*)$")  # the builder's step lines (build.py)
 

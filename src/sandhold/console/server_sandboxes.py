@@ -88,6 +88,10 @@ def handlers(service: SandboxService, audit: AuditLog) -> dict[str, Handler]:
             record["status"] = "failed" if rest_status(e) >= 500 else "refused"
             record["reason"] += f": {record['status']}: {e.message}"
             raise
+        except Exception as e:  # a bug of ours: never recorded as done
+            record["status"] = "failed"
+            record["reason"] += f": failed: {type(e).__name__}"
+            raise
         finally:
             audit.write(record)
         return {"action": action, "status": "done", "sandbox_id": sandbox_id}
