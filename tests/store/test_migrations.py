@@ -61,6 +61,13 @@ ROWS: dict[str, dict[str, Any]] = {
         "provider_state": {"state": "running"}, "replica": "r0",
         "texts": {"input": "ls", "stdout": "a\n"},
     },
+    "event_rollups": {
+        "span_s": 3600, "start_at": 1_767_222_000, "tenant_id": "acme", "scenario": "grading",
+        "events": 12, "tool_calls": 9, "failures": 2, "failure_classes": {"not_found": 2},
+        "latency": {"87": 5, "88": 4}, "running_s": 1800.5, "paused_s": 600.25,
+    },
+    "event_rollup_mark": {"id": 1, "first_hour": 1_767_218_400, "last_hour": 1_767_222_000,
+                          "updated_at": 14.0},
     "tunnels": {
         "id": "tunnel_" + "0" * 32, "tenant_id": "acme", "name": "corp", "description": "d",
         "token_sha256": "ef" * 32, "token_sealed": {"key": "k", "nonce": "n", "data": "x"},

@@ -11,7 +11,10 @@ Modules:
   connections
 - ``events.py``: The queries of deliverables and the timeline's events (a part of ``Store``)
 - ``models.py``: Tables of the gateway store
+- ``rollups.py``: The timeline rolled up per hour (the job, with its watermark), and the reads
+  that combine rollups with raw events
 - ``schema.py``: Running the store's Alembic migrations, on SQLite and PostgreSQL alike
 - ``statements.py``: The statements of a tool call's hot path, built once (SQLAlchemy Core, bound
   parameters)
+- ``tally.py``: The tally of timeline events into usage cells, for the rollup job and raw reads
 """

@@ -6,6 +6,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     Float,
     ForeignKey,
@@ -14,6 +15,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -96,6 +98,15 @@ class Deliverable(Base):
     created_at: Mapped[float] = mapped_column(Float)
 
 
+# The kinds that start and stop a sandbox span (tally.py's STARTS and STOPS), spelled out for
+# the partial index below: its predicate and a query's must read alike for the planner to use it.
+LIFECYCLE_SQL = (
+    "kind IN ('sandbox_created', 'sandbox_adopted', 'sandbox_resumed', 'sandbox_paused', "
+    "'sandbox_reclaimed', 'sandbox_replaced', 'sandbox_failed', 'sandbox_orphan_killed', "
+    "'session_closed')"
+)
+
+
 class Event(Base):
     """The timeline: one row per thing that happened to a session."""
 
@@ -104,6 +115,16 @@ class Event(Base):
         Index("ix_events_session", "tenant_id", "session_id", "id"),
         Index("ix_events_tenant_kind", "tenant_id", "kind"),
         Index("ix_events_at", "at"),
+        # a session's sandbox state at a moment (rollups.py): its last start or stop before it
+        Index(
+            "ix_events_lifecycle",
+            "tenant_id",
+            "session_id",
+            "at",
+            "id",
+            sqlite_where=text(LIFECYCLE_SQL),
+            postgresql_where=text(LIFECYCLE_SQL),
+        ),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
@@ -123,6 +144,39 @@ class Event(Base):
     replica: Mapped[str | None] = mapped_column(String(64))
     # a tool call's input and output heads, {input, stdout, stderr, cut}: gateway/texts.py
     texts: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+
+
+class EventRollup(Base):
+    """The timeline summed per hour (``span_s`` 3600) and per UTC day (86400) by tenant and
+    scenario (``''``: none), written by the rollup job (rollups.py, tally.py): events, tool
+    calls, failures by class, a sparse latency histogram, and the seconds the sandboxes ran and
+    stayed paused within it."""
+
+    __tablename__ = "event_rollups"
+
+    span_s: Mapped[int] = mapped_column(Integer, primary_key=True)
+    start_at: Mapped[int] = mapped_column(BigInteger, primary_key=True)  # epoch s, UTC-aligned
+    tenant_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    scenario: Mapped[str] = mapped_column(String(64), primary_key=True)
+    events: Mapped[int] = mapped_column(Integer)
+    tool_calls: Mapped[int] = mapped_column(Integer)
+    failures: Mapped[int] = mapped_column(Integer)
+    failure_classes: Mapped[dict[str, int]] = mapped_column(JSON)
+    latency: Mapped[dict[str, int]] = mapped_column(JSON)  # tally.latency_key -> tool calls
+    running_s: Mapped[float] = mapped_column(Float)
+    paused_s: Mapped[float] = mapped_column(Float)
+
+
+class EventRollupMark(Base):
+    """The rollup job's watermark (one row): hours from ``first_hour`` to ``last_hour`` are
+    rolled up. Each hour moves it with a compare-and-swap, in the transaction of its rows."""
+
+    __tablename__ = "event_rollup_mark"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)  # always 1
+    first_hour: Mapped[int] = mapped_column(BigInteger)
+    last_hour: Mapped[int] = mapped_column(BigInteger)
+    updated_at: Mapped[float] = mapped_column(Float)
 
 
 class Tunnel(Base):
