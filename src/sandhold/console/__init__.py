@@ -10,6 +10,7 @@ Modules:
   sandbox is
 - ``gateway.py``: The console of ``sandhold gateway serve``
 - ``queries.py``: The gateway console's reads of the store
+- ``series.py``: Usage over time for the console's charts (rollups plus raw events)
 - ``server.py``: The console of ``sandhold serve``
 - ``server_catalog.py``: What a team keeps on ``sandhold serve``: its templates, their builds
   and logs, its snapshots and volumes

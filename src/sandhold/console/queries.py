@@ -5,30 +5,24 @@ in the database, so a page stays fast with 100,000 events (bench/results/history
 A session's scenario is the platform's label (``X-Sandhold-Scenario``, sessions.scenario);
 events take their session's. Sandbox-hours count each sandbox span of a session inside the
 range: from ``sandbox_created``/``sandbox_adopted``/``sandbox_resumed`` to the next pause,
-reclaim, replacement, failure or the session's close (the range's end while it runs).
+reclaim, replacement, failure or the session's close (the range's end while it runs), a span
+begun before the range included (store/tally.py defines them, and failure classes). Usage over
+long ranges reads the hourly rollups (store/rollups.py, console/series.py).
 """
 
 from __future__ import annotations
 
-import statistics
-from collections import defaultdict
+import time
 from typing import Any
 
 from sqlalchemy import and_, func, or_, select
 
+from sandhold.console import series
 from sandhold.store.db import Store
 from sandhold.store.models import Event, Session
+from sandhold.store.rollups import usage
+from sandhold.store.tally import FAILURE_KINDS, Cell, Group, percentile
 
-FAILURE_KINDS = ("failure", "sandbox_failed")
-STARTS = ("sandbox_created", "sandbox_adopted", "sandbox_resumed")
-STOPS = (
-    "sandbox_paused",
-    "sandbox_reclaimed",
-    "sandbox_replaced",
-    "sandbox_failed",
-    "sandbox_orphan_killed",
-    "session_closed",
-)
 EVENT_FIELDS = (
     "id",
     "at",
@@ -42,7 +36,7 @@ EVENT_FIELDS = (
 )
 TEXTS = ("input", "stdout", "stderr")  # what a tool call's event keeps (gateway/texts.py)
 HEAD = 4096  # characters of each a timeline row shows
-MAX_STATS_EVENTS = 1_000_000  # what one stats query reads at most (beyond: a narrower range)
+ONE_BUCKET = 1e12  # s: a bucket longer than any range (stats: one per group)
 
 
 def _failed() -> Any:
@@ -200,70 +194,39 @@ def failures(
 def stats(
     store: Store, tenant: str | None, scenario: str | None, since: float, until: float
 ) -> dict[str, Any]:
-    """Per (tenant, scenario): sessions with events in the range, tool calls, their p50/p95
-    latency, failures by class, sandbox-hours."""
-    cols = (
-        Event.tenant_id,
-        Session.scenario,
-        Event.session_id,
-        Event.kind,
-        Event.at,
-        Event.duration_ms,
-        Event.error,
-        Event.sandbox_id,
-    )
-    q = _joined(select(*cols)).where(Event.at >= since, Event.at <= until)
-    q = _scoped(q, tenant, scenario).order_by(Event.at).limit(MAX_STATS_EVENTS)
-
-    def group() -> dict[str, Any]:
-        return {
-            "sessions": set(),
-            "durations": [],
-            "failures": defaultdict(int),
-            "spans": {},
-            "seconds": 0.0,
-        }
-
-    groups: dict[tuple[str, str | None], dict[str, Any]] = defaultdict(group)
-    n = 0
-    with store.db() as db:
-        # on the session's Core connection: ORM rows cost a quarter of the time at 100,000
-        for t, sc, sess, kind, at, duration, err, sandbox in db.connection().execute(q):
-            n += 1
-            g = groups[(t, sc)]
-            g["sessions"].add(sess)
-            if kind == "tool_call":
-                if duration is not None:
-                    g["durations"].append(duration)
-                if err is not None:
-                    g["failures"][_error_class(err)] += 1
-            elif kind in FAILURE_KINDS:
-                g["failures"][kind] += 1
-            if kind in STARTS and sandbox:
-                g["spans"].setdefault(sess, at)
-            elif kind in STOPS and sess in g["spans"]:
-                g["seconds"] += at - g["spans"].pop(sess)
+    """Per (tenant, scenario): sessions active in the range (as ``sessions`` counts them), tool
+    calls, their p50/p95 latency (within 2%: series.py), failures by class, sandbox-hours; and
+    the range's events in all. Whole rolled-up hours and days come from the rollups, the rest
+    from raw events (store/rollups.py); nothing is counted after now."""
+    hi = min(until, time.time())
+    cells: dict[Group, Cell] = {}
+    if hi >= since:
+        tally = usage(store.engine, since, ONE_BUCKET, 1, hi, tenant, scenario, days=True)
+        cells = {g: row[0] for g, row in tally.cells.items() if row[0]}
+    counts: dict[Group, int] = {}
+    if hi >= since:
+        open_then = or_(Session.closed_at.is_(None), Session.closed_at >= since)
+        q = select(Session.tenant_id, Session.scenario, func.count()).where(
+            Session.created_at <= hi, open_then
+        )
+        q = _scoped(q, tenant, scenario).group_by(Session.tenant_id, Session.scenario)
+        with store.db() as db:
+            counts = {(t, sc): int(n) for t, sc, n in db.execute(q)}
     out = []
-    for (t, sc), g in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
-        g["seconds"] += sum(until - start for start in g["spans"].values())  # still running
-        d = sorted(g["durations"])
+    for g in series.ordered(set(cells) | set(counts)):
+        c = cells.get(g) or Cell()
         out.append(
             {
-                "tenant": t,
-                "scenario": sc,
-                "sessions": len(g["sessions"]),
-                "tool_calls": len(d),
-                "p50_ms": round(statistics.median(d), 2) if d else None,
-                "p95_ms": round(d[min(len(d) - 1, round(0.95 * (len(d) - 1)))], 2) if d else None,
-                "failures": sum(g["failures"].values()),
-                "failure_classes": dict(g["failures"]),
-                "sandbox_hours": round(g["seconds"] / 3600, 4),
+                "tenant": g[0],
+                "scenario": g[1],
+                "sessions": counts.get(g, 0),
+                "tool_calls": c.tool_calls,
+                "p50_ms": percentile(c.latency, 0.5),
+                "p95_ms": percentile(c.latency, 0.95),
+                "failures": sum(c.failures.values()),
+                "failure_classes": dict(c.failures),
+                "sandbox_hours": round(c.running_s / 3600, 4),
             }
         )
-    return {"since": since, "until": until, "events": n, "groups": out}
-
-
-def _error_class(error: str) -> str:
-    """``code: message`` errors (the gateway's) by code; anything else as one class."""
-    head = error.split(":", 1)[0].strip()
-    return head if head and len(head) <= 40 and " " not in head else "error"
+    events = sum(c.events for c in cells.values())
+    return {"since": since, "until": until, "events": events, "groups": out}
