@@ -85,6 +85,19 @@ class GatewaySettings(Layer):
     gateway_reclaim_interval_s: float = Field(
         60.0, gt=0, description="How often each replica runs a reclaim pass."
     )
+    gateway_rollup_interval_s: float = Field(
+        60.0,
+        gt=0,
+        description="How often each replica rolls up the timeline's finished hours for the "
+        "console's usage views (store/rollups.py); replicas take each hour once.",
+    )
+    gateway_rollup_lag_s: float = Field(
+        300.0,
+        ge=0,
+        le=86400,
+        description="How long after an hour ends it is rolled up: events committed later than "
+        "this into a rolled-up hour are left out of its rollup.",
+    )
     gateway_reclaim_concurrency: int = Field(
         16,
         ge=1,

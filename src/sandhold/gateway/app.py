@@ -16,7 +16,9 @@ from sandhold.gateway.prom import GatewayMetrics
 from sandhold.gateway.providers import make_provider
 from sandhold.gateway.timeline import Timeline
 from sandhold.gateway.views import view_mounts
+from sandhold.service.timers import Periodic
 from sandhold.store.db import Store
+from sandhold.store.rollups import roll_up
 from sandhold.tunnel.tools import TunnelTools
 
 log = logging.getLogger(__name__)
@@ -40,6 +42,9 @@ class Gateway:
         self.reclaimer = m.reclaimer(self.manager)
         self.tools = m.tools(self.manager, self.deliverables, self.timeline)
         self.tunnels = TunnelTools(settings, self.store, self.timeline, self.manager.replica)
+        self.rollups = Periodic(
+            self.roll_up, settings.gateway_rollup_interval_s, "gateway rollup", at_start=True
+        )
 
     def bootstrap(self) -> None:
         """Schema migrations, then the tenants of the configuration (validated first)."""
@@ -55,17 +60,43 @@ class Gateway:
 
     @contextlib.asynccontextmanager
     async def running(self, reclaim: bool = True) -> AsyncIterator[Gateway]:
+        """The gateway started; with ``reclaim``, its background jobs too (the reclaimer and
+        the timeline's rollups), as a server runs them and a one-off command does not."""
         await asyncio.to_thread(self.bootstrap)
         await self.manager.start()
         if reclaim:
             self.reclaimer.start(self.settings.gateway_reclaim_interval_s)
+            self.rollups.start()
         try:
             yield self
         finally:
+            await self.rollups.stop()
             await self.reclaimer.stop()
             await self.manager.stop()
             await self.provider.close()
             self.store.close()
+
+    async def roll_up(self) -> int:
+        """Roll up the timeline's hours that are due (store/rollups.py), a few per trip to a
+        worker thread; a stop waits for the trip under way (the store closes after it)."""
+        done = 0
+        while True:
+            trip = asyncio.ensure_future(
+                asyncio.to_thread(
+                    roll_up, self.store.engine, self.settings.gateway_rollup_lag_s, None, 6
+                )
+            )
+            try:
+                n = await asyncio.shield(trip)
+            except asyncio.CancelledError:
+                await trip
+                raise
+            if not n:
+                break
+            done += n
+        if done:
+            log.info("rolled up %d hour(s) of the timeline", done)
+        return done
 
     async def tenant_and_policy(self, api_key: str | None) -> tuple[str, TenantPolicy]:
         """The key's tenant and its policy: one read of the store, or none while this replica
