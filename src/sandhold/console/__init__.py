@@ -1,14 +1,17 @@
-"""The operator console: a web page served by ``sandhold gateway serve`` (sessions, timelines,
-usage and failures by tenant and scenario, live sandboxes), by ``sandhold serve`` (live
-sandboxes) and by ``sandhold edge serve`` (the fleet's hosts and sandboxes), behind the admin
-key or a tenant key. ``web`` serves the page and the API's plumbing; ``server``, ``gateway``
-and ``edge`` answer its queries. See docs/console.md.
+"""The operator console: a web page served by ``sandhold gateway serve`` (usage and failures
+over time by tenant and scenario, sessions, timelines of what ran, sandboxes, guarded actions),
+by ``sandhold serve`` (sandboxes, templates and builds, snapshots, volumes) and by ``sandhold
+edge serve`` (the fleet's hosts and sandboxes), behind the admin key or a tenant key. ``web``
+serves the page and the API's plumbing; ``server``, ``gateway`` and ``edge`` answer its
+queries. See docs/console.md.
 
 Modules:
 
 - ``edge.py``: The console of ``sandhold edge serve``: the fleet's hosts, and where each
   sandbox is
 - ``gateway.py``: The console of ``sandhold gateway serve``
+- ``gateway_sandboxes.py``: The gateway console's sandboxes: the live ones, one sandbox's page
+  and the guarded actions on a session
 - ``queries.py``: The gateway console's reads of the store
 - ``series.py``: Usage over time for the console's charts (rollups plus raw events)
 - ``server.py``: The console of ``sandhold serve``

@@ -4,16 +4,15 @@ only (the tenant it names is ignored: ``Principal.scope``)."""
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import time
 from typing import TYPE_CHECKING, Any
 
 from starlette.routing import Route
 
-from sandhold.console import queries
-from sandhold.console.web import Principal, api_routes, limit, page_routes, text, usage, window
-from sandhold.errors import InvalidRequest, NotFound, SandholdError, SessionNotFound
+from sandhold.console import gateway_sandboxes, queries, series
+from sandhold.console.web import Principal, api_routes, limit, page_routes, text, window
+from sandhold.errors import InvalidRequest, NotFound, SessionNotFound
 
 if TYPE_CHECKING:
     from sandhold.gateway.app import Gateway
@@ -72,39 +71,15 @@ def routes(gw: Gateway) -> list[Route]:
         rows = await db(queries.failures, gw.store, tenant, scenario, since, until, limit(body))
         return {"failures": rows}
 
+    async def usage_series(p: Principal, body: dict[str, Any]) -> dict[str, Any]:
+        tenant, scenario = scope(p, body)
+        since, until = window(body, time.time())
+        return await db(series.series, gw.store, tenant, scenario, since, until)
+
     async def stats(p: Principal, body: dict[str, Any]) -> dict[str, Any]:
         tenant, scenario = scope(p, body)
         since, until = window(body, time.time())
         return await db(queries.stats, gw.store, tenant, scenario, since, until)
-
-    async def sandboxes(p: Principal, body: dict[str, Any]) -> dict[str, Any]:
-        tenant = p.scope(None)
-        rows = await db(gw.store.sessions_with_sandboxes)
-        live = [r for r in rows.values() if tenant is None or r.tenant_id == tenant][:500]
-        now = time.time()
-        service = getattr(gw.provider, "service", None)  # the local provider's: usage too
-
-        async def row(r: Any) -> dict[str, Any] | None:
-            sbx = await gw.provider.get(r.sandbox_id)
-            if sbx is None:
-                return None
-            out: dict[str, Any] = {
-                "sandbox_id": sbx.id,
-                "tenant": r.tenant_id,
-                "session_id": r.session_id,
-                "state": sbx.state,
-                "age_s": round(now - sbx.started_at, 1),
-            }
-            if service is not None and sbx.state == "running":
-                try:
-                    s = await service.sample(await service.get(sbx.id))
-                    out.update(usage(s))
-                except (SandholdError, AttributeError):
-                    pass
-            return out
-
-        found = await asyncio.gather(*(row(r) for r in live))
-        return {"sandboxes": [f for f in found if f is not None]}
 
     handlers = {
         "sessions": sessions,
@@ -112,6 +87,7 @@ def routes(gw: Gateway) -> list[Route]:
         "text": kept_text,
         "failures": failures,
         "stats": stats,
-        "sandboxes": sandboxes,
+        "series": usage_series,
+        **gateway_sandboxes.handlers(gw),
     }
     return page_routes("gateway") + api_routes(authenticate, handlers)

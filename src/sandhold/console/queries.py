@@ -171,6 +171,18 @@ def text(store: Store, tenant: str, session: str, event: int, name: str) -> dict
     return {"text": texts[name], "cut_from_bytes": cut}
 
 
+def sandbox_events(
+    store: Store, tenant: str, session: str, sandbox_id: str, limit: int = 200
+) -> list[dict[str, Any]]:
+    """A session's newest events about one of its sandboxes (a sandbox's page)."""
+    q = select(Event).where(
+        Event.tenant_id == tenant, Event.session_id == session, Event.sandbox_id == sandbox_id
+    )
+    with store.db() as db:
+        rows = db.scalars(q.order_by(Event.id.desc()).limit(limit))
+        return [{**{k: getattr(e, k) for k in EVENT_FIELDS}, **_heads(e.texts)} for e in rows]
+
+
 def failures(
     store: Store, tenant: str | None, scenario: str | None, since: float, until: float, limit: int
 ) -> list[dict[str, Any]]:

@@ -13,13 +13,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from sandhold.audit import AuditLog
-from sandhold.console.web import MIB, Handler, Principal, usage
+from sandhold.console.web import Handler, Principal, point
 from sandhold.errors import InvalidRequest, SandholdError
 from sandhold.gateway.errors import rest_status
 from sandhold.runtime import sandbox_log
 from sandhold.runtime.records import session_of
 from sandhold.service import Sandbox, SandboxService
-from sandhold.service.metrics import Sample
 
 EVENTS, MOST_EVENTS = 200, 1000  # a page's newest log entries: by default, at most
 MESSAGE_MOST = 4000  # characters of one log line shown (a service may print long ones)
@@ -60,7 +59,7 @@ def handlers(service: SandboxService, audit: AuditLog) -> dict[str, Handler]:
         )
         return {
             "sandbox": _page(sbx, template, time.time()),
-            "history": [_point(s) for s in service.history(sbx.id, None, None)],
+            "history": [point(s) for s in service.history(sbx.id, None, None)],
             "events": [
                 {"at": e.at_ms / 1000, "level": e.level, "message": e.message[:MESSAGE_MOST]}
                 for e in reversed(logged[-events:] if events else [])
@@ -136,7 +135,3 @@ def _page(sbx: Sandbox, template: Any, now: float) -> dict[str, Any]:
         "metadata": sbx.metadata,
         "session_id": session_of(sbx.metadata),
     }
-
-
-def _point(s: Sample) -> dict[str, Any]:
-    return {"at": s.at, **usage(s), "memory_total_mib": round(s.mem_total / MIB, 1)}

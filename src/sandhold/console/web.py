@@ -1,6 +1,6 @@
 """The console's page, its static files and the plumbing of its JSON API, for any server.
 
-The page is one HTML file, one script and one stylesheet, all served from here (no CDN, no
+The page is one HTML file, its script modules and one stylesheet, all served from here (no CDN, no
 inline script or style), with a strict Content-Security-Policy. The API is ``POST
 /console/api/<name>`` with a JSON body and ``Authorization: Bearer <key>``: no cookie is ever
 set, so a cross-site page cannot borrow a signed-in console (nothing ambient to forge a request
@@ -25,7 +25,8 @@ from sandhold.gateway.errors import rest_status
 from sandhold.service.metrics import Sample
 
 STATIC = Path(__file__).parent / "static"
-FILES = {"console.js": "text/javascript", "console.css": "text/css"}
+SCRIPTS = ("console.js", "ui.js", "charts.js", "usage.js", "sandboxes.js", "catalog.js")
+FILES = {**{name: "text/javascript" for name in SCRIPTS}, "console.css": "text/css"}
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
     "connect-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
@@ -162,3 +163,8 @@ def usage(s: Sample) -> dict[str, float]:
         "memory_mib": round(s.mem_used / MIB, 1),
         "disk_mib": round(s.disk_used / MIB, 1),
     }
+
+
+def point(s: Sample) -> dict[str, float]:
+    """One sample of a sandbox's history, as a sandbox page charts it."""
+    return {"at": s.at, **usage(s), "memory_total_mib": round(s.mem_total / MIB, 1)}

@@ -4,7 +4,9 @@ Event kinds: ``session_opened``, ``session_closed``, ``sandbox_created``, ``sand
 ``sandbox_paused``, ``sandbox_failed``, ``sandbox_resumed``, ``sandbox_reclaimed``,
 ``sandbox_orphan_killed``, ``sandbox_network_updated``, ``sandbox_replaced``, ``tool_call``,
 ``tunnel_call`` (a tool of a tenant's MCP tunnel: ``reason`` names tunnel, channel, tool and
-outcome; docs/tunnel.md) and ``failure``. Writing is best effort: a store hiccup must not fail
+outcome; docs/tunnel.md), ``operator_action`` (a kill, pause or close asked for in the console:
+``tool`` names it, ``reason`` who asked and how it ended), ``sandbox_killed`` (a kill from the
+console that happened) and ``failure``. Writing is best effort: a store hiccup must not fail
 a tool call that already ran.
 """
 

@@ -10,9 +10,9 @@ Failures: a ``tool_call`` with an error counts under its error's class (``code: 
 by code, anything else as ``error``); ``failure`` and ``sandbox_failed`` events under their kind.
 
 Sandbox spans, per session: running from a start (``STARTS``, with a sandbox id) to the next stop
-(``STOPS``: a pause, reclaim, replacement, failure, orphan kill or the session's close); paused
-from ``sandbox_paused`` to the next start or stop. A span open at a bucket's edge is split there,
-one still open at the end of the tallied range ends with it.
+(``STOPS``: a pause, reclaim, replacement, failure, orphan kill, a kill from the console or
+the session's close); paused from ``sandbox_paused`` to the next start or stop. A span open at
+a bucket's edge is split there, one still open at the end of the tallied range ends with it.
 
 Latency histogram: log-spaced buckets of ratio ``GAMMA`` (1.04); key ``k`` holds durations in
 [GAMMA**k, GAMMA**(k+1)) ms and reads back as its geometric middle, so a percentile read from it
@@ -42,6 +42,7 @@ STOPS = (
     "sandbox_replaced",
     "sandbox_failed",
     "sandbox_orphan_killed",
+    "sandbox_killed",  # from the console
     "session_closed",
 )
 LIFECYCLE = STARTS + STOPS

@@ -20,7 +20,7 @@ depends_on = None
 LIFECYCLE_SQL = (
     "kind IN ('sandbox_created', 'sandbox_adopted', 'sandbox_resumed', 'sandbox_paused', "
     "'sandbox_reclaimed', 'sandbox_replaced', 'sandbox_failed', 'sandbox_orphan_killed', "
-    "'session_closed')"
+    "'sandbox_killed', 'session_closed')"
 )
 
 
