@@ -35,7 +35,10 @@ def sign_in(page: Page, gw: Gateway, key: str) -> None:
 
 def assert_nothing_ran(page: Page, dialogs: list[str]) -> None:
     assert page.evaluate("window.__pwned") is None and not dialogs
-    assert page.locator("main img, main svg, main script, main b").count() == 0
+    assert page.locator("main img, main script, main b").count() == 0
+    # the charts' own SVG only, and no element carries a handler
+    assert page.locator("main svg").count() == page.locator("main figure.chart svg").count()
+    assert page.locator("[onload], [onerror], [onmouseover]").count() == 0
 
 
 # Sessions that outlive the test: with the gateway tests' 2 s retention a slow run reclaims
@@ -78,6 +81,8 @@ def test_the_console_of_live_sessions(make_gateway: Callable[..., Gateway], brow
         expect(page.get_by_role("heading", level=2)).to_contain_text("conv-grading")
         timeline = page.locator("main table")
         expect(timeline).to_contain_text("run_command")
+        expect(timeline).to_contain_text(EVIL_OUTPUT)  # what the command printed, as text
+        expect(timeline).to_contain_text(EVIL_NAME)  # the path write_file named
         expect(timeline.get_by_role("row").filter(has_text="read_file")).to_have_class("failure")
         assert_nothing_ran(page, dialogs)
         page.get_by_role("button", name="Sessions").click()
@@ -132,13 +137,13 @@ def test_a_late_answer_never_lands_in_the_next_view(
                 command="true").status_code == 200  # fmt: skip
     page = browser.new_page()
     held: list = []
-    page.route("**/console/api/stats", lambda route: held.append(route))
+    page.route("**/console/api/series", lambda route: held.append(route))
     try:
         sign_in(page, gw, ADMIN_KEY)
         page.get_by_role("button", name="Sessions").click()
         expect(page.locator("main table")).to_contain_text("conv-late")
         assert len(held) == 1
-        with page.expect_response("**/console/api/stats") as answer:
+        with page.expect_response("**/console/api/series") as answer:
             held[0].continue_()
         assert answer.value.ok
         page.evaluate("() => new Promise((r) => setTimeout(r, 100))")  # (its continuation ran)
