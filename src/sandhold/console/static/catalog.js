@@ -33,8 +33,8 @@ async function build(templateId, buildId, offset = 0) {
     if (!offset) {
       main.append(facts([["Status", b.status], ["Tags", (b.tags || []).join(", ")], ["Started", when(b.started_at)], ["Finished", when(b.finished_at)], ["Reason", b.reason ?? ""]]));
       if (data.steps && data.steps.length) {
-        main.append(el("h3", {}, "Steps"), table(["#", "Step", "Status"], data.steps.map((s, i) => el("tr", {},
-          num(s.step ?? i + 1), el("td", { class: "text" }, s.text ?? ""), el("td", {}, s.cached ? "cached" : "")))));
+        main.append(el("h3", {}, "Steps"), table(["#", "Step", "Cache"], data.steps.map((s, i) => el("tr", {},
+          num(s.step ?? i + 1), el("td", { class: "text" }, s.text ?? ""), el("td", {}, s.cached ? "cached" : "run")))));
       }
       main.append(el("h3", {}, "Logs"));
     }
