@@ -67,7 +67,7 @@ ROWS: dict[str, dict[str, Any]] = {
         "latency": {"87": 5, "88": 4}, "running_s": 1800.5, "paused_s": 600.25,
     },
     "event_rollup_mark": {"id": 1, "first_hour": 1_767_218_400, "last_hour": 1_767_222_000,
-                          "updated_at": 14.0},
+                          "seen_event_id": 1, "updated_at": 14.0},
     "tunnels": {
         "id": "tunnel_" + "0" * 32, "tenant_id": "acme", "name": "corp", "description": "d",
         "token_sha256": "ef" * 32, "token_sealed": {"key": "k", "nonce": "n", "data": "x"},

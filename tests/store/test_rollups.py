@@ -3,7 +3,8 @@ timeline (spans across hour edges, a sandbox running since before the range, pau
 failures of several classes, durations of known percentiles) gives, per bucket, the counts and
 sandbox seconds worked out here by hand; ``series`` and ``stats`` read from rollups equal the same
 read from raw events; replicas racing roll each hour once; an hour waits for its lag, and an event
-committed before then is in its rollup."""
+committed before then is in its rollup; an event written into an hour already rolled up rolls
+that hour and the later ones up again."""
 
 from __future__ import annotations
 
@@ -253,6 +254,38 @@ def test_an_hour_waits_for_its_lag_and_takes_what_came_before(store: Store) -> N
     assert rows == [(T0 + 7 * HOUR, "acme", "tutoring", 1)]
     s = series.series(store, "acme", "tutoring", T0, end)
     assert s["total"]["tool_calls"][7] == 1
+
+
+def test_an_event_written_into_a_rolled_up_hour_rolls_it_up_again(store: Store) -> None:
+    seed(store)
+    now = T0 + 8 * HOUR + LAG
+    rollups.roll_up(store.engine, LAG, now=now, max_hours=999)
+    with store.db() as db:
+        assert db.scalar(select(EventRollupMark.last_hour)) == T0 + 7 * HOUR
+    # a stop recorded long after it happened, and a call of that hour: hour 2 changes
+    late = [{"tenant_id": "globex", "session_id": "c", "kind": "sandbox_paused",
+             "at": T0 + 2 * HOUR + 15 * M, "sandbox_id": "c1"},
+            {"tenant_id": "globex", "session_id": "c", "kind": "tool_call", "tool": "run_code",
+             "at": T0 + 2 * HOUR + 20 * M, "duration_ms": 7.0}]  # fmt: skip
+    store.add_events(late)
+    with store.engine.begin() as conn:  # what the raw events say now
+        conn.execute(delete(EventRollupMark))
+        conn.execute(delete(EventRollup))
+    rollups.roll_up(store.engine, LAG, now=now, max_hours=999)
+    want = hour_rows(store), reads(store)
+    with store.engine.begin() as conn:  # the rollups of before the late events...
+        conn.execute(delete(Event).where(Event.id > 0, Event.at.in_([e["at"] for e in late])))
+        conn.execute(delete(EventRollupMark))
+        conn.execute(delete(EventRollup))
+    rollups.roll_up(store.engine, LAG, now=now, max_hours=999)
+    assert hour_rows(store) != want[0]
+    store.add_events(late)  # ...then the late events: the hours from 2 on are rolled again
+    assert rollups.roll_up(store.engine, LAG, now=now, max_hours=999) == 6  # hours 2 to 7
+    assert hour_rows(store) == want[0]
+    assert reads(store) == approx(want[1])
+    globex = series.series(store, "globex", None, T0, T0 + 7 * HOUR)
+    assert globex["total"]["tool_calls"][2] == 1 and globex["total"]["paused"][2] == 0.75
+    assert rollups.roll_up(store.engine, LAG, now=now, max_hours=999) == 0  # and once only
 
 
 def test_a_fresh_start_catches_up_from_the_oldest_event_and_skips_empty_hours(

@@ -169,13 +169,16 @@ class EventRollup(Base):
 
 class EventRollupMark(Base):
     """The rollup job's watermark (one row): hours from ``first_hour`` to ``last_hour`` are
-    rolled up. Each hour moves it with a compare-and-swap, in the transaction of its rows."""
+    rolled up, from the events up to id ``seen_event_id``. Each hour moves it with a
+    compare-and-swap, in the transaction of its rows; a later event of a rolled-up hour moves
+    it back to that hour."""
 
     __tablename__ = "event_rollup_mark"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)  # always 1
     first_hour: Mapped[int] = mapped_column(BigInteger)
     last_hour: Mapped[int] = mapped_column(BigInteger)
+    seen_event_id: Mapped[int] = mapped_column(BigInteger)
     updated_at: Mapped[float] = mapped_column(Float)
 
 

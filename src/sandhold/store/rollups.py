@@ -8,7 +8,11 @@ compare-and-swap from the hour it read, then writes the hour's rows (and, at a U
 day's rows summed from its hours): a replica whose swap finds another hour there wrote nothing
 and reads the mark again. On PostgreSQL the swap's row lock makes a second replica wait for the
 first's commit and then find its swap stale; on SQLite the swap takes the database's write lock.
-An event committed into an hour already rolled up is not in its rollup (the lag is the margin).
+The mark also keeps the newest event id a roll had seen: an event written later into an hour
+already rolled up (a stop recorded long after it happened, a gateway back from hours away)
+moves the mark back to before that hour, and the hours from it on are rolled up again (each
+hour's rows are replaced). Ids are taken as the order events became visible in, which holds
+but for an insert that commits after a later one's roll began, with its ``at`` past the lag.
 Deleting the mark row rolls everything up again from the oldest event.
 
 Every hour is tallied alike, rolled up or read raw: the sessions' sandbox states at its start
@@ -23,6 +27,7 @@ partial first hour, the hours not rolled up yet) from raw events.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Iterator
@@ -241,6 +246,15 @@ def roll_up(engine: Engine, lag_s: float, now: float | None = None, max_hours: i
                     return done
                 _start(engine, floor_to(oldest, HOUR), now)
                 continue
+            seen = _seen(conn)
+            newest = int(conn.execute(select(func.max(Event.id))).scalar() or 0)
+            late = _late(conn, at, seen)
+            if late is not None:  # an hour rolled up has a new event: from it on, again
+                conn.rollback()
+                back = max(at[0], floor_to(late, HOUR)) - HOUR
+                with contextlib.suppress(_Lost), engine.begin() as c:
+                    _swap(c, at[1], seen, back, newest, now)
+                continue
             hour = at[1] + HOUR
             if hour + HOUR + lag_s > now:
                 return done
@@ -250,7 +264,7 @@ def roll_up(engine: Engine, lag_s: float, now: float | None = None, max_hours: i
             conn.rollback()
         try:
             with engine.begin() as conn:
-                _swap(conn, at[1], upto, now)
+                _swap(conn, at[1], seen, upto, max(seen, newest), now)
                 _write(conn, hour, tally.cells, upto=upto)
                 if (upto + HOUR) % DAY == 0:
                     _write_day(conn, upto + HOUR - DAY)
@@ -260,10 +274,35 @@ def roll_up(engine: Engine, lag_s: float, now: float | None = None, max_hours: i
     return done
 
 
+def _seen(conn: Connection) -> int:
+    seen = conn.execute(
+        select(EventRollupMark.seen_event_id).where(EventRollupMark.id == MARK)
+    ).scalar()
+    return int(seen or 0)
+
+
+def _late(conn: Connection, at: tuple[int, int], seen: int) -> float | None:
+    """The time of the oldest event written into a rolled-up hour after its roll (None: none);
+    only the events newer than ``seen`` are looked at (the primary key's range)."""
+    # by the primary key's range, not the index on at (whose range is every hour rolled up):
+    # ordered by id in a subquery, which SQLite's planner then walks by rowid
+    new = select(Event.at).where(Event.id > seen).order_by(Event.id).limit(2**62).subquery()
+    late = conn.execute(
+        select(func.min(new.c.at)).where(new.c.at >= at[0], new.c.at < at[1] + HOUR)
+    ).scalar()
+    return None if late is None else float(late)
+
+
 def _start(engine: Engine, first: int, now: float) -> None:
     """The mark before the first hour; a replica starting at the same moment may insert it
     first (then its row stands: a duplicate key changes nothing)."""
-    row = {"id": MARK, "first_hour": first, "last_hour": first - HOUR, "updated_at": now}
+    row = {
+        "id": MARK,
+        "first_hour": first,
+        "last_hour": first - HOUR,
+        "seen_event_id": 0,
+        "updated_at": now,
+    }
     dialect_insert = sqlite_insert if engine.dialect.name == "sqlite" else pg_insert
     with engine.begin() as conn:
         conn.execute(dialect_insert(EventRollupMark).values(row).on_conflict_do_nothing())
@@ -278,12 +317,18 @@ def _skip(conn: Connection, hour: int, now: float, lag_s: float) -> int:
     return max(hour, min(before, ready, floor_to(hour, DAY) + DAY - HOUR))
 
 
-def _swap(conn: Connection, last: int, upto: int, now: float) -> None:
-    # first statement of the transaction: SQLite takes its write lock here (engine.py)
+def _swap(conn: Connection, last: int, seen: int, upto: int, newest: int, now: float) -> None:
+    # first statement of the transaction: SQLite takes its write lock here (engine.py). Both
+    # fields are compared: after a move back and a roll forward to the same hour, the seen id
+    # has grown, so a replica that read the mark before either still finds its swap stale.
     res = conn.execute(
         update(EventRollupMark)
-        .where(EventRollupMark.id == MARK, EventRollupMark.last_hour == last)
-        .values(last_hour=upto, updated_at=now)
+        .where(
+            EventRollupMark.id == MARK,
+            EventRollupMark.last_hour == last,
+            EventRollupMark.seen_event_id == seen,
+        )
+        .values(last_hour=upto, seen_event_id=newest, updated_at=now)
     )
     if res.rowcount != 1:
         raise _Lost

@@ -44,6 +44,7 @@ def upgrade() -> None:
         sa.Column("id", sa.Integer, primary_key=True),
         sa.Column("first_hour", sa.BigInteger, nullable=False),
         sa.Column("last_hour", sa.BigInteger, nullable=False),
+        sa.Column("seen_event_id", sa.BigInteger, nullable=False),
         sa.Column("updated_at", sa.Float, nullable=False),
     )
     op.create_index(
