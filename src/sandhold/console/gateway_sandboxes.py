@@ -14,9 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from sandhold.audit import CONSOLE_FIELDS, AuditLog, console_dir
 from sandhold.console import queries
-from sandhold.console.web import Handler, Principal, point, text, usage
+from sandhold.console.web import Handler, Principal, audited, point, text, usage
 from sandhold.errors import Conflict, InvalidRequest, SandboxNotFound, SandholdError
-from sandhold.gateway.errors import rest_status
 from sandhold.store.db import SessionRow
 
 if TYPE_CHECKING:
@@ -115,18 +114,15 @@ def handlers(gw: Gateway) -> dict[str, Handler]:
         """Find what the action is on (another tenant's: not found), run it, and record the
         attempt however it ends: in the audit log always, in the session's timeline once the
         session is known to be the caller's."""
-        who = "admin" if p.kind == "admin" else f"tenant {p.tenant}"
-        status, reason = "done", f"{action} from the console by {who}"
+        record = {"actor": p.actor, "tenant": p.tenant, "action": action, **asked}
+        record["reason"] = f"{action} from the console by {p.actor}"
         row: SessionRow | None = None
         try:
-            row = await find()
-            return {"action": action, "status": status, **(await run(row))}
-        except Exception as e:
-            refused = isinstance(e, SandholdError) and rest_status(e) < 500
-            status = "refused" if refused else "failed"
-            why = e.message if isinstance(e, SandholdError) else "an internal error"
-            reason = f"{reason}: {status}: {why}"
-            raise
+            async with audited(audit, record):
+                row = await find()
+                record.update(tenant=row.tenant_id, session=row.session_id)
+                record["sandbox"] = row.sandbox_id
+                return {"action": action, "status": "done", **(await run(row))}
         finally:
             if row is not None:
                 await gw.timeline.record(
@@ -135,19 +131,8 @@ def handlers(gw: Gateway) -> dict[str, Handler]:
                     "operator_action",
                     sandbox_id=row.sandbox_id,
                     tool=action,
-                    reason=reason,
+                    reason=record["reason"],
                 )
-            audit.write(
-                {
-                    "actor": who,
-                    "tenant": row.tenant_id if row else p.tenant,
-                    "session": row.session_id if row else asked.get("session"),
-                    "sandbox": row.sandbox_id if row else asked.get("sandbox"),
-                    "action": action,
-                    "status": status,
-                    "reason": reason,
-                }
-            )
 
     async def kill(p: Principal, body: dict[str, Any]) -> dict[str, Any]:
         sandbox_id = _id(body)

@@ -13,9 +13,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from sandhold.audit import AuditLog
-from sandhold.console.web import Handler, Principal, point
+from sandhold.console.web import Handler, Principal, audited, point
 from sandhold.errors import InvalidRequest, SandholdError
-from sandhold.gateway.errors import rest_status
 from sandhold.runtime import sandbox_log
 from sandhold.runtime.records import session_of
 from sandhold.service import Sandbox, SandboxService
@@ -70,29 +69,17 @@ def handlers(service: SandboxService, audit: AuditLog) -> dict[str, Handler]:
         p: Principal, body: dict[str, Any], action: str, run: Callable[[str], Awaitable[None]]
     ) -> dict[str, Any]:
         sandbox_id = required(body, "sandbox_id")  # a bad body: 400, nothing done or logged
-        who = f"tenant {p.tenant}"
-        record: dict[str, Any] = {
-            "actor": who,
+        record = {
+            "actor": p.actor,
             "tenant": p.tenant,
             "action": action,
             "sandbox": sandbox_id,
-            "status": "done",
-            "reason": f"{action} from the console by {who}",
+            "reason": f"{action} from the console by {p.actor}",
         }
-        try:
+        async with audited(audit, record):
             sbx = await service.owned(p.tenant or "", sandbox_id)
             record["session"] = session_of(sbx.metadata)
             await run(sandbox_id)
-        except SandholdError as e:
-            record["status"] = "failed" if rest_status(e) >= 500 else "refused"
-            record["reason"] += f": {record['status']}: {e.message}"
-            raise
-        except Exception as e:  # a bug of ours: never recorded as done
-            record["status"] = "failed"
-            record["reason"] += f": failed: {type(e).__name__}"
-            raise
-        finally:
-            audit.write(record)
         return {"action": action, "status": "done", "sandbox_id": sandbox_id}
 
     async def kill(p: Principal, body: dict[str, Any]) -> dict[str, Any]:

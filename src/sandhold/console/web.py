@@ -10,7 +10,8 @@ URL, so no access log or browser history holds a key or a session id.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from sandhold import http_edge
+from sandhold.audit import AuditLog
 from sandhold.errors import InvalidRequest, SandholdError, Unauthenticated
 from sandhold.gateway.errors import rest_status
 from sandhold.service.metrics import Sample
@@ -59,6 +61,11 @@ class Principal:
 
     def public(self) -> dict[str, Any]:
         return {"kind": self.kind, "tenant": self.tenant}
+
+    @property
+    def actor(self) -> str:
+        """Who asked, as the audit log and the timeline name them."""
+        return "admin" if self.kind == "admin" else f"tenant {self.tenant}"
 
 
 Authenticate = Callable[[str], Awaitable[Principal]]
@@ -168,3 +175,21 @@ def usage(s: Sample) -> dict[str, float]:
 def point(s: Sample) -> dict[str, float]:
     """One sample of a sandbox's history, as a sandbox page charts it."""
     return {"at": s.at, **usage(s), "memory_total_mib": round(s.mem_total / MIB, 1)}
+
+
+@contextlib.asynccontextmanager
+async def audited(log: AuditLog, record: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    """Run an action and write ``record`` (actor, tenant, action, sandbox, session, reason) to
+    the console's audit log however it ends: ``done``, ``refused`` (the caller's mistake: not
+    found, a conflict) or ``failed`` (ours), with why in ``reason``."""
+    record["status"] = "done"
+    try:
+        yield record
+    except Exception as e:
+        refused = isinstance(e, SandholdError) and rest_status(e) < 500
+        record["status"] = "refused" if refused else "failed"
+        why = e.message if isinstance(e, SandholdError) else type(e).__name__
+        record["reason"] = f"{record['reason']}: {record['status']}: {why}"
+        raise
+    finally:
+        log.write(record)
