@@ -27,7 +27,6 @@ partial first hour, the hours not rolled up yet) from raw events.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from collections.abc import Iterator
@@ -90,7 +89,8 @@ def ceil_to(t: float, step: int) -> int:
     return int(math.ceil(t / step) * step)
 
 
-def _scope(q: Any, tenant: str | None, scenario: str | None) -> Any:
+def scoped(q: Any, tenant: str | None, scenario: str | None) -> Any:
+    """``q`` (joined with the sessions) kept to a tenant and a scenario (None: any)."""
     if tenant is not None:
         q = q.where(Session.tenant_id == tenant)
     if scenario is not None:
@@ -119,7 +119,7 @@ def states_at(
     q = select(Session.tenant_id, Session.session_id, Session.scenario, last).where(
         Session.created_at <= at, or_(Session.closed_at.is_(None), Session.closed_at >= at)
     )
-    for t, s, sc, kind in conn.execute(_scope(q, tenant, scenario)):
+    for t, s, sc, kind in conn.execute(scoped(q, tenant, scenario)):
         if kind in STARTS or kind == PAUSE:
             yield t, s, sc, kind == PAUSE
 
@@ -158,7 +158,7 @@ def _counts(
         .where(Event.at >= lo, Event.at <= hi if closed else Event.at < hi)
         .group_by(*(text(str(i)) for i in range(1, 7)))  # (the bound parameters differ)
     )
-    for t, sc, i, kind, k, h, n in conn.execute(_scope(q, tenant, scenario)):
+    for t, sc, i, kind, k, h, n in conn.execute(scoped(q, tenant, scenario)):
         tally.count((t, sc), int(i), kind, None if k is None else int(k), h, int(n))
 
 
@@ -181,7 +181,7 @@ def _lifecycle(
         .where(text(LIFECYCLE_SQL), Event.at >= lo, Event.at <= hi if closed else Event.at < hi)
         .order_by(Event.at, Event.id)
     )
-    return conn.execute(_scope(q, tenant, scenario))
+    return conn.execute(scoped(q, tenant, scenario))
 
 
 def tally_raw(
@@ -227,10 +227,6 @@ def mark(conn: Connection) -> tuple[int, int] | None:
     return None if row is None else (int(row[0]), int(row[1]))
 
 
-class _Lost(Exception):
-    """Another replica moved the mark first: this hour's transaction rolls back."""
-
-
 def roll_up(engine: Engine, lag_s: float, now: float | None = None, max_hours: int = 24) -> int:
     """Roll up to ``max_hours`` whole hours that ended ``lag_s`` ago or earlier; returns how
     many it rolled up (0: caught up, or nothing to roll up yet)."""
@@ -252,8 +248,8 @@ def roll_up(engine: Engine, lag_s: float, now: float | None = None, max_hours: i
             if late is not None:  # an hour rolled up has a new event: from it on, again
                 conn.rollback()
                 back = max(at[0], floor_to(late, HOUR)) - HOUR
-                with contextlib.suppress(_Lost), engine.begin() as c:
-                    _swap(c, at[1], seen, back, newest, now)
+                with engine.begin() as c:
+                    _swap(c, at[1], seen, back, newest, now)  # (lost: another moved it)
                 continue
             hour = at[1] + HOUR
             if hour + HOUR + lag_s > now:
@@ -262,14 +258,12 @@ def roll_up(engine: Engine, lag_s: float, now: float | None = None, max_hours: i
             tally_raw(conn, tally, hour, hour + HOUR)
             upto = hour if tally.cells else _skip(conn, hour, now, lag_s)
             conn.rollback()
-        try:
-            with engine.begin() as conn:
-                _swap(conn, at[1], seen, upto, max(seen, newest), now)
-                _write(conn, hour, tally.cells, upto=upto)
-                if (upto + HOUR) % DAY == 0:
-                    _write_day(conn, upto + HOUR - DAY)
-        except _Lost:
-            continue
+        with engine.begin() as conn:
+            if not _swap(conn, at[1], seen, upto, max(seen, newest), now):
+                continue  # another replica moved the mark first: read it again
+            _write(conn, hour, tally.cells, upto=upto)
+            if (upto + HOUR) % DAY == 0:
+                _write_day(conn, upto + HOUR - DAY)
         done += 1
     return done
 
@@ -317,7 +311,9 @@ def _skip(conn: Connection, hour: int, now: float, lag_s: float) -> int:
     return max(hour, min(before, ready, floor_to(hour, DAY) + DAY - HOUR))
 
 
-def _swap(conn: Connection, last: int, seen: int, upto: int, newest: int, now: float) -> None:
+def _swap(conn: Connection, last: int, seen: int, upto: int, newest: int, now: float) -> bool:
+    """Move the mark from what was read to ``upto``; False when another replica moved it
+    first (its transaction then commits nothing: it wrote nothing else)."""
     # first statement of the transaction: SQLite takes its write lock here (engine.py). Both
     # fields are compared: after a move back and a roll forward to the same hour, the seen id
     # has grown, so a replica that read the mark before either still finds its swap stale.
@@ -330,8 +326,7 @@ def _swap(conn: Connection, last: int, seen: int, upto: int, newest: int, now: f
         )
         .values(last_hour=upto, seen_event_id=newest, updated_at=now)
     )
-    if res.rowcount != 1:
-        raise _Lost
+    return bool(res.rowcount == 1)
 
 
 def _rows(span: int, start: int, cells: dict[Group, list[Cell]]) -> list[dict[str, Any]]:
