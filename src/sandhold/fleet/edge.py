@@ -344,7 +344,7 @@ class Edge:
         prefer = self.members.having(str(asked.get("templateID") or "base"))
         candidates = await self.members.candidates()
         for host in order(candidates, self.settings.fleet_choices, prefer):
-            self.members.given[host.host_id] += 1
+            self.members.give(host.host_id)
             key = urlsplit(host.address).netloc
             try:
                 headers = _headers(scope, key, fleet)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import Counter
+from collections import defaultdict
 from typing import Any
 
 import httpx
@@ -54,7 +54,8 @@ class Members:
         self.address: dict[str, str] = {}  # host id -> base URL
         self.polled = asyncio.Event()  # set after the first poll
         self.lost = 0  # hosts this edge judged lost
-        self.given: Counter[str] = Counter()  # creates sent to each host since its last poll
+        # creates sent to each host (when), until a poll asked after them has its answer
+        self.given: dict[str, list[float]] = defaultdict(list)
 
     @property
     def headers(self) -> dict[str, str]:
@@ -73,6 +74,7 @@ class Members:
         # Found, and known hosts that still answer (a draining host leaves discovery first).
         found = await self.discovery.addresses()
         addresses = sorted({*found, *(self.address[h] for h in self.live)})
+        asked_at = time.monotonic()
         answers = await asyncio.gather(*(self._ask(a) for a in addresses))
         live: dict[str, dict[str, Any]] = {}
         for address, info in zip(addresses, answers, strict=True):
@@ -80,7 +82,10 @@ class Members:
                 continue
             live[str(info["hostId"])] = info
             self.address[str(info["hostId"])] = address
-            self.given[str(info["hostId"])] = 0  # (in its "used" now, or refused)
+            # Those given before the ask are in its "used" now (or were refused); one given
+            # while the answer was on its way may not be: it still counts until the next poll.
+            given = self.given[str(info["hostId"])]
+            given[:] = [t for t in given if t >= asked_at]
             await asyncio.to_thread(self.catalog.seen, address, info)
             await self._settle(str(info["hostId"]), address, info)
         self.live = live
@@ -226,6 +231,10 @@ class Members:
             raise HostUnavailable(f"the sandbox's host {host_id} is not answering; retry")
         return self.address[host_id]
 
+    def give(self, host_id: str) -> None:
+        """A create sent to the host: it counts in its load until a poll's answer has it."""
+        self.given[host_id].append(time.monotonic())
+
     async def candidates(self) -> list[Candidate]:
         """Hosts that may take a create now: answering this edge, ready, not draining; their
         load is what they said at the last poll and what this edge gave them since (other
@@ -235,7 +244,7 @@ class Members:
                 host_id,
                 self.address[host_id],
                 int(info["capacity"]),
-                int(info["used"]) + self.given[host_id],
+                int(info["used"]) + len(self.given[host_id]),
             )
             for host_id, info in self.live.items()
             if not info.get("draining")
