@@ -20,7 +20,7 @@ from sqlalchemy import and_, func, or_, select
 from sandhold.console import series
 from sandhold.store.db import Store
 from sandhold.store.models import Event, Session
-from sandhold.store.rollups import usage
+from sandhold.store.rollups import scoped, usage
 from sandhold.store.tally import FAILURE_KINDS, Cell, Group, percentile
 
 EVENT_FIELDS = (
@@ -45,14 +45,6 @@ def _failed() -> Any:
     )
 
 
-def _scoped(q: Any, tenant: str | None, scenario: str | None) -> Any:
-    if tenant is not None:
-        q = q.where(Session.tenant_id == tenant)
-    if scenario is not None:
-        q = q.where(Session.scenario == scenario)
-    return q
-
-
 def _joined(q: Any) -> Any:
     return q.join(
         Session, and_(Session.tenant_id == Event.tenant_id, Session.session_id == Event.session_id)
@@ -72,7 +64,7 @@ def sessions(
     newest first, with their tool calls, failures and last event."""
     open_then = or_(Session.closed_at.is_(None), Session.closed_at >= since)
     q = select(Session).where(Session.created_at <= until, open_then)
-    q = _scoped(q, tenant, scenario).order_by(Session.id.desc()).limit(limit + 1)
+    q = scoped(q, tenant, scenario).order_by(Session.id.desc()).limit(limit + 1)
     if cursor is not None:
         q = q.where(Session.id < cursor)
     with store.db() as db:
@@ -189,7 +181,7 @@ def failures(
     q = _joined(select(Event, Session.scenario)).where(
         _failed(), Event.at >= since, Event.at <= until
     )
-    q = _scoped(q, tenant, scenario).order_by(Event.at.desc()).limit(limit)
+    q = scoped(q, tenant, scenario).order_by(Event.at.desc()).limit(limit)
     with store.db() as db:
         rows = list(db.execute(q))
     return [
@@ -221,7 +213,7 @@ def stats(
         q = select(Session.tenant_id, Session.scenario, func.count()).where(
             Session.created_at <= hi, open_then
         )
-        q = _scoped(q, tenant, scenario).group_by(Session.tenant_id, Session.scenario)
+        q = scoped(q, tenant, scenario).group_by(Session.tenant_id, Session.scenario)
         with store.db() as db:
             counts = {(t, sc): int(n) for t, sc, n in db.execute(q)}
     out = []

@@ -1,28 +1,21 @@
 // What a team keeps on a server (sandhold serve): templates with their builds and a build's
 // steps and logs, snapshots, volumes.
-import { el, call, fmtTime, fmtBytes, num, link, table, facts, show, fail, setNav, main } from "./ui.js";
+import { el, call, fmtTime, fmtBytes, num, link, table, facts, show, fail, setNav, main, listing } from "./ui.js";
 
 const when = (v) => typeof v === "number" ? fmtTime(v) : (v ?? "");
 const names = (t) => (t.aliases || t.names || []).join(", ");
 export const templateName = (t) => !t ? "" : typeof t === "string" ? t : (t.alias || t.name || t.template_id || "");
 
-async function templates() {
-  setNav("templates");
-  show(el("h2", {}, "Templates"));
-  try {
-    const data = await call("templates", {});
-    const rows = data.templates.map((t) => {
-      const last = (t.builds || [])[0];
-      return el("tr", {},
-        el("td", {}, t.template_id), el("td", { class: "text" }, names(t)),
-        el("td", { class: "text" }, (t.tags || []).join(", ")), el("td", {}, t.public ? "yes" : "no"),
-        el("td", { class: "num" }, fmtBytes(t.size_bytes)), el("td", {}, when(t.updated_at ?? t.created_at)),
-        el("td", {}, last ? link((last.status ?? "") + " " + when(last.started_at ?? last.created_at), () => build(t.template_id, last.build_id), "build") : ""),
-        el("td", {}, ...(t.builds || []).slice(1, 4).map((b) => link(b.status ?? b.build_id, () => build(t.template_id, b.build_id), "build"))));
-    });
-    main.append(table(["Template", "Names", "Tags", "Public", "Size", "Updated", "Last build", "Earlier builds"], rows));
-  } catch (e) { fail(e); }
-}
+const templates = () => listing("templates", "Templates", "templates", "templates",
+  ["Template", "Names", "Tags", "Public", "Size", "Updated", "Last build", "Earlier builds"], (t) => {
+    const last = (t.builds || [])[0];
+    return el("tr", {},
+      el("td", {}, t.template_id), el("td", { class: "text" }, names(t)),
+      el("td", { class: "text" }, (t.tags || []).join(", ")), el("td", {}, t.public ? "yes" : "no"),
+      el("td", { class: "num" }, fmtBytes(t.size_bytes)), el("td", {}, when(t.updated_at ?? t.created_at)),
+      el("td", {}, last ? link((last.status ?? "") + " " + when(last.started_at ?? last.created_at), () => build(t.template_id, last.build_id), "build") : ""),
+      el("td", {}, ...(t.builds || []).slice(1, 4).map((b) => link(b.status ?? b.build_id, () => build(t.template_id, b.build_id), "build"))));
+  });
 
 async function build(templateId, buildId, offset = 0) {
   setNav("templates");
@@ -46,29 +39,14 @@ async function build(templateId, buildId, offset = 0) {
   } catch (e) { fail(e); }
 }
 
-async function snapshots() {
-  setNav("snapshots");
-  show(el("h2", {}, "Snapshots"));
-  try {
-    const data = await call("snapshots", {});
-    const rows = data.snapshots.map((s) => el("tr", {},
-      el("td", {}, s.snapshot_id), el("td", { class: "text" }, names(s)), el("td", {}, s.source_sandbox ?? ""),
-      el("td", {}, templateName(s.template)), el("td", { class: "num" }, fmtBytes(s.size_bytes)),
-      el("td", {}, (s.stored || []).join(", ") || "nowhere"), el("td", {}, when(s.created_at))));
-    main.append(table(["Snapshot", "Names", "Source sandbox", "Template", "Size", "Stored", "Created"], rows));
-  } catch (e) { fail(e); }
-}
+const snapshots = () => listing("snapshots", "Snapshots", "snapshots", "snapshots",
+  ["Snapshot", "Names", "Source sandbox", "Template", "Size", "Stored", "Created"], (s) => el("tr", {},
+    el("td", {}, s.snapshot_id), el("td", { class: "text" }, names(s)), el("td", {}, s.source_sandbox ?? ""),
+    el("td", {}, templateName(s.template)), el("td", { class: "num" }, fmtBytes(s.size_bytes)),
+    el("td", {}, (s.stored || []).join(", ") || "nowhere"), el("td", {}, when(s.created_at))));
 
-async function volumes() {
-  setNav("volumes");
-  show(el("h2", {}, "Volumes"));
-  try {
-    const data = await call("volumes", {});
-    const rows = data.volumes.map((v) => el("tr", {},
-      el("td", {}, v.volume_id), el("td", { class: "text" }, v.name), el("td", { class: "num" }, fmtBytes(v.size_bytes)),
-      el("td", {}, when(v.created_at))));
-    main.append(table(["Volume", "Name", "Size", "Created"], rows));
-  } catch (e) { fail(e); }
-}
+const volumes = () => listing("volumes", "Volumes", "volumes", "volumes", ["Volume", "Name", "Size", "Created"],
+  (v) => el("tr", {}, el("td", {}, v.volume_id), el("td", { class: "text" }, v.name),
+    el("td", { class: "num" }, fmtBytes(v.size_bytes)), el("td", {}, when(v.created_at))));
 
 export const routes = { templates, build, snapshots, volumes };

@@ -1,24 +1,19 @@
 // Sandboxes: the live ones, one sandbox's page (what it is, its usage over its life, its events,
 // kill and pause), and on a fleet's edge the hosts and which host holds each sandbox.
-import { S, el, call, fmtTime, fmtAge, num, link, table, facts, show, fail, setNav, main, guarded } from "./ui.js";
+import { S, el, call, fmtTime, fmtAge, num, link, table, facts, show, fail, setNav, main, guarded, listing } from "./ui.js";
 import { chart } from "./charts.js";
 import { eventRow, EVENT_HEADERS } from "./usage.js";
 import { templateName } from "./catalog.js";
 
 const REFRESH_MS = 5000;
 
-async function sandboxes() {
+function sandboxes() {
   if (S.api === "edge") return fleetSandboxes();
-  setNav("sandboxes");
-  show(el("h2", {}, "Live sandboxes"));
-  try {
-    const data = await call("sandboxes", {});
-    const rows = data.sandboxes.map((s) => el("tr", {},
+  return listing("sandboxes", "Live sandboxes", "sandboxes", "sandboxes",
+    ["Sandbox", "Tenant", "Session", "Template", "State", "Age", "CPU %", "Memory MiB", "Disk MiB"], (s) => el("tr", {},
       el("td", {}, link(s.sandbox_id, () => sandbox(s.sandbox_id), "sandbox")), el("td", {}, s.tenant ?? ""),
       el("td", {}, s.session_id ?? ""), el("td", {}, templateName(s.template)), el("td", {}, s.state),
       el("td", { class: "num" }, fmtAge(s.age_s)), num(s.cpu_pct, 1), num(s.memory_mib, 1), num(s.disk_mib, 1)));
-    main.append(table(["Sandbox", "Tenant", "Session", "Template", "State", "Age", "CPU %", "Memory MiB", "Disk MiB"], rows));
-  } catch (e) { fail(e); }
 }
 
 function limits(l) {
@@ -81,29 +76,16 @@ async function sandbox(id) {
   } catch (e) { fail(e); }
 }
 
-async function hosts() {
-  setNav("hosts");
-  show(el("h2", {}, "Hosts"));
-  try {
-    const data = await call("hosts", {});
-    const rows = data.hosts.map((h) => el("tr", { class: h.state === "ready" ? "" : "failure" },
-      el("td", {}, h.host_id), el("td", {}, h.address), el("td", {}, h.state),
-      num(h.capacity), num(h.used), num(h.sandboxes), num(h.unstored),
-      el("td", {}, h.version ?? ""), el("td", { class: "num" }, fmtAge(h.seen_s_ago))));
-    main.append(table(["Host", "Address", "State", "Capacity", "In memory", "Sandboxes", "Paused, not stored", "Version", "Last seen"], rows));
-  } catch (e) { fail(e); }
-}
+const hosts = () => listing("hosts", "Hosts", "hosts", "hosts",
+  ["Host", "Address", "State", "Capacity", "In memory", "Sandboxes", "Paused, not stored", "Version", "Last seen"],
+  (h) => el("tr", { class: h.state === "ready" ? "" : "failure" },
+    el("td", {}, h.host_id), el("td", {}, h.address), el("td", {}, h.state),
+    num(h.capacity), num(h.used), num(h.sandboxes), num(h.unstored),
+    el("td", {}, h.version ?? ""), el("td", { class: "num" }, fmtAge(h.seen_s_ago))));
 
-async function fleetSandboxes() {
-  setNav("sandboxes");
-  show(el("h2", {}, "Sandboxes"));
-  try {
-    const data = await call("sandboxes", {});
-    const rows = data.sandboxes.map((s) => el("tr", {},
-      el("td", {}, s.sandbox_id), el("td", {}, s.tenant), el("td", {}, s.template ?? ""),
-      el("td", {}, s.state), el("td", {}, s.host ?? "(in the store)"), el("td", { class: "num" }, fmtAge(s.age_s))));
-    main.append(table(["Sandbox", "Tenant", "Template", "State", "Host", "Age"], rows));
-  } catch (e) { fail(e); }
-}
+const fleetSandboxes = () => listing("sandboxes", "Sandboxes", "sandboxes", "sandboxes",
+  ["Sandbox", "Tenant", "Template", "State", "Host", "Age"], (s) => el("tr", {},
+    el("td", {}, s.sandbox_id), el("td", {}, s.tenant), el("td", {}, s.template ?? ""),
+    el("td", {}, s.state), el("td", {}, s.host ?? "(in the store)"), el("td", { class: "num" }, fmtAge(s.age_s))));
 
 export const routes = { sandboxes, sandbox, hosts };

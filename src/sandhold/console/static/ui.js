@@ -69,6 +69,16 @@ export function facts(pairs) {
     el("tr", {}, el("th", { scope: "row" }, k), el("td", {}, v instanceof Node ? v : (v === null || v === undefined ? "" : String(v)))))));
 }
 
+// A view that is one table of what one API call lists: data[key], a row each.
+export async function listing(view, title, path, key, headers, row) {
+  setNav(view);
+  show(el("h2", {}, title));
+  try {
+    const data = await call(path, {});
+    main.append(table(headers, data[key].map(row)));
+  } catch (e) { fail(e); }
+}
+
 export function show(...nodes) { S.shown += 1; main.replaceChildren(...nodes); }
 export function fail(e, where) { (where || main).append(el("p", { class: "error", role: "alert" }, String(e.message || e))); }
 
