@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -193,8 +194,16 @@ def test_the_sandbox_page_and_its_guarded_actions(make_gateway: Callable[..., Ga
     assert acted[0]["tool"] == "kill" and "by admin" in acted[0]["reason"]
     assert any(e["kind"] == "sandbox_killed" for e in timeline["events"])
 
-    # A tenant acts on its own: pause, then close.
+    # A tenant acts on its own: no pause while a call runs in it (409), then pause and close.
     other = api(gw, OTHER_KEY, "sandboxes").json()["sandboxes"][0]["sandbox_id"]
+    started = gw.workspaces / "globex" / "conv-other" / "started"
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(call, gw, OTHER_KEY, "conv-other", "run_command", "office",
+                              command="touch /workspace/started; sleep 5")  # fmt: skip
+        wait_for(started.exists, timeout=30)
+        busy = api(gw, OTHER_KEY, "pause", sandbox_id=other)
+        assert busy.status_code == 409 and "tool call is running" in busy.json()["message"]
+        assert running.result().status_code == 200  # the call was not frozen halfway
     assert api(gw, OTHER_KEY, "pause", sandbox_id=other).status_code == 200
     wait_for(lambda: api(gw, OTHER_KEY, "sandbox", sandbox_id=other).json()["sandbox"]["state"]
              == "paused", timeout=30)  # fmt: skip
@@ -203,7 +212,8 @@ def test_the_sandbox_page_and_its_guarded_actions(make_gateway: Callable[..., Ga
     assert [(a["actor"], a["action"], a["status"]) for a in log] == [
         ("tenant globex", "kill", "refused"),
         ("tenant globex", "pause", "refused"), ("tenant globex", "close", "refused"),
-        ("admin", "kill", "done"), ("tenant globex", "pause", "done"),
+        ("admin", "kill", "done"), ("tenant globex", "pause", "refused"),
+        ("tenant globex", "pause", "done"),
         ("tenant globex", "close", "done"),
     ]  # fmt: skip
     assert api(gw, OTHER_KEY, "close", session="conv-other").status_code == 409
@@ -214,4 +224,4 @@ def test_the_sandbox_page_and_its_guarded_actions(make_gateway: Callable[..., Ga
         text=True, check=True,
     )  # fmt: skip
     lines = [json.loads(line) for line in cli.stdout.splitlines()]
-    assert [r["action"] for r in lines] == ["kill", "pause", "close", "close"]
+    assert [r["action"] for r in lines] == ["kill", "pause", "close", "pause", "close"]

@@ -142,7 +142,7 @@ export function eventRow(tenant, session, e) {
     el("td", {}, fmtTime(e.at)), el("td", {}, e.kind), el("td", {}, e.tool ?? ""),
     el("td", { class: "num" }, fmtMs(e.duration_ms)), num(e.exit_code),
     el("td", { class: "text" }, [e.error, e.reason].filter(Boolean).join(" — "), ran(tenant, session, e)),
-    el("td", {}, e.sandbox_id ?? ""));
+    el("td", {}, e.sandbox_id ? link(e.sandbox_id, () => go("sandbox", e.sandbox_id)) : ""));
 }
 export const EVENT_HEADERS = ["At", "Event", "Tool", "Duration", "Exit", "Detail", "Sandbox"];
 
