@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from sandhold.audit import CONSOLE_FIELDS, AuditLog, console_dir
 from sandhold.console import queries
-from sandhold.console.web import Handler, Principal, audited, point, text, usage
-from sandhold.errors import Conflict, InvalidRequest, SandboxNotFound, SandholdError
+from sandhold.console.web import Handler, Principal, audited, fresh_sample, point, text, usage
+from sandhold.errors import Conflict, InvalidRequest, SandboxNotFound
 from sandhold.store.db import SessionRow
 
 if TYPE_CHECKING:
@@ -31,7 +31,7 @@ def handlers(gw: Gateway) -> dict[str, Handler]:
 
     async def owned(p: Principal, sandbox_id: str) -> SessionRow:
         """The session that has this sandbox, if the principal may see it."""
-        row = (await db(gw.store.sessions_with_sandboxes)).get(sandbox_id)
+        row = await db(gw.store.session_with_sandbox, sandbox_id)
         if row is None or (p.kind != "admin" and row.tenant_id != p.tenant):
             raise SandboxNotFound(f"sandbox {sandbox_id!r} not found")
         return row
@@ -57,11 +57,12 @@ def handlers(gw: Gateway) -> dict[str, Handler]:
                 "state": sbx.state,
                 "age_s": round(now - sbx.started_at, 1),
             }
-            if service is not None and sbx.state == "running":
-                try:
-                    out.update(usage(await service.sample(await service.get(sbx.id))))
-                except SandholdError:
-                    pass
+            if (
+                service is not None
+                and sbx.state == "running"  # (no thread hop for the others)
+                and (s := await fresh_sample(service, await service.get(sbx.id)))
+            ):
+                out.update(usage(s))
             return out
 
         found = await asyncio.gather(*(row(r) for r in live))
@@ -77,10 +78,7 @@ def handlers(gw: Gateway) -> dict[str, Handler]:
         history = []
         if service is not None:
             if sbx.state == "running":
-                try:
-                    await service.sample(await service.get(sandbox_id))
-                except SandholdError:
-                    pass
+                await fresh_sample(service, await service.get(sandbox_id))  # joins the history
             history = [point(s) for s in service.history(sandbox_id, None, None)]
         events = await db(
             queries.sandbox_events, gw.store, row.tenant_id, row.session_id, sandbox_id

@@ -126,9 +126,13 @@ def timeline(
             "scenario": row.scenario,
             "state": row.state,
         },
-        "events": [{**{k: getattr(e, k) for k in EVENT_FIELDS}, **_heads(e.texts)} for e in page],
+        "events": [_with_heads(e) for e in page],
         "next": page[-1].id if len(events) > limit else None,
     }
+
+
+def _with_heads(e: Event) -> dict[str, Any]:
+    return {**{k: getattr(e, k) for k in EVENT_FIELDS}, **_heads(e.texts)}
 
 
 def _heads(texts: dict[str, Any] | None) -> dict[str, Any]:
@@ -172,7 +176,7 @@ def sandbox_events(
     )
     with store.db() as db:
         rows = db.scalars(q.order_by(Event.id.desc()).limit(limit))
-        return [{**{k: getattr(e, k) for k in EVENT_FIELDS}, **_heads(e.texts)} for e in rows]
+        return [_with_heads(e) for e in rows]
 
 
 def failures(

@@ -13,10 +13,9 @@ from starlette.routing import Route
 
 from sandhold.audit import CONSOLE_FIELDS, AuditLog, console_dir
 from sandhold.console import server_catalog, server_sandboxes
-from sandhold.console.web import Principal, api_routes, page_routes, usage
+from sandhold.console.web import Principal, api_routes, fresh_sample, page_routes, usage
 from sandhold.e2b.auth import Teams
 from sandhold.e2b.volumes import VolumeStore
-from sandhold.errors import SandholdError
 from sandhold.service import SandboxService
 
 
@@ -36,11 +35,7 @@ def routes(service: SandboxService, teams: Teams) -> list[Route]:
                 "state": sbx.state,
                 "age_s": round(now - sbx.info.created_at, 1),
             }
-            if sbx.state == "running":
-                try:
-                    s = await service.sample(sbx)
-                except SandholdError:
-                    return out
+            if (s := await fresh_sample(service, sbx)) is not None:
                 out.update(usage(s))
             return out
 

@@ -13,8 +13,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from sandhold.audit import AuditLog
-from sandhold.console.web import Handler, Principal, audited, point
-from sandhold.errors import InvalidRequest, SandholdError
+from sandhold.console.web import Handler, Principal, audited, fresh_sample, point
+from sandhold.errors import InvalidRequest
 from sandhold.runtime import sandbox_log
 from sandhold.runtime.records import session_of
 from sandhold.service import Sandbox, SandboxService
@@ -47,11 +47,7 @@ def handlers(service: SandboxService, audit: AuditLog) -> dict[str, Handler]:
     async def sandbox(p: Principal, body: dict[str, Any]) -> dict[str, Any]:
         events = whole(body, "events", EVENTS, MOST_EVENTS)
         sbx = await mine(p, body)
-        if sbx.running:  # the page is current, whatever the sampler's interval
-            try:
-                await service.sample(sbx)
-            except SandholdError:
-                pass
+        await fresh_sample(service, sbx)  # (it joins the history)
         logged = await service.offload.run(sandbox_log.read, sbx.info.dir, 0)
         template = await service.offload.run(
             service.runtime.templates.get_record, sbx.info.template

@@ -14,7 +14,7 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -25,6 +25,9 @@ from sandhold.audit import AuditLog
 from sandhold.errors import InvalidRequest, SandholdError, Unauthenticated
 from sandhold.gateway.errors import rest_status
 from sandhold.service.metrics import Sample
+
+if TYPE_CHECKING:
+    from sandhold.service import Sandbox, SandboxService
 
 STATIC = Path(__file__).parent / "static"
 SCRIPTS = ("console.js", "ui.js", "charts.js", "usage.js", "sandboxes.js", "catalog.js")
@@ -161,6 +164,17 @@ def text(body: dict[str, Any], name: str, most: int = 256) -> str | None:
     if not isinstance(value, str) or len(value) > most:
         raise InvalidRequest(f"{name} must be a string of at most {most} characters")
     return value
+
+
+async def fresh_sample(service: SandboxService, sbx: Sandbox | None) -> Sample | None:
+    """A new sample of a running sandbox for a page that shows it now, whatever the sampler's
+    interval; None if it is not running (or went meanwhile)."""
+    if sbx is None or not sbx.running:
+        return None
+    try:
+        return await service.sample(sbx)
+    except SandholdError:
+        return None
 
 
 def usage(s: Sample) -> dict[str, float]:

@@ -166,13 +166,13 @@ class Store(BatchQueries, EventQueries):
         pass reads thousands of rows and needs no handle; tuples, no ORM objects)."""
         with self._read() as conn:
             rows = conn.execute(q.WITH_SANDBOX).all()
-        return {  # the columns are in SessionRow's order
-            r[4]: SessionRow(
-                r[0], r[1], r[2], r[3], r[4], None, r[6] or 0, r[7], r[8], r[9], r[10], r[11]
-            )
-            for r in rows
-            if r[4]
-        }
+        return {r[4]: _without_handle(r) for r in rows if r[4]}
+
+    def session_with_sandbox(self, sandbox_id: str) -> SessionRow | None:
+        """The session that has this sandbox, without its handle (None: none has it)."""
+        with self._read() as conn:
+            r = conn.execute(q.WITH_THIS_SANDBOX, {"sandbox": sandbox_id}).first()
+        return None if r is None else _without_handle(r)
 
     def label_session(self, tenant_id: str, session_id: str, scenario: str) -> bool:
         """Set a session's scenario (the console's grouping); False if there is no session."""
@@ -479,3 +479,8 @@ class Store(BatchQueries, EventQueries):
             "live_sandboxes": self.count_live_sandboxes(tenant_id),
             "events": by_kind,
         }
+
+
+def _without_handle(r: Any) -> SessionRow:
+    # the columns are in SessionRow's order; the handle is NULL in WITH_SANDBOX's rows
+    return SessionRow(r[0], r[1], r[2], r[3], r[4], None, r[6] or 0, r[7], r[8], r[9], r[10], r[11])

@@ -72,6 +72,7 @@ ROW_BY_PK = select(*COLS).where(BY_PK)
 WITH_SANDBOX = select(
     *(null().label(c.name) if c.name == "sandbox_handle" else c for c in COLS)
 ).where(S.c.sandbox_id.is_not(None))
+WITH_THIS_SANDBOX = WITH_SANDBOX.where(S.c.sandbox_id == bindparam("sandbox"))
 INSERT_SESSION = insert(S).returning(*COLS)
 LOCK_BY_PK = update(S).where(BY_PK, FREE).values(**TAKE)
 UNLOCK = update(S).where(MINE).values(**RELEASE)
