@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import hmac
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from starlette.routing import Route
 
 from sandhold.console import gateway_sandboxes, queries, series
-from sandhold.console.web import Principal, api_routes, limit, page_routes, text, window
+from sandhold.console.web import Handler, Principal, api_routes, limit, page_routes, text, window
 from sandhold.errors import InvalidRequest, NotFound, SessionNotFound
 
 if TYPE_CHECKING:
@@ -71,23 +72,23 @@ def routes(gw: Gateway) -> list[Route]:
         rows = await db(queries.failures, gw.store, tenant, scenario, since, until, limit(body))
         return {"failures": rows}
 
-    async def usage_series(p: Principal, body: dict[str, Any]) -> dict[str, Any]:
-        tenant, scenario = scope(p, body)
-        since, until = window(body, time.time())
-        return await db(series.series, gw.store, tenant, scenario, since, until)
+    def usage(read: Callable[..., dict[str, Any]]) -> Handler:
+        """A report of the store's over a tenant's (or every tenant's) range: stats, series."""
 
-    async def stats(p: Principal, body: dict[str, Any]) -> dict[str, Any]:
-        tenant, scenario = scope(p, body)
-        since, until = window(body, time.time())
-        return await db(queries.stats, gw.store, tenant, scenario, since, until)
+        async def handler(p: Principal, body: dict[str, Any]) -> dict[str, Any]:
+            tenant, scenario = scope(p, body)
+            since, until = window(body, time.time())
+            return await db(read, gw.store, tenant, scenario, since, until)
+
+        return handler
 
     handlers = {
         "sessions": sessions,
         "timeline": timeline,
         "text": kept_text,
         "failures": failures,
-        "stats": stats,
-        "series": usage_series,
+        "stats": usage(queries.stats),
+        "series": usage(series.series),
         **gateway_sandboxes.handlers(gw),
     }
     return page_routes("gateway") + api_routes(authenticate, handlers)
